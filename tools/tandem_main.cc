@@ -1,0 +1,31 @@
+// `tandem`: the command-line tool. Subcommands:
+//   plan      graph routing / capture plan for a configuration
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "tools/plan.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "Usage: tandem <command> [flags]\n"
+    "\n"
+    "Commands:\n"
+    "  plan      print the CUDA-graph routing and capture plan for a configuration\n"
+    "\n"
+    "Run 'tandem <command> --help' for the flags of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "help") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "plan") return tandem::RunPlanCommand(args);
+  std::cerr << "tandem: unknown command '" << command << "' (see tandem --help)" << std::endl;
+  return 2;
+}
