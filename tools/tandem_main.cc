@@ -1,9 +1,11 @@
 // `tandem`: the command-line tool. Subcommands:
 //   plan      graph routing / capture plan for a configuration
+//   generate  tokens for one prompt, local or through a decode worker
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "tools/generate.h"
 #include "tools/plan.h"
 
 namespace {
@@ -13,6 +15,7 @@ constexpr char kUsage[] =
     "\n"
     "Commands:\n"
     "  plan      print the CUDA-graph routing and capture plan for a configuration\n"
+    "  generate  generate tokens for a prompt (--local, or --address of a decode worker)\n"
     "\n"
     "Run 'tandem <command> --help' for the flags of a command.\n";
 
@@ -26,6 +29,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "plan") return tandem::RunPlanCommand(args);
+  if (command == "generate") return tandem::RunGenerateCommand(args);
   std::cerr << "tandem: unknown command '" << command << "' (see tandem --help)" << std::endl;
   return 2;
 }

@@ -1,0 +1,62 @@
+// Device: where buffers live and ops run. One per process and backend; the
+// engine thread owns it and its stream.
+//
+// Allocation happens at start-up only: weights, the KV cache and the runner's
+// persistent buffers are carved out of arenas (see Arena); nothing is
+// allocated inside the step loop.
+#ifndef TANDEM_COMMON_BACKEND_DEVICE_H_
+#define TANDEM_COMMON_BACKEND_DEVICE_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/backend/tensor.h"
+#include "common/graph/stream.h"
+
+namespace tandem {
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  virtual Stream* stream() = 0;
+  // Allocates `bytes` of device memory, 256-byte aligned, owned by the device
+  // until it is destroyed. RESOURCE_EXHAUSTED names the size.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  // Synchronous copies (used outside graphs: inputs in, logits out).
+  virtual absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host, const void* src, size_t bytes) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+};
+
+// Arena: a bump allocator over one Device allocation, for start-up carving of
+// many tensors. Not thread-safe.
+class Arena {
+ public:
+  // Allocates the whole arena now.
+  static absl::StatusOr<std::unique_ptr<Arena>> Create(Device* device, size_t bytes,
+                                                       std::string name);
+  // A contiguous tensor of the given shape. RESOURCE_EXHAUSTED names the
+  // arena, the request and what is left.
+  absl::StatusOr<Tensor> Allocate(DType dtype, std::initializer_list<int64_t> dims);
+  size_t used() const { return used_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  Arena(char* base, size_t capacity, std::string name)
+      : base_(base), capacity_(capacity), name_(std::move(name)) {}
+  char* base_;
+  size_t capacity_;
+  size_t used_ = 0;
+  std::string name_;
+};
+
+// The CPU device: host memory, a CpuStream.
+std::unique_ptr<Device> CreateCpuDevice();
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_BACKEND_DEVICE_H_

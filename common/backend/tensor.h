@@ -1,0 +1,53 @@
+// Tensor: a non-owning view of device memory (dtype, shape, strides, pointer).
+// Buffers live in arenas allocated at start-up (see arena.h); a Tensor never
+// frees anything and is cheap to copy.
+#ifndef TANDEM_COMMON_BACKEND_TENSOR_H_
+#define TANDEM_COMMON_BACKEND_TENSOR_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+
+size_t DTypeSize(DType dtype);
+absl::string_view DTypeName(DType dtype);
+
+struct Tensor {
+  static constexpr int kMaxDims = 4;
+
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int ndim = 0;
+  std::array<int64_t, kMaxDims> shape{};
+  std::array<int64_t, kMaxDims> strides{};  // in elements
+
+  Tensor() = default;
+  // A contiguous (row-major) tensor.
+  Tensor(void* ptr, DType type, std::initializer_list<int64_t> dims);
+
+  int64_t dim(int i) const { return shape[i]; }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  bool contiguous() const;
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+  float* f32() const { return static_cast<float*>(data); }
+  int32_t* i32() const { return static_cast<int32_t*>(data); }
+
+  // The first `rows` rows of dimension 0 (same pointer, smaller shape).
+  Tensor Rows(int64_t rows) const;
+  // "f32[8, 64]"
+  std::string ShapeString() const;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_BACKEND_TENSOR_H_

@@ -1,0 +1,103 @@
+// LlmEngine: the model, its KV cache, the runner and the scheduler in one
+// object, stepped by one thread. Used in-process by `tandem generate --local`
+// and `tandem bench`, and by each worker's engine loop.
+//
+// Not thread-safe: one engine thread owns it. Services post work to that
+// thread; they never call it from RPC threads.
+#ifndef TANDEM_COMMON_ENGINE_ENGINE_H_
+#define TANDEM_COMMON_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/engine/model_runner.h"
+#include "common/engine/request.h"
+#include "common/engine/sampling.h"
+#include "common/engine/scheduler.h"
+
+namespace tandem {
+
+struct EngineConfig {
+  std::string model = "synthetic";
+  std::string device = "cpu";
+  int blas_threads = 1;
+  int block_size = 16;
+  int num_kv_blocks = 0;  // 0: as many as fit kv_cache_bytes (capped at need)
+  int64_t kv_cache_bytes = int64_t{512} << 20;
+  RunnerConfig runner;
+};
+
+struct RequestOutput {
+  std::string id;
+  std::vector<int32_t> new_tokens;  // tokens sampled this step
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;  // non-OK when the request failed
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// One step's record, for the --cudagraph-metrics style table.
+struct StepRecord {
+  CudaGraphMode runtime_mode;
+  int num_tokens = 0;
+  int padded_tokens = 0;
+};
+
+class LlmEngine {
+ public:
+  // Loads the model, sizes the KV cache, builds the runner and captures its
+  // graphs (logging progress). Errors say which setting to change.
+  static absl::StatusOr<std::unique_ptr<LlmEngine>> Create(const EngineConfig& config);
+  ~LlmEngine();
+
+  // Validates and queues a request. INVALID_ARGUMENT names the field, value
+  // and limit; ALREADY_EXISTS for a request id in flight.
+  absl::Status AddRequest(const std::string& id, std::vector<int32_t> prompt,
+                          const SamplingParams& params, RequestKind kind = RequestKind::kGenerate);
+  // Validates a prompt and parameters without queueing anything.
+  absl::Status Validate(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
+  // Drops a request and frees its KV blocks. NOT_FOUND for an unknown id.
+  absl::Status Abort(const std::string& id);
+  // Runs one scheduling step and the model; returns the outputs of the
+  // requests that advanced or finished.
+  absl::StatusOr<std::vector<RequestOutput>> Step();
+  bool HasWork() const { return !scheduler_->empty(); }
+
+  const LlamaConfig& model_config() const { return model_->config(); }
+  ModelRunner& runner() { return *runner_; }
+  KvCache& kv_cache() { return *kv_cache_; }
+  const KvCache& kv_cache() const { return *kv_cache_; }
+  size_t num_running() const { return scheduler_->num_running(); }
+  size_t num_waiting() const { return scheduler_->num_waiting(); }
+  int max_model_len() const { return runner_->max_model_len(); }
+  const EngineConfig& config() const { return config_; }
+  // Records of the steps since the last call (cleared on read).
+  std::vector<StepRecord> TakeStepRecords();
+
+ private:
+  LlmEngine() = default;
+  void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
+
+  EngineConfig config_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<KvCache> kv_cache_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
+  uint64_t next_arrival_ = 0;
+  std::vector<ScheduledSeq> batch_;  // reused per step
+  std::vector<StepRecord> records_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_ENGINE_ENGINE_H_

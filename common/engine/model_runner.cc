@@ -1,0 +1,330 @@
+#include "common/engine/model_runner.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/graph/capture_sizes.h"
+#include "common/graph/forward_context.h"
+
+namespace tandem {
+namespace {
+
+int ModeIndex(CudaGraphMode m) {
+  return m == CudaGraphMode::kFull ? 2 : m == CudaGraphMode::kPiecewise ? 1 : 0;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerConfig& config,
+                                                                 const LlamaModel* model,
+                                                                 KvCache* kv_cache, Ops* ops) {
+  std::unique_ptr<ModelRunner> r(new ModelRunner());
+  r->config_ = config;
+  r->model_ = model;
+  r->kv_cache_ = kv_cache;
+  r->ops_ = ops;
+  const LlamaConfig& mc = model->config();
+  if (r->config_.max_model_len <= 0) {
+    r->config_.max_model_len = static_cast<int>(std::min<int64_t>(mc.max_position_embeddings, 8192));
+  }
+  if (r->config_.max_model_len > mc.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_model_len ", r->config_.max_model_len, " exceeds the model's max_position_embeddings ",
+        mc.max_position_embeddings));
+  }
+  if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_num_batched_tokens (", config.max_num_batched_tokens, ") and max_num_seqs (",
+        config.max_num_seqs, ") must be >= 1"));
+  }
+
+  // Resolve the mode against what the attention backend declares. The forward
+  // is always split at attention, so piecewise graphs are available.
+  const int q = 1;
+  ASSIGN_OR_RETURN(r->resolution_, ResolveCudaGraphMode(config.cudagraph_mode,
+                                                        ops->attention_cg_support(),
+                                                        /*piecewise_split=*/true, q));
+  for (const auto& note : r->resolution_.notes) {
+    TANDEM_LOG(WARNING) << "cudagraph mode downgraded: " << note;
+  }
+  CaptureSizeConfig sizes;
+  sizes.max_num_seqs = config.max_num_seqs;
+  sizes.max_num_batched_tokens = config.max_num_batched_tokens;
+  sizes.uniform_decode_query_len = q;
+  sizes.capture_sizes = config.capture_sizes;
+  sizes.max_capture_size = config.max_capture_size;
+  DispatcherConfig dc;
+  ASSIGN_OR_RETURN(dc.capture_sizes, ResolveCaptureSizes(sizes));
+  dc.max_num_seqs = config.max_num_seqs;
+  dc.uniform_decode_query_len = q;
+  r->dispatcher_ = std::make_unique<CudaGraphDispatcher>(dc);
+  RETURN_IF_ERROR(r->dispatcher_->InitializeKeys(r->resolution_.mode, q));
+  RETURN_IF_ERROR(r->AllocateBuffers());
+
+  ModelRunner* self = r.get();
+  CudaGraphWrapperOptions opts{config.check_input_addresses};
+  auto addresses = [self] { return self->InputAddresses(); };
+  for (int p = 0; p < model->num_pieces(); ++p) {
+    r->pieces_.push_back(std::make_unique<CudaGraphWrapper>(
+        absl::StrCat("piece", p), CudaGraphMode::kPiecewise, ops->device()->stream(),
+        [self, p] {
+          self->model_->IssuePiece(p, CurrentForwardContext()->descriptor.num_tokens,
+                                   self->buffers_);
+          return absl::OkStatus();
+        },
+        addresses, opts));
+  }
+  r->full_ = std::make_unique<CudaGraphWrapper>("forward", CudaGraphMode::kFull,
+                                                ops->device()->stream(),
+                                                [self] { return self->Forward(); }, addresses, opts);
+  return r;
+}
+
+absl::Status ModelRunner::AllocateBuffers() {
+  const LlamaConfig& c = model_->config();
+  const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs;
+  const int bs = kv_cache_->block_size();
+  max_blocks_per_seq_ = (config_.max_model_len + bs - 1) / bs;
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t floats = t * (3 * h + c.qkv_size() + int64_t{c.num_attention_heads} * c.head_dim +
+                              3 * inter) +
+                         s * (h + c.vocab_size);
+  const int64_t ints = 3 * t + 3 * s + 2 + s * max_blocks_per_seq_;
+  ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), (floats + ints) * 4 + 256 * 32,
+                                         "runner-buffers"));
+  auto alloc = [this](DType d, std::initializer_list<int64_t> dims, Tensor* out) {
+    auto r = arena_->Allocate(d, dims);
+    if (!r.ok()) return r.status();
+    *out = *r;
+    return absl::OkStatus();
+  };
+  ForwardBuffers& b = buffers_;
+  RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.input_ids));
+  RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.positions));
+  RETURN_IF_ERROR(alloc(DType::kI32, {1}, &b.meta.num_reqs));
+  RETURN_IF_ERROR(alloc(DType::kI32, {s + 1}, &b.meta.query_start_loc));
+  RETURN_IF_ERROR(alloc(DType::kI32, {s}, &b.meta.seq_lens));
+  RETURN_IF_ERROR(alloc(DType::kI32, {s, max_blocks_per_seq_}, &b.meta.block_tables));
+  RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.meta.slot_mapping));
+  b.meta.block_size = bs;
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.hidden));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.residual));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.normed));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, c.qkv_size()}, &b.qkv));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, int64_t{c.num_attention_heads} * c.head_dim}, &b.attn_out));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, 2 * inter}, &b.gate_up));
+  RETURN_IF_ERROR(alloc(DType::kF32, {t, inter}, &b.mlp_act));
+  RETURN_IF_ERROR(alloc(DType::kI32, {s}, &logits_indices_));
+  RETURN_IF_ERROR(alloc(DType::kF32, {s, h}, &gathered_));
+  RETURN_IF_ERROR(alloc(DType::kF32, {s, c.vocab_size}, &logits_));
+  h_ids_.resize(t);
+  h_pos_.resize(t);
+  h_slots_.resize(t);
+  h_qsl_.resize(s + 1);
+  h_seq_lens_.resize(s);
+  h_tables_.resize(s * max_blocks_per_seq_);
+  h_logit_idx_.resize(s);
+  h_logits_.resize(s * c.vocab_size);
+  return absl::OkStatus();
+}
+
+std::vector<const void*> ModelRunner::InputAddresses() const {
+  const ForwardBuffers& b = buffers_;
+  return {b.input_ids.data, b.positions.data, b.meta.slot_mapping.data, b.meta.seq_lens.data,
+          b.meta.query_start_loc.data, b.meta.block_tables.data, b.meta.num_reqs.data};
+}
+
+absl::Status ModelRunner::Forward() {
+  const int64_t n = CurrentForwardContext()->descriptor.num_tokens;
+  for (int layer = 0; layer < model_->num_layers(); ++layer) {
+    RETURN_IF_ERROR(pieces_[layer]->Run());
+    model_->IssueAttention(layer, n, buffers_, kv_cache_->layer(layer));
+  }
+  return pieces_.back()->Run();
+}
+
+absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int padded_tokens) {
+  Device* dev = ops_->device();
+  int tok = 0, sampled = 0;
+  const int num_reqs = static_cast<int>(batch.size());
+  h_qsl_[0] = 0;
+  for (int r = 0; r < num_reqs; ++r) {
+    const ScheduledSeq& s = batch[r];
+    const std::vector<int32_t>& table = *s.block_table;
+    for (int i = 0; i < s.num_tokens; ++i, ++tok) {
+      const int64_t pos = s.start_pos + i;
+      h_ids_[tok] = s.tokens[i];
+      h_pos_[tok] = static_cast<int32_t>(pos);
+      h_slots_[tok] = static_cast<int32_t>(kv_cache_->SlotOf(table, pos));
+    }
+    h_qsl_[r + 1] = tok;
+    h_seq_lens_[r] = static_cast<int32_t>(s.start_pos + s.num_tokens);
+    int32_t* row = h_tables_.data() + r * max_blocks_per_seq_;
+    std::copy(table.begin(), table.end(), row);
+    std::fill(row + table.size(), row + max_blocks_per_seq_, 0);
+    if (s.sample) h_logit_idx_[sampled++] = tok - 1;
+  }
+  for (int i = tok; i < padded_tokens; ++i) {  // padding: no KV write
+    h_ids_[i] = 0;
+    h_pos_[i] = 0;
+    h_slots_[i] = -1;
+  }
+  const ForwardBuffers& b = buffers_;
+  const int32_t nr = num_reqs;
+  RETURN_IF_ERROR(dev->CopyToDevice(b.input_ids.data, h_ids_.data(), padded_tokens * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.positions.data, h_pos_.data(), padded_tokens * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.meta.slot_mapping.data, h_slots_.data(), padded_tokens * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.meta.query_start_loc.data, h_qsl_.data(), (num_reqs + 1) * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.meta.seq_lens.data, h_seq_lens_.data(), num_reqs * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.meta.block_tables.data, h_tables_.data(),
+                                    num_reqs * max_blocks_per_seq_ * 4));
+  RETURN_IF_ERROR(dev->CopyToDevice(b.meta.num_reqs.data, &nr, 4));
+  return dev->CopyToDevice(logits_indices_.data, h_logit_idx_.data(), sampled * 4);
+}
+
+absl::Status ModelRunner::RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
+                                     const BatchDescriptor& descriptor, int num_tokens) {
+  RETURN_IF_ERROR(CopyInputs(batch, descriptor.num_tokens));
+  ForwardContextScope scope(mode, descriptor);
+  return full_->Run();
+}
+
+int64_t ModelRunner::PiecewiseReplays() const {
+  int64_t n = 0;
+  for (const auto& p : pieces_) n += p->replays();
+  return n;
+}
+
+int64_t ModelRunner::PiecewiseCaptures() const {
+  int64_t n = 0;
+  for (const auto& p : pieces_) n += p->captures();
+  return n;
+}
+
+absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>& batch,
+                                                bool force_eager) {
+  const int num_reqs = static_cast<int>(batch.size());
+  if (num_reqs == 0) return absl::InvalidArgumentError("Execute: empty batch");
+  if (num_reqs > config_.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("Execute: ", num_reqs,
+                                                   " sequences exceed max_num_seqs ",
+                                                   config_.max_num_seqs));
+  }
+  int num_tokens = 0, max_query = 0, sampled = 0;
+  for (const ScheduledSeq& s : batch) {
+    if (s.num_tokens < 1 || s.block_table == nullptr) {
+      return absl::InvalidArgumentError("Execute: a sequence has no tokens or no block table");
+    }
+    const int64_t end = s.start_pos + s.num_tokens;
+    if (end > config_.max_model_len ||
+        static_cast<int64_t>(s.block_table->size()) * kv_cache_->block_size() < end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Execute: sequence length ", end, " exceeds max_model_len ", config_.max_model_len,
+          " or its block table (", s.block_table->size(), " blocks)"));
+    }
+    num_tokens += s.num_tokens;
+    max_query = std::max(max_query, s.num_tokens);
+    sampled += s.sample ? 1 : 0;
+  }
+  if (num_tokens > config_.max_num_batched_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("Execute: ", num_tokens,
+                                                   " tokens exceed max_num_batched_tokens ",
+                                                   config_.max_num_batched_tokens));
+  }
+  // vLLM: uniform decode iff every request schedules exactly q tokens.
+  const int q = 1;
+  const bool uniform_decode = max_query == q && num_tokens == max_query * num_reqs;
+  DispatchResult d{CudaGraphMode::kNone, BatchDescriptor(num_tokens)};
+  if (!force_eager) {
+    ASSIGN_OR_RETURN(d, dispatcher_->Dispatch(num_tokens, uniform_decode));
+  }
+  const int64_t full_replays = full_->replays();
+  const int64_t pw_replays = PiecewiseReplays();
+  RETURN_IF_ERROR(RunWrapped(batch, d.runtime_mode, d.descriptor, num_tokens));
+
+  const int mi = ModeIndex(d.runtime_mode);
+  ++stats_.steps[mi];
+  if (d.runtime_mode == CudaGraphMode::kFull && full_->replays() > full_replays) ++stats_.replays[2];
+  if (d.runtime_mode == CudaGraphMode::kPiecewise &&
+      PiecewiseReplays() - pw_replays == static_cast<int64_t>(pieces_.size())) {
+    ++stats_.replays[1];
+  }
+  stats_.captured[2] = full_->captures();
+  stats_.captured[1] = PiecewiseCaptures();
+  StepResult result;
+  result.runtime_mode = d.runtime_mode;
+  result.descriptor = d.descriptor;
+  result.num_tokens = num_tokens;
+  result.padded_tokens = d.descriptor.num_tokens - num_tokens;
+  stats_.padded_tokens += result.padded_tokens;
+
+  if (sampled > 0) {  // logits outside the graph, for the sampled rows only
+    model_->IssueLogits(buffers_.normed, logits_indices_, gathered_.Rows(sampled),
+                        logits_.Rows(sampled));
+    RETURN_IF_ERROR(ops_->device()->stream()->Synchronize());
+    RETURN_IF_ERROR(ops_->device()->CopyToHost(
+        h_logits_.data(), logits_.data, sampled * model_->config().vocab_size * sizeof(float)));
+  }
+  result.logits = h_logits_.data();
+  result.logit_rows = sampled;
+  return result;
+}
+
+absl::Status ModelRunner::CaptureGraphs() {
+  if (captured_) return absl::OkStatus();
+  captured_ = true;
+  const auto groups = dispatcher_->CaptureDescriptors();
+  const auto start = std::chrono::steady_clock::now();
+  // Dummy requests read block 0 and write no KV (slots -1).
+  std::vector<int32_t> dummy_table(max_blocks_per_seq_, 0);
+  std::vector<int32_t> dummy_tokens(config_.max_num_batched_tokens, 0);
+  for (const CaptureGroup& g : groups) {
+    const auto group_start = std::chrono::steady_clock::now();
+    const int64_t graphs_per_desc = g.mode == CudaGraphMode::kPiecewise ? pieces_.size() : 1;
+    TANDEM_LOG(INFO) << "capturing " << g.descriptors.size() * graphs_per_desc << " "
+                     << g.mode.name() << " graphs (" << g.descriptors.size()
+                     << " batch sizes, largest " << g.descriptors.front().num_tokens << ") ...";
+    bool warmed_up = false;
+    for (const BatchDescriptor& d : g.descriptors) {
+      std::vector<ScheduledSeq> batch;
+      const int reqs = d.uniform ? *d.num_reqs : std::min(d.num_tokens, config_.max_num_seqs);
+      const int per = d.num_tokens / reqs;
+      for (int r = 0; r < reqs; ++r) {
+        ScheduledSeq s;
+        s.tokens = dummy_tokens.data();
+        s.num_tokens = r == reqs - 1 ? d.num_tokens - per * (reqs - 1) : per;
+        s.block_table = &dummy_table;
+        batch.push_back(s);
+      }
+      RETURN_IF_ERROR(CopyInputs(batch, d.num_tokens));
+      std::fill(h_slots_.begin(), h_slots_.begin() + d.num_tokens, -1);
+      RETURN_IF_ERROR(ops_->device()->CopyToDevice(buffers_.meta.slot_mapping.data, h_slots_.data(),
+                                                   d.num_tokens * 4));
+      if (!warmed_up) {  // one eager run per group, as vLLM's warm-up dummy runs
+        ForwardContextScope warm(CudaGraphMode::kNone, d);
+        RETURN_IF_ERROR(full_->Run());
+        warmed_up = true;
+      }
+      ForwardContextScope scope(g.mode, d);
+      RETURN_IF_ERROR(full_->Run());
+    }
+    RETURN_IF_ERROR(ops_->device()->stream()->Synchronize());
+    TANDEM_LOG(INFO) << "captured " << g.descriptors.size() * graphs_per_desc << " "
+                     << g.mode.name() << " graphs ... done in "
+                     << absl::StrFormat("%.2f", SecondsSince(group_start)) << " s";
+  }
+  stats_.captured[2] = full_->captures();
+  stats_.captured[1] = PiecewiseCaptures();
+  stats_.capture_seconds = SecondsSince(start);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,140 @@
+// ModelRunner: runs one step of the model under the CUDA-graph policy
+// (vLLM's GPUModelRunner, the parts that matter for graphs).
+//
+// It owns the persistent buffers (token ids, positions, slot mapping,
+// sequence lengths, query start offsets, block tables, activations, logits),
+// the dispatcher and the wrappers: one FULL wrapper around the whole forward
+// and one PIECEWISE wrapper around each piece between attention calls.
+//
+// Start-up: Create() resolves the requested mode against the attention
+// backend's declared support (an unsupported mode is an error there), builds
+// the dispatcher's keys; CaptureGraphs() warms up and captures every
+// descriptor of CaptureDescriptors(), PIECEWISE first, largest first, logging
+// progress.
+//
+// Per step, Execute(): copy the inputs into the persistent buffers, pad to the
+// dispatcher's size (padded slots write no KV and are ignored), decide uniform
+// decode as vLLM does, dispatch, set the forward context, run, and compute the
+// logits of the sampled rows (outside the graph, as vLLM's compute_logits).
+//
+// Not thread-safe: owned by the engine thread.
+#ifndef TANDEM_COMMON_ENGINE_MODEL_RUNNER_H_
+#define TANDEM_COMMON_ENGINE_MODEL_RUNNER_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/graph/attention_support.h"
+#include "common/graph/cudagraph_mode.h"
+#include "common/graph/cudagraph_wrapper.h"
+#include "common/graph/dispatcher.h"
+#include "common/kernels/ops.h"
+#include "common/model/kv_cache.h"
+#include "common/model/llama_model.h"
+
+namespace tandem {
+
+struct RunnerConfig {
+  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 256;
+  int max_model_len = 0;  // 0: min(max_position_embeddings, 8192)
+  CudaGraphMode cudagraph_mode = CudaGraphMode::kFullAndPiecewise;
+  std::vector<int> capture_sizes;         // empty: the default ladder
+  std::optional<int> max_capture_size;    // for the default ladder
+  bool check_input_addresses = false;     // debug: verify fixed input addresses
+};
+
+// One request's share of a step.
+struct ScheduledSeq {
+  const int32_t* tokens = nullptr;  // the tokens scheduled this step
+  int num_tokens = 0;
+  int64_t start_pos = 0;            // tokens of this request already in the cache
+  const std::vector<int32_t>* block_table = nullptr;  // covers start_pos + num_tokens
+  bool sample = false;              // produce logits for the last scheduled token
+};
+
+struct StepResult {
+  CudaGraphMode runtime_mode;
+  BatchDescriptor descriptor;
+  int num_tokens = 0;     // unpadded
+  int padded_tokens = 0;  // tokens added by padding
+  // Host logits of the sampled rows, row-major [rows, vocab]; valid until the
+  // next Execute().
+  const float* logits = nullptr;
+  int logit_rows = 0;
+};
+
+// Counters since start-up. Indexed by runtime mode (NONE=0, PIECEWISE=1, FULL=2).
+struct RunnerStats {
+  std::array<int64_t, 3> steps{};     // steps by dispatched runtime mode
+  std::array<int64_t, 3> replays{};   // steps served by replaying that mode's graphs
+  std::array<int64_t, 3> captured{};  // graphs captured (PIECEWISE: every piece)
+  int64_t padded_tokens = 0;
+  double capture_seconds = 0;
+};
+
+class ModelRunner {
+ public:
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const RunnerConfig& config,
+                                                             const LlamaModel* model,
+                                                             KvCache* kv_cache, Ops* ops);
+
+  // Warms up and captures every graph the dispatcher holds. Idempotent.
+  absl::Status CaptureGraphs();
+
+  // Runs one step. INVALID_ARGUMENT when the batch breaks a limit (tokens,
+  // sequences, model length, missing block table); the step is not run then.
+  // `force_eager` runs NONE at the unpadded size (benchmarks).
+  absl::StatusOr<StepResult> Execute(const std::vector<ScheduledSeq>& batch,
+                                     bool force_eager = false);
+
+  CudaGraphMode resolved_mode() const { return resolution_.mode; }
+  const ModeResolution& resolution() const { return resolution_; }
+  const CudaGraphDispatcher& dispatcher() const { return *dispatcher_; }
+  const RunnerStats& stats() const { return stats_; }
+  const RunnerConfig& config() const { return config_; }
+  int max_model_len() const { return config_.max_model_len; }
+  int num_piecewise_wrappers() const { return static_cast<int>(pieces_.size()); }
+  const LlamaModel& model() const { return *model_; }
+
+ private:
+  ModelRunner() = default;
+  absl::Status AllocateBuffers();
+  absl::Status Forward();  // the FULL wrapper's runnable
+  absl::Status RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
+                          const BatchDescriptor& descriptor, int num_tokens);
+  absl::Status CopyInputs(const std::vector<ScheduledSeq>& batch, int padded_tokens);
+  std::vector<const void*> InputAddresses() const;
+  int64_t PiecewiseReplays() const;
+  int64_t PiecewiseCaptures() const;
+
+  RunnerConfig config_;
+  const LlamaModel* model_ = nullptr;
+  KvCache* kv_cache_ = nullptr;
+  Ops* ops_ = nullptr;
+  ModeResolution resolution_;
+  std::unique_ptr<CudaGraphDispatcher> dispatcher_;
+  std::unique_ptr<CudaGraphWrapper> full_;
+  std::vector<std::unique_ptr<CudaGraphWrapper>> pieces_;
+  bool captured_ = false;
+
+  std::unique_ptr<Arena> arena_;
+  ForwardBuffers buffers_;
+  int64_t max_blocks_per_seq_ = 0;
+  Tensor logits_indices_;  // i32[max_num_seqs]
+  Tensor gathered_;        // f32[max_num_seqs, H]
+  Tensor logits_;          // f32[max_num_seqs, V]
+
+  // Host staging, sized at start-up.
+  std::vector<int32_t> h_ids_, h_pos_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logit_idx_;
+  std::vector<float> h_logits_;
+  RunnerStats stats_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_ENGINE_MODEL_RUNNER_H_

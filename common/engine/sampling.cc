@@ -1,0 +1,78 @@
+#include "common/engine/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens_limit) {
+  if (p.max_tokens < 1 || p.max_tokens > max_tokens_limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.max_tokens must be in [1, ", max_tokens_limit, "], got ", p.max_tokens));
+  }
+  if (!(p.temperature >= 0.f) || std::isinf(p.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.temperature must be >= 0, got ", p.temperature));
+  }
+  if (!(p.top_p > 0.f && p.top_p <= 1.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_p must be in (0, 1], got ", p.top_p));
+  }
+  if (p.top_k < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.top_k must be -1 (off), 0 (off) or positive, got ", p.top_k));
+  }
+  return absl::OkStatus();
+}
+
+int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& params,
+                        std::mt19937_64* rng) {
+  if (params.temperature == 0.f) {  // greedy; ties go to the lowest id
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  }
+  candidates_.resize(vocab);
+  for (int i = 0; i < vocab; ++i) candidates_[i] = {logits[i] / params.temperature, i};
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t keep = candidates_.size();
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
+    keep = params.top_k;
+    std::partial_sort(candidates_.begin(), candidates_.begin() + keep, candidates_.end(), by_logit);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+  const float max_logit = candidates_[0].first;
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    candidates_[i].first = std::exp(candidates_[i].first - max_logit);
+    total += candidates_[i].first;
+  }
+  if (params.top_p < 1.f) {  // smallest prefix whose mass reaches top_p
+    double cum = 0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += candidates_[i].first / total;
+      if (cum >= params.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    total = 0;
+    for (size_t i = 0; i < keep; ++i) total += candidates_[i].first;
+  }
+  // 53 random bits -> [0, 1): the same on every platform (unlike
+  // std::uniform_real_distribution, whose algorithm is implementation-defined).
+  const double u = static_cast<double>((*rng)() >> 11) * (1.0 / 9007199254740992.0);
+  double target = u * total, acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += candidates_[i].first;
+    if (target < acc) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+}  // namespace tandem

@@ -1,0 +1,232 @@
+// CPU implementation of Ops: each op is a closure over its tensors, launched
+// on the CpuStream (run now, or recorded while capturing).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/backend/cpu/cpu_stream.h"
+#include "common/base/logging.h"
+#include "common/kernels/ops.h"
+
+namespace tandem {
+namespace {
+
+class CpuOps : public Ops {
+ public:
+  CpuOps(Device* device, int blas_threads)
+      : device_(device), stream_(static_cast<CpuStream*>(device->stream())) {
+    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
+  }
+
+  Device* device() override { return device_; }
+  // Attention reads num_reqs, offsets, lengths and block tables from buffers
+  // when it runs, so any batch may be captured.
+  AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
+
+  void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
+    TANDEM_CHECK(out.dim(0) <= ids.dim(0) && out.dim(1) == table.dim(1))
+        << out.ShapeString() << " " << ids.ShapeString() << " " << table.ShapeString();
+    const int64_t n = out.dim(0), h = table.dim(1), vocab = table.dim(0);
+    const int32_t* id = ids.i32();
+    const float* t = table.f32();
+    float* o = out.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = std::min<int64_t>(std::max<int32_t>(id[i], 0), vocab - 1);
+        std::memcpy(o + i * h, t + row * h, sizeof(float) * h);
+      }
+    });
+  }
+
+  void RmsNorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override {
+    const int64_t n = out.dim(0), h = out.dim(1);
+    TANDEM_CHECK(x.dim(1) == h && weight.dim(0) == h);
+    const float* xs = x.f32();
+    const float* w = weight.f32();
+    float* o = out.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < n; ++i) NormRow(xs + i * h, w, eps, h, o + i * h);
+    });
+  }
+
+  void AddRmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight, float eps,
+                  const Tensor& out) override {
+    const int64_t n = out.dim(0), h = out.dim(1);
+    TANDEM_CHECK(x.dim(1) == h && residual.dim(1) == h && weight.dim(0) == h);
+    const float* xs = x.f32();
+    float* r = residual.f32();
+    const float* w = weight.f32();
+    float* o = out.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < n; ++i) {
+        float* ri = r + i * h;
+        const float* xi = xs + i * h;
+        for (int64_t j = 0; j < h; ++j) ri[j] += xi[j];
+        NormRow(ri, w, eps, h, o + i * h);
+      }
+    });
+  }
+
+  void Rope(const Tensor& positions, const Tensor& qkv, const Tensor& inv_freq,
+            const AttentionShape& shape) override {
+    const int64_t n = qkv.dim(0), row = qkv.dim(1);
+    const int heads = shape.num_heads + shape.num_kv_heads;
+    const int hd = shape.head_dim, half = hd / 2;
+    TANDEM_CHECK(inv_freq.dim(0) == half);
+    const int32_t* pos = positions.i32();
+    const float* freq = inv_freq.f32();
+    float* base = qkv.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < n; ++i) {
+        const float p = static_cast<float>(pos[i]);
+        float* r = base + i * row;
+        for (int f = 0; f < half; ++f) {
+          const float angle = p * freq[f];
+          const float c = std::cos(angle), s = std::sin(angle);
+          for (int h = 0; h < heads; ++h) {
+            float* x = r + h * hd;
+            const float a = x[f], b = x[f + half];
+            x[f] = a * c - b * s;
+            x[f + half] = b * c + a * s;
+          }
+        }
+      }
+    });
+  }
+
+  void Matmul(const Tensor& x, const Tensor& w, const Tensor& out) override {
+    const int64_t n = out.dim(0), big_n = w.dim(0), k = w.dim(1);
+    TANDEM_CHECK(x.dim(1) == k && out.dim(1) == big_n && x.dim(0) >= n)
+        << "matmul " << x.ShapeString() << " x " << w.ShapeString() << " -> "
+        << out.ShapeString();
+    const float* a = x.f32();
+    const float* b = w.f32();
+    float* c = out.f32();
+    stream_->Launch([=] {
+      if (n == 0) return;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, big_n, k, 1.f, a, k, b, k, 0.f,
+                  c, big_n);
+    });
+  }
+
+  void SiluMul(const Tensor& gate_up, const Tensor& out) override {
+    const int64_t n = out.dim(0), inter = out.dim(1);
+    TANDEM_CHECK(gate_up.dim(1) == 2 * inter);
+    const float* g = gate_up.f32();
+    float* o = out.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < n; ++i) {
+        const float* gi = g + i * 2 * inter;
+        float* oi = o + i * inter;
+        for (int64_t j = 0; j < inter; ++j) {
+          const float x = gi[j];
+          oi[j] = x / (1.f + std::exp(-x)) * gi[inter + j];
+        }
+      }
+    });
+  }
+
+  void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) override {
+    const int64_t rows = out.dim(0), h = out.dim(1);
+    TANDEM_CHECK(src.dim(1) == h);
+    const float* s = src.f32();
+    const int32_t* idx = indices.i32();
+    float* o = out.f32();
+    stream_->Launch([=] {
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(o + i * h, s + idx[i] * h, sizeof(float) * h);
+    });
+  }
+
+  void PagedAttention(const Tensor& qkv, const KvLayer& cache, const AttentionMetadata& meta,
+                      const AttentionShape& shape, const Tensor& out) override {
+    const int64_t n = qkv.dim(0), row = qkv.dim(1);
+    const int nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;
+    TANDEM_CHECK(out.dim(1) == nh * hd && row == (nh + 2 * nkv) * hd);
+    const float* q_base = qkv.f32();
+    float* kc = cache.k.f32();
+    float* vc = cache.v.f32();
+    const int32_t* num_reqs_p = meta.num_reqs.i32();
+    const int32_t* qsl = meta.query_start_loc.i32();
+    const int32_t* seq_lens = meta.seq_lens.i32();
+    const int32_t* tables = meta.block_tables.i32();
+    const int64_t table_width = meta.block_tables.dim(1);
+    const int32_t* slots = meta.slot_mapping.i32();
+    const int bs = meta.block_size;
+    const float scale = shape.scale;
+    float* o = out.f32();
+    stream_->Launch([=] {
+      const int64_t kv_row = static_cast<int64_t>(nkv) * hd;
+      // 1. Write this step's k and v into their slots.
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t slot = slots[i];
+        if (slot < 0) continue;
+        const float* k = q_base + i * row + nh * hd;
+        std::memcpy(kc + slot * kv_row, k, sizeof(float) * kv_row);
+        std::memcpy(vc + slot * kv_row, k + kv_row, sizeof(float) * kv_row);
+      }
+      // 2. Attention per request, per query token, per head.
+      std::memset(o, 0, sizeof(float) * n * nh * hd);
+      thread_local std::vector<float> scores;
+      const int group = nh / nkv;
+      const int32_t num_reqs = num_reqs_p[0];
+      for (int32_t r = 0; r < num_reqs; ++r) {
+        const int32_t q_begin = qsl[r], q_end = qsl[r + 1];
+        const int32_t seq_len = seq_lens[r];
+        const int32_t q_len = q_end - q_begin;
+        const int32_t* table = tables + r * table_width;
+        if (static_cast<int32_t>(scores.size()) < seq_len) scores.resize(seq_len);
+        for (int32_t t = q_begin; t < q_end && t < n; ++t) {
+          const int32_t ctx = seq_len - q_len + (t - q_begin) + 1;  // causal
+          for (int h = 0; h < nh; ++h) {
+            const float* q = q_base + t * row + h * hd;
+            const int kvh = h / group;
+            float max_score = -INFINITY;
+            for (int32_t j = 0; j < ctx; ++j) {
+              const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+              const float* k = kc + slot * kv_row + kvh * hd;
+              float dot = 0.f;
+              for (int d = 0; d < hd; ++d) dot += q[d] * k[d];
+              scores[j] = dot * scale;
+              max_score = std::max(max_score, scores[j]);
+            }
+            float sum = 0.f;
+            for (int32_t j = 0; j < ctx; ++j) {
+              scores[j] = std::exp(scores[j] - max_score);
+              sum += scores[j];
+            }
+            float* oh = o + t * nh * hd + h * hd;
+            const float inv = 1.f / sum;
+            for (int32_t j = 0; j < ctx; ++j) {
+              const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+              const float* v = vc + slot * kv_row + kvh * hd;
+              const float p = scores[j] * inv;
+              for (int d = 0; d < hd; ++d) oh[d] += p * v[d];
+            }
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  static void NormRow(const float* x, const float* w, float eps, int64_t h, float* out) {
+    float sum = 0.f;
+    for (int64_t j = 0; j < h; ++j) sum += x[j] * x[j];
+    const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+    for (int64_t j = 0; j < h; ++j) out[j] = x[j] * inv * w[j];
+  }
+
+  Device* device_;
+  CpuStream* stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int blas_threads) {
+  return std::make_unique<CpuOps>(cpu_device, blas_threads);
+}
+
+}  // namespace tandem

@@ -1,0 +1,91 @@
+// Ops: the model's operations, issued on the device's stream.
+//
+// Every op is asynchronous with respect to the host: it is issued on
+// device()->stream() and, while that stream is capturing, recorded into the
+// graph instead of run. An op must therefore read its data-dependent inputs
+// (token ids, positions, attention metadata) from buffers when it runs, never
+// from host values computed when it was issued; only shapes are fixed at
+// issue time. This is what lets a replayed graph serve new inputs.
+//
+// Shapes are checked when an op is issued (TANDEM_CHECK: a mismatch is a
+// programming error in the model, not a user error).
+//
+// Implementations: CPU (BLAS) in kernels/cpu, CUDA (cuBLAS) in kernels/cuda.
+// Used from the engine thread only.
+#ifndef TANDEM_COMMON_KERNELS_OPS_H_
+#define TANDEM_COMMON_KERNELS_OPS_H_
+
+#include <memory>
+
+#include "common/backend/device.h"
+#include "common/backend/tensor.h"
+#include "common/graph/attention_support.h"
+
+namespace tandem {
+
+// Attention metadata in persistent buffers, read by the attention op when it
+// runs (so a FULL graph that contains attention stays valid as they change).
+struct AttentionMetadata {
+  Tensor num_reqs;         // i32[1]: requests in the step (unpadded)
+  Tensor query_start_loc;  // i32[max_num_seqs + 1]: token offset of each request
+  Tensor seq_lens;         // i32[max_num_seqs]: context + query length
+  Tensor block_tables;     // i32[max_num_seqs, max_blocks_per_seq]
+  Tensor slot_mapping;     // i32[max_num_tokens]: KV slot per token, -1 = padding
+  int block_size = 16;
+};
+
+// One layer's paged KV cache: f32[num_blocks, block_size, num_kv_heads, head_dim].
+struct KvLayer {
+  Tensor k;
+  Tensor v;
+};
+
+struct AttentionShape {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.f;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device* device() = 0;
+  // How much of PagedAttention a graph may contain (declared honestly: the
+  // mode resolution at start-up trusts it).
+  virtual AttentionCgSupport attention_cg_support() const = 0;
+
+  // out[i, :] = table[ids[i], :]
+  virtual void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // out = x / rms(x) * weight, per row.
+  virtual void RmsNorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+  // residual += x; out = rmsnorm(residual) * weight (vLLM fused_add_rms_norm).
+  virtual void AddRmsNorm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          float eps, const Tensor& out) = 0;
+  // Rotates, in place, the q and k heads of packed qkv rows
+  // [q (num_heads * head_dim) | k (num_kv_heads * head_dim) | v ...] at
+  // positions[i], with rotate-half (Llama/NeoX) layout and inv_freq[head_dim/2].
+  virtual void Rope(const Tensor& positions, const Tensor& qkv, const Tensor& inv_freq,
+                    const AttentionShape& shape) = 0;
+  // out[n, N] = x[n, K] * w[N, K]^T
+  virtual void Matmul(const Tensor& x, const Tensor& w, const Tensor& out) = 0;
+  // out[n, I] = silu(gate_up[n, :I]) * gate_up[n, I:]
+  virtual void SiluMul(const Tensor& gate_up, const Tensor& out) = 0;
+  // out[i, :] = src[indices[i], :] for the first `rows` rows of out.
+  virtual void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) = 0;
+  // Writes the k and v of packed qkv rows into the paged cache at
+  // slot_mapping, then causal grouped-query attention of each request's query
+  // tokens over its cached context. Rows past query_start_loc[num_reqs] are
+  // padding: their output is zero.
+  virtual void PagedAttention(const Tensor& qkv, const KvLayer& cache,
+                              const AttentionMetadata& meta, const AttentionShape& shape,
+                              const Tensor& out) = 0;
+};
+
+// CPU ops on the device's CpuStream, matmuls through OpenBLAS with
+// `blas_threads` threads (<= 0: leave OpenBLAS's default).
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int blas_threads);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_KERNELS_OPS_H_

@@ -1,0 +1,156 @@
+#include "common/model/llama_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+
+uint64_t LlamaConfig::Fingerprint() const {
+  const std::string canonical = absl::StrCat(
+      name, "|", vocab_size, "|", hidden_size, "|", intermediate_size, "|", num_hidden_layers,
+      "|", num_attention_heads, "|", num_key_value_heads, "|", head_dim, "|", rms_norm_eps,
+      "|", rope_theta, "|", rope_scaling.type, "|", rope_scaling.factor, "|",
+      max_position_embeddings, "|", tie_word_embeddings);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : canonical) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+absl::Status LlamaConfig::Validate() const {
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("config: ", field, " must be > 0, got ", v));
+  };
+  for (auto [f, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"vocab_size", vocab_size},
+           {"hidden_size", hidden_size},
+           {"intermediate_size", intermediate_size},
+           {"num_hidden_layers", num_hidden_layers},
+           {"num_attention_heads", num_attention_heads},
+           {"num_key_value_heads", num_key_value_heads},
+           {"head_dim", head_dim},
+           {"max_position_embeddings", max_position_embeddings}}) {
+    if (auto s = positive(f, v); !s.ok()) return s;
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: num_attention_heads (", num_attention_heads,
+        ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even, got ", head_dim));
+  }
+  if (!rope_scaling.type.empty() && rope_scaling.type != "llama3" &&
+      rope_scaling.type != "default") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: rope_scaling type '", rope_scaling.type, "' is not supported (llama3 is)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
+                                             absl::string_view source_name) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
+  }
+  LlamaConfig c;
+  auto need = [&](const char* key) -> absl::StatusOr<const nlohmann::json*> {
+    if (!j.contains(key) || j[key].is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source_name, ": missing field '", key, "'"));
+    }
+    return &j[key];
+  };
+  for (auto [key, dst] : std::initializer_list<std::pair<const char*, int64_t*>>{
+           {"vocab_size", &c.vocab_size},
+           {"hidden_size", &c.hidden_size},
+           {"intermediate_size", &c.intermediate_size}}) {
+    auto v = need(key);
+    if (!v.ok()) return v.status();
+    *dst = (*v)->get<int64_t>();
+  }
+  auto layers = need("num_hidden_layers");
+  if (!layers.ok()) return layers.status();
+  c.num_hidden_layers = (*layers)->get<int>();
+  auto heads = need("num_attention_heads");
+  if (!heads.ok()) return heads.status();
+  c.num_attention_heads = (*heads)->get<int>();
+  c.num_key_value_heads = j.value("num_key_value_heads", c.num_attention_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = j["head_dim"].get<int>();
+  } else {
+    c.head_dim = static_cast<int>(c.hidden_size / c.num_attention_heads);
+  }
+  c.name = j.value("model_type", std::string("llama"));
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
+  c.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
+    c.torch_dtype = j["torch_dtype"].get<std::string>();
+  } else if (j.contains("dtype") && j["dtype"].is_string()) {
+    c.torch_dtype = j["dtype"].get<std::string>();
+  }
+  // Rope: transformers < 5 writes rope_theta + rope_scaling; 5 writes rope_parameters.
+  const nlohmann::json* scaling = nullptr;
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    scaling = &j["rope_parameters"];
+    c.rope_theta = scaling->value("rope_theta", c.rope_theta);
+  } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    scaling = &j["rope_scaling"];
+  }
+  if (scaling != nullptr) {
+    std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
+    if (type != "default") c.rope_scaling.type = type;
+    c.rope_scaling.factor = scaling->value("factor", 1.0);
+    c.rope_scaling.low_freq_factor = scaling->value("low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = scaling->value("high_freq_factor", 4.0);
+    c.rope_scaling.original_max_position_embeddings =
+        scaling->value("original_max_position_embeddings", int64_t{8192});
+  }
+  if (j.contains("eos_token_id")) {
+    const auto& e = j["eos_token_id"];
+    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int32_t>());
+    if (e.is_array()) {
+      for (const auto& x : e) c.eos_token_ids.push_back(x.get<int32_t>());
+    }
+  }
+  if (auto s = c.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", s.message()));
+  }
+  return c;
+}
+
+std::vector<float> RopeInverseFrequencies(const LlamaConfig& config) {
+  const int half = config.head_dim / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    // As transformers: base ** (arange(0, dim, 2).float() / dim), in float32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(config.head_dim);
+    inv[i] = 1.0f / std::pow(static_cast<float>(config.rope_theta), exponent);
+  }
+  if (config.rope_scaling.type == "llama3") {
+    const RopeScaling& s = config.rope_scaling;
+    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    for (int i = 0; i < half; ++i) {
+      const double wavelen = 2 * M_PI / inv[i];
+      if (wavelen > low_wavelen) {
+        inv[i] = static_cast<float>(inv[i] / s.factor);
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        inv[i] = static_cast<float>((1 - smooth) * inv[i] / s.factor + smooth * inv[i]);
+      }
+    }
+  }
+  return inv;
+}
+
+}  // namespace tandem

@@ -1,0 +1,61 @@
+// LlamaConfig: the architecture of a Llama-family decoder, read from a
+// Hugging Face config.json or taken from a synthetic preset.
+#ifndef TANDEM_COMMON_MODEL_LLAMA_CONFIG_H_
+#define TANDEM_COMMON_MODEL_LLAMA_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem {
+
+struct RopeScaling {
+  std::string type;  // "" (none) or "llama3"
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  std::string name;  // preset name or model_type; part of the fingerprint
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  bool tie_word_embeddings = false;
+  std::vector<int32_t> eos_token_ids;
+  std::string torch_dtype = "float32";  // storage dtype of the checkpoint
+
+  int64_t qkv_size() const {
+    return static_cast<int64_t>(num_attention_heads + 2 * num_key_value_heads) * head_dim;
+  }
+  // A stable 64-bit hash of the architecture (FNV-1a over the fields that
+  // decide the KV layout and the weights' shapes); equal on every machine.
+  uint64_t Fingerprint() const;
+  // Validates the fields; INVALID_ARGUMENT names the field and its value.
+  absl::Status Validate() const;
+};
+
+// Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer
+// rope_parameters). INVALID_ARGUMENT names the file and the missing field.
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
+                                             absl::string_view source_name);
+
+// Llama inverse RoPE frequencies, head_dim / 2 of them, with llama3 scaling
+// applied when configured (as transformers' _compute_llama3_parameters).
+std::vector<float> RopeInverseFrequencies(const LlamaConfig& config);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_MODEL_LLAMA_CONFIG_H_

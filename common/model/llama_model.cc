@@ -1,0 +1,262 @@
+#include "common/model/llama_model.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/model/safetensors.h"
+
+namespace tandem {
+namespace {
+
+uint64_t Fnv1a(absl::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Fills dst with values in [center - scale, center + scale), exactly
+// reproducible: value i depends only on (seed, i) through integer arithmetic.
+void FillSynthetic(uint64_t seed, float center, float scale, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(i)));
+    const float unit = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    dst[i] = center + scale * (2.f * unit - 1.f);
+  }
+}
+
+// Reads one named tensor of a given shape into dst (f32).
+using TensorReader = std::function<absl::Status(const std::string& name,
+                                                const std::vector<int64_t>& shape, float* dst)>;
+
+}  // namespace
+
+bool IsSyntheticSpec(const std::string& spec) {
+  return spec == "synthetic" || absl::StartsWith(spec, "synthetic:");
+}
+
+absl::StatusOr<LlamaConfig> SyntheticConfig(const std::string& spec) {
+  LlamaConfig c;
+  c.name = spec;
+  if (spec == "synthetic" || spec == "synthetic:tiny") {
+    c.name = "synthetic";
+    c.vocab_size = 512;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.max_position_embeddings = 4096;
+    c.rope_theta = 10000;
+    c.tie_word_embeddings = false;
+    c.eos_token_ids = {2};
+  } else if (spec == "synthetic:smollm2-135m") {
+    c.vocab_size = 49152;
+    c.hidden_size = 576;
+    c.intermediate_size = 1536;
+    c.num_hidden_layers = 30;
+    c.num_attention_heads = 9;
+    c.num_key_value_heads = 3;
+    c.head_dim = 64;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 100000;
+    c.tie_word_embeddings = true;
+    c.eos_token_ids = {2};
+  } else if (spec == "synthetic:llama-3.2-1b") {
+    c.vocab_size = 128256;
+    c.hidden_size = 2048;
+    c.intermediate_size = 8192;
+    c.num_hidden_layers = 16;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000;
+    c.rope_scaling = {"llama3", 32.0, 1.0, 4.0, 8192};
+    c.tie_word_embeddings = true;
+    c.eos_token_ids = {128001, 128008, 128009};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", spec,
+        "' is not a synthetic preset (synthetic, synthetic:smollm2-135m, "
+        "synthetic:llama-3.2-1b)"));
+  }
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+AttentionShape LlamaModel::attention_shape() const {
+  return {config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim,
+          1.0f / std::sqrt(static_cast<float>(config_.head_dim))};
+}
+
+size_t LlamaModel::KvBytesPerBlock(int block_size) const {
+  return static_cast<size_t>(block_size) * config_.num_key_value_heads * config_.head_dim *
+         sizeof(float) * 2 * config_.num_hidden_layers;
+}
+
+absl::Status LlamaModel::AllocateWeights(Device* device) {
+  const LlamaConfig& c = config_;
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t per_layer = 2 * h + c.qkv_size() * h +
+                            h * int64_t{c.num_attention_heads} * c.head_dim + 3 * inter * h;
+  const int64_t total = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h +
+                        per_layer * c.num_hidden_layers + c.head_dim;
+  const size_t bytes = static_cast<size_t>(total) * 4 + 256 * (8 * c.num_hidden_layers + 8);
+  ASSIGN_OR_RETURN(arena_, Arena::Create(device, bytes, "weights"));
+  ASSIGN_OR_RETURN(embed_, arena_->Allocate(DType::kF32, {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(final_norm_, arena_->Allocate(DType::kF32, {h}));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, arena_->Allocate(DType::kF32, {c.vocab_size, h}));
+  }
+  ASSIGN_OR_RETURN(inv_freq_, arena_->Allocate(DType::kF32, {c.head_dim / 2}));
+  layers_.resize(c.num_hidden_layers);
+  for (Layer& l : layers_) {
+    ASSIGN_OR_RETURN(l.input_norm, arena_->Allocate(DType::kF32, {h}));
+    ASSIGN_OR_RETURN(l.qkv, arena_->Allocate(DType::kF32, {c.qkv_size(), h}));
+    ASSIGN_OR_RETURN(l.o, arena_->Allocate(
+                              DType::kF32, {h, int64_t{c.num_attention_heads} * c.head_dim}));
+    ASSIGN_OR_RETURN(l.post_norm, arena_->Allocate(DType::kF32, {h}));
+    ASSIGN_OR_RETURN(l.gate_up, arena_->Allocate(DType::kF32, {2 * inter, h}));
+    ASSIGN_OR_RETURN(l.down, arena_->Allocate(DType::kF32, {h, inter}));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& spec, Ops* ops) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  m->spec_ = spec;
+  m->ops_ = ops;
+  std::unique_ptr<SafetensorsCheckpoint> checkpoint;
+  if (IsSyntheticSpec(spec)) {
+    ASSIGN_OR_RETURN(m->config_, SyntheticConfig(spec));
+  } else {
+    std::ifstream in(spec + "/config.json");
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat(
+          "model '", spec, "': no ", spec,
+          "/config.json (give a Hugging Face model directory or a synthetic preset)"));
+    }
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    ASSIGN_OR_RETURN(m->config_, ParseLlamaConfig(text, spec + "/config.json"));
+    ASSIGN_OR_RETURN(auto ckpt, SafetensorsCheckpoint::Open(spec));
+    checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
+  }
+  const LlamaConfig& c = m->config_;
+  RETURN_IF_ERROR(m->AllocateWeights(ops->device()));
+
+  // Weights are produced on the host in f32 and copied to the device.
+  std::vector<float> host;
+  const uint64_t model_seed = Fnv1a(c.name);
+  TensorReader read = [&](const std::string& name, const std::vector<int64_t>& shape,
+                          float* dst) -> absl::Status {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (checkpoint) return checkpoint->ReadF32(name, shape, dst);
+    const bool is_norm = absl::StrContains(name, "norm");
+    const float scale = is_norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(shape.back()));
+    FillSynthetic(model_seed ^ Fnv1a(name), is_norm ? 1.0f : 0.0f,
+                  absl::StrContains(name, "embed") ? 1.0f : scale, dst, n);
+    return absl::OkStatus();
+  };
+  // Reads the listed tensors stacked along dim 0 into `dst`.
+  auto load = [&](const Tensor& dst, std::vector<std::pair<std::string, int64_t>> parts)
+      -> absl::Status {
+    host.resize(dst.numel());
+    const int64_t cols = dst.ndim == 2 ? dst.dim(1) : 1;
+    int64_t row = 0;
+    for (const auto& [name, rows] : parts) {
+      std::vector<int64_t> shape = dst.ndim == 2 ? std::vector<int64_t>{rows, cols}
+                                                 : std::vector<int64_t>{rows};
+      RETURN_IF_ERROR(read(name, shape, host.data() + row * cols));
+      row += rows;
+    }
+    return ops->device()->CopyToDevice(dst.data, host.data(), dst.nbytes());
+  };
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  const int64_t q_rows = int64_t{c.num_attention_heads} * c.head_dim;
+  const int64_t kv_rows = int64_t{c.num_key_value_heads} * c.head_dim;
+  RETURN_IF_ERROR(load(m->embed_, {{"model.embed_tokens.weight", c.vocab_size}}));
+  RETURN_IF_ERROR(load(m->final_norm_, {{"model.norm.weight", h}}));
+  if (!c.tie_word_embeddings) RETURN_IF_ERROR(load(m->lm_head_, {{"lm_head.weight", c.vocab_size}}));
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer& l = m->layers_[i];
+    RETURN_IF_ERROR(load(l.input_norm, {{p + "input_layernorm.weight", h}}));
+    RETURN_IF_ERROR(load(l.qkv, {{p + "self_attn.q_proj.weight", q_rows},
+                                 {p + "self_attn.k_proj.weight", kv_rows},
+                                 {p + "self_attn.v_proj.weight", kv_rows}}));
+    RETURN_IF_ERROR(load(l.o, {{p + "self_attn.o_proj.weight", h}}));
+    RETURN_IF_ERROR(load(l.post_norm, {{p + "post_attention_layernorm.weight", h}}));
+    RETURN_IF_ERROR(load(l.gate_up, {{p + "mlp.gate_proj.weight", inter},
+                                     {p + "mlp.up_proj.weight", inter}}));
+    RETURN_IF_ERROR(load(l.down, {{p + "mlp.down_proj.weight", h}}));
+  }
+  const std::vector<float> inv = RopeInverseFrequencies(c);
+  RETURN_IF_ERROR(ops->device()->CopyToDevice(m->inv_freq_.data, inv.data(), inv.size() * 4));
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "
+                   << c.hidden_size << ", heads " << c.num_attention_heads << "/"
+                   << c.num_key_value_heads << ", vocab " << c.vocab_size << ", "
+                   << m->arena_->used() / (1 << 20) << " MiB of weights in "
+                   << absl::StrFormat("%.2f", secs) << " s";
+  return m;
+}
+
+void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const int L = num_layers();
+  TANDEM_CHECK(piece >= 0 && piece <= L) << "piece " << piece;
+  if (piece > 0) {
+    // Finish layer piece-1: o_proj, residual + post norm, MLP, residual.
+    const Layer& prev = layers_[piece - 1];
+    ops_->Matmul(b.attn_out.Rows(n), prev.o, b.hidden.Rows(n));
+    ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), prev.post_norm, eps, b.normed.Rows(n));
+    ops_->Matmul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n));
+    ops_->SiluMul(b.gate_up.Rows(n), b.mlp_act.Rows(n));
+    ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
+    const Tensor& next_norm = piece < L ? layers_[piece].input_norm : final_norm_;
+    ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), next_norm, eps, b.normed.Rows(n));
+  } else {
+    ops_->Embedding(b.input_ids, embed_, b.residual.Rows(n));
+    ops_->RmsNorm(b.residual.Rows(n), layers_[0].input_norm, eps, b.normed.Rows(n));
+  }
+  if (piece < L) {
+    ops_->Matmul(b.normed.Rows(n), layers_[piece].qkv, b.qkv.Rows(n));
+    ops_->Rope(b.positions, b.qkv.Rows(n), inv_freq_, attention_shape());
+  }
+}
+
+void LlamaModel::IssueAttention(int layer, int64_t n, const ForwardBuffers& b,
+                                const KvLayer& kv) const {
+  ops_->PagedAttention(b.qkv.Rows(n), kv, b.meta, attention_shape(), b.attn_out.Rows(n));
+}
+
+void LlamaModel::IssueLogits(const Tensor& hidden, const Tensor& indices, const Tensor& gathered,
+                             const Tensor& logits) const {
+  ops_->GatherRows(hidden, indices, gathered);
+  ops_->Matmul(gathered, lm_head_, logits);
+}
+
+}  // namespace tandem

@@ -1,0 +1,97 @@
+// LlamaModel: a Llama-family decoder (RMSNorm, RoPE, grouped-query attention,
+// SwiGLU MLP, tied or separate LM head) whose forward is a list of pieces
+// split at attention:
+//
+//   piece 0        embed, input norm of layer 0, qkv projection, rope
+//   attention 0    paged attention of layer 0 (KV write + attention)
+//   piece i        o_proj of layer i-1, residual + post norm, MLP, residual +
+//                  input norm of layer i, qkv projection, rope
+//   attention i    ...
+//   piece L        o_proj of layer L-1, residual + post norm, MLP, residual +
+//                  final norm
+//
+// so a PIECEWISE graph can capture each piece and leave attention eager, and
+// a FULL graph can capture the whole list. Pieces and attention only issue
+// ops on buffers the caller owns (ForwardBuffers): the model holds weights
+// and nothing per step.
+//
+// Weights come from a Hugging Face directory (config.json + safetensors) or
+// from a built-in synthetic preset: "synthetic" (tiny), "synthetic:smollm2-135m",
+// "synthetic:llama-3.2-1b". A preset gives the same weights in every process
+// on every machine (counter-based generator seeded by preset and tensor name).
+//
+// Immutable after Load(); used by the engine thread.
+#ifndef TANDEM_COMMON_MODEL_LLAMA_MODEL_H_
+#define TANDEM_COMMON_MODEL_LLAMA_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/device.h"
+#include "common/kernels/ops.h"
+#include "common/model/llama_config.h"
+
+namespace tandem {
+
+// The runner's persistent activation and input buffers, sized for the
+// largest step (max_num_batched_tokens rows).
+struct ForwardBuffers {
+  Tensor input_ids;   // i32[T]
+  Tensor positions;   // i32[T]
+  AttentionMetadata meta;
+  Tensor hidden;      // f32[T, H]   projection outputs
+  Tensor residual;    // f32[T, H]
+  Tensor normed;      // f32[T, H]   norm outputs; after the last piece: final hidden
+  Tensor qkv;         // f32[T, qkv_size]
+  Tensor attn_out;    // f32[T, heads * head_dim]
+  Tensor gate_up;     // f32[T, 2 * I]
+  Tensor mlp_act;     // f32[T, I]
+};
+
+// The known synthetic presets and their configs.
+absl::StatusOr<LlamaConfig> SyntheticConfig(const std::string& spec);
+bool IsSyntheticSpec(const std::string& spec);
+
+class LlamaModel {
+ public:
+  // `spec`: a synthetic preset name or a directory with config.json and
+  // safetensors. Errors name the file and the tensor at fault.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& spec, Ops* ops);
+
+  const LlamaConfig& config() const { return config_; }
+  const std::string& spec() const { return spec_; }
+  int num_layers() const { return config_.num_hidden_layers; }
+  int num_pieces() const { return config_.num_hidden_layers + 1; }
+  AttentionShape attention_shape() const;
+
+  // Issues piece `piece` (0..num_pieces()-1) for the first `n` rows.
+  void IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const;
+  // Issues layer `layer`'s paged attention for the first `n` rows.
+  void IssueAttention(int layer, int64_t n, const ForwardBuffers& b, const KvLayer& kv) const;
+  // logits[rows, V] = lm_head(hidden[indices[i]]) for i < rows.
+  void IssueLogits(const Tensor& hidden, const Tensor& indices, const Tensor& gathered,
+                   const Tensor& logits) const;
+
+  // Bytes of one KV block (all layers, K and V) for `block_size` tokens.
+  size_t KvBytesPerBlock(int block_size) const;
+
+ private:
+  struct Layer {
+    Tensor input_norm, qkv, o, post_norm, gate_up, down;
+  };
+  LlamaModel() = default;
+  absl::Status AllocateWeights(Device* device);
+
+  std::string spec_;
+  LlamaConfig config_;
+  Ops* ops_ = nullptr;
+  std::unique_ptr<Arena> arena_;
+  Tensor embed_, final_norm_, lm_head_, inv_freq_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_MODEL_LLAMA_MODEL_H_

@@ -1,0 +1,47 @@
+#include "common/serving/engine_flags.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace tandem {
+
+void EngineFlags::Register(FlagSet* f) {
+  f->Add("model", &model,
+         "synthetic | synthetic:smollm2-135m | synthetic:llama-3.2-1b | a Hugging Face "
+         "directory (config.json + safetensors)");
+  f->Add("device", &device, "cpu or cuda");
+  f->Add("cudagraph-mode", &cudagraph_mode,
+         "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE");
+  f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");
+  f->Add("max-num-seqs", &max_num_seqs, "most requests in one step");
+  f->Add("max-model-len", &max_model_len,
+         "longest sequence (prompt + output); 0 = min(max_position_embeddings, 8192)");
+  f->Add("block-size", &block_size, "tokens per KV cache block");
+  f->Add("num-kv-blocks", &num_kv_blocks, "KV cache blocks; 0 = fit --kv-cache-mb");
+  f->Add("kv-cache-mb", &kv_cache_mb, "KV cache memory when --num-kv-blocks=0");
+  f->Add("capture-sizes", &capture_sizes, "graph capture sizes, e.g. 1,2,4,8 (default ladder)");
+  f->Add("max-capture-size", &max_capture_size, "largest size of the default ladder (0 = default)");
+  f->Add("blas-threads", &blas_threads, "OpenBLAS threads of the CPU backend");
+  f->Add("check-input-addresses", &check_input_addresses,
+         "debug: verify graph inputs stay at their captured addresses");
+}
+
+absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
+  EngineConfig c;
+  c.model = model;
+  c.device = device;
+  c.blas_threads = blas_threads;
+  c.block_size = block_size;
+  c.num_kv_blocks = num_kv_blocks;
+  c.kv_cache_bytes = kv_cache_mb << 20;
+  ASSIGN_OR_RETURN(c.runner.cudagraph_mode, CudaGraphMode::Parse(cudagraph_mode));
+  c.runner.max_num_batched_tokens = max_num_batched_tokens;
+  c.runner.max_num_seqs = max_num_seqs;
+  c.runner.max_model_len = max_model_len;
+  ASSIGN_OR_RETURN(c.runner.capture_sizes, ParseIntList(capture_sizes, "--capture-sizes"));
+  if (flags.IsSet("max-capture-size")) c.runner.max_capture_size = max_capture_size;
+  c.runner.check_input_addresses = check_input_addresses;
+  return c;
+}
+
+}  // namespace tandem

@@ -1,0 +1,37 @@
+// The engine flags shared by both workers, `tandem generate --local` and
+// `tandem bench`: one definition, one set of defaults.
+#ifndef TANDEM_COMMON_SERVING_ENGINE_FLAGS_H_
+#define TANDEM_COMMON_SERVING_ENGINE_FLAGS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/base/flags.h"
+#include "common/engine/engine.h"
+
+namespace tandem {
+
+struct EngineFlags {
+  std::string model = "synthetic";
+  std::string device = "cpu";
+  std::string cudagraph_mode;  // default given by the caller
+  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 64;
+  int max_model_len = 0;
+  int block_size = 16;
+  int num_kv_blocks = 0;
+  int64_t kv_cache_mb = 512;
+  std::string capture_sizes;
+  int max_capture_size = 0;
+  int blas_threads = 1;
+  bool check_input_addresses = false;
+
+  explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}
+  void Register(FlagSet* flags);
+  // INVALID_ARGUMENT names the flag and the value.
+  absl::StatusOr<EngineConfig> ToConfig(const FlagSet& flags) const;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_ENGINE_FLAGS_H_
