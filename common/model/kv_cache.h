@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/backend/device.h"
@@ -76,7 +76,8 @@ class KvCache {
   BlockAllocator allocator_;
   std::unique_ptr<Arena> arena_;
   std::vector<KvLayer> layers_;
-  absl::flat_hash_map<std::string, std::vector<int32_t>> tables_;
+  // node_hash_map: BlockTable() pointers stay valid while other tables grow.
+  absl::node_hash_map<std::string, std::vector<int32_t>> tables_;
 };
 
 }  // namespace tandem

@@ -1,0 +1,170 @@
+#include "common/engine/engine.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using M = CudaGraphMode;
+
+std::unique_ptr<LlmEngine> MakeEngine(M mode, int num_kv_blocks = 0, int max_num_seqs = 16,
+                                      int block_size = 16) {
+  EngineConfig c;
+  c.model = "synthetic";
+  c.runner.cudagraph_mode = mode;
+  c.runner.max_num_batched_tokens = 64;
+  c.runner.max_num_seqs = max_num_seqs;
+  c.runner.max_model_len = 512;
+  c.num_kv_blocks = num_kv_blocks;
+  c.block_size = block_size;
+  auto e = LlmEngine::Create(c);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(e).value();
+}
+
+// Runs every request to completion; returns the tokens per id.
+std::map<std::string, std::vector<int32_t>> RunAll(LlmEngine* e,
+                                                   std::map<std::string, FinishReason>* reasons = nullptr) {
+  std::map<std::string, std::vector<int32_t>> out;
+  for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
+    auto step = e->Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    for (const auto& o : *step) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      auto& v = out[o.id];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (o.finished && reasons) (*reasons)[o.id] = o.finish_reason;
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> Prompt(int n, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 97 + i * 13) % 509 + 3;
+  return t;
+}
+
+TEST(EngineTest, GreedyOutputIdenticalInEveryMode) {
+  std::map<std::string, std::vector<int32_t>> reference;
+  for (M mode : {M::kNone, M::kPiecewise, M::kFull, M::kFullDecodeOnly, M::kFullAndPiecewise}) {
+    SCOPED_TRACE(mode.name());
+    auto e = MakeEngine(mode);
+    SamplingParams p;
+    p.max_tokens = 12;
+    p.ignore_eos = true;
+    for (int i = 0; i < 10; ++i) {  // prompts of 1..~100 tokens, some chunked
+      ASSERT_TRUE(e->AddRequest("r" + std::to_string(i), Prompt(1 + i * 11, i), p).ok());
+    }
+    auto out = RunAll(e.get());
+    ASSERT_EQ(out.size(), 10u);
+    for (auto& [id, tokens] : out) EXPECT_EQ(tokens.size(), 12u) << id;
+    if (reference.empty()) {
+      reference = out;
+    } else {
+      EXPECT_EQ(out, reference);
+    }
+    const RunnerStats& st = e->runner().stats();
+    if (mode == M::kFullDecodeOnly || mode == M::kFullAndPiecewise || mode == M::kFull) {
+      EXPECT_GT(st.steps[2], 0);
+    }
+    if (mode == M::kPiecewise) {
+      EXPECT_EQ(st.steps[2], 0);
+    }
+    EXPECT_EQ(e->kv_cache().allocator().num_used(), 0);
+  }
+}
+
+TEST(EngineTest, StopConditions) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p;
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("free", Prompt(5, 1), p).ok());
+  std::map<std::string, FinishReason> reasons;
+  auto free_run = RunAll(e.get(), &reasons);
+  ASSERT_EQ(free_run["free"].size(), 30u);
+  EXPECT_EQ(reasons["free"], FinishReason::kLength);
+  // Stop at the 5th token the free run produced.
+  SamplingParams stop = p;
+  stop.stop_token_ids = {free_run["free"][4]};
+  ASSERT_TRUE(e->AddRequest("stop", Prompt(5, 1), stop).ok());
+  auto stopped = RunAll(e.get(), &reasons);
+  const auto first = std::find(free_run["free"].begin(), free_run["free"].end(), free_run["free"][4]);
+  EXPECT_EQ(stopped["stop"].size(), static_cast<size_t>(first - free_run["free"].begin() + 1));
+  EXPECT_EQ(reasons["stop"], FinishReason::kStop);
+}
+
+TEST(EngineTest, ValidationErrors) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p;
+  EXPECT_EQ(e->AddRequest("a", {}, p).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e->AddRequest("a", {1, 99999}, p).message().find("prompt_token_ids[1]"), std::string::npos);
+  EXPECT_NE(e->AddRequest("a", std::vector<int32_t>(600, 1), p).message().find("limit"), std::string::npos);
+  SamplingParams bad = p;
+  bad.max_tokens = 0;
+  EXPECT_EQ(e->AddRequest("a", {1}, bad).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(e->AddRequest("a", {1, 2}, p).ok());
+  EXPECT_EQ(e->AddRequest("a", {1, 2}, p).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(e->Abort("a").ok());
+  EXPECT_EQ(e->Abort("a").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(EngineTest, AbortFreesBlocksMidGeneration) {
+  auto e = MakeEngine(M::kFullDecodeOnly);
+  SamplingParams p;
+  p.max_tokens = 100;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("x", Prompt(40, 3), p).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->Step().ok());
+  EXPECT_GT(e->kv_cache().allocator().num_used(), 0);
+  ASSERT_TRUE(e->Abort("x").ok());
+  EXPECT_EQ(e->kv_cache().allocator().num_used(), 0);
+  EXPECT_FALSE(e->HasWork());
+}
+
+// A cache too small for all requests at once: requests wait or are preempted
+// and recomputed, all finish with the tokens they get with a large cache.
+TEST(EngineTest, SmallCachePreemptsAndRecomputes) {
+  SamplingParams p;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  auto big = MakeEngine(M::kFullAndPiecewise, 0, 8, 4);
+  auto small = MakeEngine(M::kFullAndPiecewise, /*num_kv_blocks=*/16, 8, 4);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(big->AddRequest("r" + std::to_string(i), Prompt(10 + i, i), p).ok());
+    ASSERT_TRUE(small->AddRequest("r" + std::to_string(i), Prompt(10 + i, i), p).ok());
+  }
+  EXPECT_EQ(RunAll(small.get()), RunAll(big.get()));
+  EXPECT_EQ(small->kv_cache().allocator().num_used(), 0);
+}
+
+TEST(EngineTest, RequestLargerThanCacheFailsCleanly) {
+  auto e = MakeEngine(M::kFullAndPiecewise, /*num_kv_blocks=*/2, 8, 4);
+  SamplingParams p;
+  p.max_tokens = 4;
+  ASSERT_TRUE(e->AddRequest("huge", Prompt(30, 1), p).ok());
+  auto step = e->Step();
+  ASSERT_TRUE(step.ok());
+  ASSERT_EQ(step->size(), 1u);
+  EXPECT_EQ((*step)[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(e->HasWork());
+  EXPECT_EQ(e->kv_cache().allocator().num_used(), 0);
+}
+
+TEST(EngineTest, PrefillOnlyKeepsKvUntilReleased) {
+  auto e = MakeEngine(M::kPiecewise);
+  SamplingParams p;
+  p.max_tokens = 1;
+  ASSERT_TRUE(e->AddRequest("p", Prompt(20, 2), p, RequestKind::kPrefillOnly).ok());
+  auto out = RunAll(e.get());
+  EXPECT_EQ(out["p"].size(), 1u);
+  EXPECT_NE(e->kv_cache().BlockTable("p"), nullptr);
+  EXPECT_TRUE(e->Abort("p").ok());
+  EXPECT_EQ(e->kv_cache().allocator().num_used(), 0);
+}
+
+}  // namespace
+}  // namespace tandem

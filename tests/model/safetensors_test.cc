@@ -1,0 +1,139 @@
+#include "common/model/safetensors.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "common/model/llama_config.h"
+#include "common/model/llama_model.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("tandem_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+TEST(SafetensorsTest, HalfAndBfloatConversion) {
+  EXPECT_EQ(HalfToFloat(0x3c00), 1.0f);
+  EXPECT_EQ(HalfToFloat(0xc000), -2.0f);
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(Bf16ToFloat(0xc040), -3.0f);
+}
+
+// Writes a file with one F16 and one BF16 tensor by hand.
+TEST(SafetensorsTest, ReadsF16AndBf16) {
+  fs::path dir = TempDir("half");
+  nlohmann::json h = {{"a", {{"dtype", "F16"}, {"shape", {2}}, {"data_offsets", {0, 4}}}},
+                      {"b", {{"dtype", "BF16"}, {"shape", {2}}, {"data_offsets", {4, 8}}}}};
+  std::string text = h.dump();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  uint64_t len = text.size();
+  out.write(reinterpret_cast<char*>(&len), 8);
+  out << text;
+  uint16_t data[4] = {0x3c00, 0x4000, 0x3f80, 0xbf80};
+  out.write(reinterpret_cast<char*>(data), 8);
+  out.close();
+  auto ckpt = SafetensorsCheckpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  float a[2], b[2];
+  ASSERT_TRUE(ckpt->ReadF32("a", {2}, a).ok());
+  ASSERT_TRUE(ckpt->ReadF32("b", {2}, b).ok());
+  EXPECT_EQ(a[0], 1.0f);
+  EXPECT_EQ(a[1], 2.0f);
+  EXPECT_EQ(b[0], 1.0f);
+  EXPECT_EQ(b[1], -1.0f);
+}
+
+TEST(SafetensorsTest, ErrorsNameTensorAndFile) {
+  fs::path dir = TempDir("errors");
+  ASSERT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(),
+                                  {{"w", {{2, 3}, std::vector<float>(6, 1.f)}}})
+                  .ok());
+  auto ckpt = SafetensorsCheckpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok());
+  float buf[6];
+  absl::Status missing = ckpt->ReadF32("missing.weight", {2, 3}, buf);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.message().find("missing.weight"), std::string::npos);
+  absl::Status shape = ckpt->ReadF32("w", {3, 2}, buf);
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.message().find("model.safetensors"), std::string::npos) << shape;
+  EXPECT_NE(shape.message().find("[2, 3]"), std::string::npos) << shape;
+  EXPECT_EQ(SafetensorsCheckpoint::Open((dir / "nope").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SafetensorsTest, ShardedCheckpointViaIndex) {
+  fs::path dir = TempDir("sharded");
+  ASSERT_TRUE(WriteSafetensorsF32((dir / "a.safetensors").string(),
+                                  {{"x", {{2}, {1.f, 2.f}}}}).ok());
+  ASSERT_TRUE(WriteSafetensorsF32((dir / "b.safetensors").string(),
+                                  {{"y", {{1}, {3.f}}}}).ok());
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})";
+  auto ckpt = SafetensorsCheckpoint::Open(dir.string());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  float x[2], y[1];
+  ASSERT_TRUE(ckpt->ReadF32("x", {2}, x).ok());
+  ASSERT_TRUE(ckpt->ReadF32("y", {1}, y).ok());
+  EXPECT_EQ(x[1], 2.f);
+  EXPECT_EQ(y[0], 3.f);
+}
+
+TEST(SafetensorsTest, ModelLoadNamesMissingTensor) {
+  // The fixture's config with an empty checkpoint: the first tensor is named.
+  fs::path dir = TempDir("missing_model");
+  fs::copy_file(std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_llama/config.json",
+                dir / "config.json");
+  ASSERT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(),
+                                  {{"unrelated", {{1}, {0.f}}}}).ok());
+  auto device = CreateCpuDevice();
+  auto ops = CreateCpuOps(device.get(), 1);
+  auto model = LlamaModel::Load(dir.string(), ops.get());
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("model.embed_tokens.weight"), std::string::npos)
+      << model.status();
+}
+
+TEST(LlamaConfigTest, ParsesLegacyRopeScaling) {
+  auto c = ParseLlamaConfig(R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+      "eos_token_id": [5, 6]})", "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 4);
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, "llama3");
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{5, 6}));
+  auto bad = ParseLlamaConfig(R"({"vocab_size": 10})", "cfg.json");
+  EXPECT_NE(bad.status().message().find("cfg.json"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("hidden_size"), std::string::npos);
+}
+
+TEST(SyntheticModelTest, SameNameSameWeights) {
+  auto device = CreateCpuDevice();
+  auto ops = CreateCpuOps(device.get(), 1);
+  auto a = LlamaModel::Load("synthetic", ops.get());
+  auto b = LlamaModel::Load("synthetic", ops.get());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->config().Fingerprint(), (*b)->config().Fingerprint());
+  auto smol = SyntheticConfig("synthetic:smollm2-135m");
+  ASSERT_TRUE(smol.ok());
+  EXPECT_EQ(smol->hidden_size, 576);
+  EXPECT_NE(smol->Fingerprint(), (*a)->config().Fingerprint());
+  EXPECT_FALSE(SyntheticConfig("synthetic:gpt5").ok());
+}
+
+}  // namespace
+}  // namespace tandem
