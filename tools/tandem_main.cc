@@ -1,10 +1,12 @@
 // `tandem`: the command-line tool. Subcommands:
 //   plan      graph routing / capture plan for a configuration
 //   generate  tokens for one prompt, local or through a decode worker
+//   bench     step-time benchmarks
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "tools/bench.h"
 #include "tools/generate.h"
 #include "tools/plan.h"
 
@@ -16,6 +18,7 @@ constexpr char kUsage[] =
     "Commands:\n"
     "  plan      print the CUDA-graph routing and capture plan for a configuration\n"
     "  generate  generate tokens for a prompt (--local, or --address of a decode worker)\n"
+    "  bench     benchmarks: 'bench step' (graph replay vs eager step time)\n"
     "\n"
     "Run 'tandem <command> --help' for the flags of a command.\n";
 
@@ -30,6 +33,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "plan") return tandem::RunPlanCommand(args);
   if (command == "generate") return tandem::RunGenerateCommand(args);
+  if (command == "bench") return tandem::RunBenchCommand(args);
   std::cerr << "tandem: unknown command '" << command << "' (see tandem --help)" << std::endl;
   return 2;
 }

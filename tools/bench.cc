@@ -1,0 +1,136 @@
+#include "tools/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/flags.h"
+#include "common/engine/engine.h"
+#include "common/serving/engine_flags.h"
+
+namespace tandem {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "tandem bench: " << s.message() << std::endl;
+  return 2;
+}
+
+struct Timing {
+  CudaGraphMode mode;
+  double median_ms = 0;
+};
+
+// Median wall time of `iters` runs of one step (after 2 warm-up runs).
+absl::StatusOr<Timing> TimeStep(ModelRunner& runner, const std::vector<ScheduledSeq>& batch,
+                                bool eager, int iters) {
+  std::vector<double> ms;
+  Timing t;
+  for (int i = 0; i < iters + 2; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    auto r = runner.Execute(batch, eager);
+    if (!r.ok()) return r.status();
+    const double took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (i >= 2) ms.push_back(took);
+    t.mode = r->runtime_mode;
+  }
+  std::sort(ms.begin(), ms.end());
+  t.median_ms = ms[ms.size() / 2];
+  return t;
+}
+
+int RunStep(const std::vector<std::string>& args) {
+  FlagSet flags("tandem bench step");
+  EngineFlags engine_flags("FULL_AND_PIECEWISE");
+  engine_flags.Register(&flags);
+  std::string batch_sizes = "1,8,32";
+  std::string prefill_tokens = "128,512";
+  int context = 64;
+  int iters = 20;
+  flags.Add("batch-sizes", &batch_sizes, "decode batch sizes");
+  flags.Add("prefill-tokens", &prefill_tokens, "prefill token counts");
+  flags.Add("context", &context, "tokens already cached per decoding request");
+  flags.Add("iters", &iters, "timed runs per figure (median reported)");
+  auto positional = flags.Parse(args);
+  if (!positional.ok()) return Fail(positional.status());
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  auto batches = ParseIntList(batch_sizes, "--batch-sizes");
+  if (!batches.ok()) return Fail(batches.status());
+  auto prefills = ParseIntList(prefill_tokens, "--prefill-tokens");
+  if (!prefills.ok()) return Fail(prefills.status());
+  auto config = engine_flags.ToConfig(flags);
+  if (!config.ok()) return Fail(config.status());
+  int max_batch = 1, max_prefill = 1;
+  for (int b : *batches) max_batch = std::max(max_batch, b);
+  for (int p : *prefills) max_prefill = std::max(max_prefill, p);
+  if (!flags.IsSet("max-num-seqs")) config->runner.max_num_seqs = std::max(max_batch, 1);
+  if (!flags.IsSet("max-num-batched-tokens")) {
+    config->runner.max_num_batched_tokens = std::max({max_prefill, max_batch, 2048});
+  }
+  if (!flags.IsSet("capture-sizes") && !flags.IsSet("max-capture-size")) {
+    // Cover the measured shapes with graphs.
+    config->runner.max_capture_size = std::max(max_prefill, 2 * max_batch);
+  }
+  if (!flags.IsSet("max-model-len")) config->runner.max_model_len = std::max(max_prefill, context + 1) + 16;
+  auto engine = LlmEngine::Create(*config);
+  if (!engine.ok()) return Fail(engine.status());
+  ModelRunner& runner = (*engine)->runner();
+  KvCache& kv = (*engine)->kv_cache();
+
+  std::printf("model %s | device %s | mode %s | blas threads %d | median of %d\n",
+              config->model.c_str(), config->device.c_str(),
+              std::string(runner.resolved_mode().name()).c_str(), config->blas_threads, iters);
+  std::printf("%-8s %7s %6s %-10s %10s %10s %8s\n", "step", "tokens", "batch", "graph", "graph_ms",
+              "eager_ms", "speedup");
+  std::vector<int32_t> tokens(std::max(max_prefill, max_batch), 7);
+  auto report = [&](const char* kind, int n_tokens, int batch,
+                    const std::vector<ScheduledSeq>& seqs) -> absl::Status {
+    auto graph = TimeStep(runner, seqs, false, iters);
+    if (!graph.ok()) return graph.status();
+    auto eager = TimeStep(runner, seqs, true, iters);
+    if (!eager.ok()) return eager.status();
+    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx\n", kind, n_tokens, batch,
+                std::string(graph->mode.name()).c_str(), graph->median_ms, eager->median_ms,
+                eager->median_ms / graph->median_ms);
+    std::fflush(stdout);
+    return absl::OkStatus();
+  };
+  for (int b : *batches) {
+    std::vector<ScheduledSeq> seqs;
+    for (int i = 0; i < b; ++i) {
+      const std::string id = absl::StrCat("bench-decode-", i);
+      if (auto s = kv.EnsureCapacity(id, context + 1); !s.ok()) return Fail(s);
+      seqs.push_back({tokens.data(), 1, context, kv.BlockTable(id), true});
+    }
+    if (auto s = report("decode", b, b, seqs); !s.ok()) return Fail(s);
+    for (int i = 0; i < b; ++i) kv.Free(absl::StrCat("bench-decode-", i));
+  }
+  for (int p : *prefills) {
+    if (auto s = kv.EnsureCapacity("bench-prefill", p); !s.ok()) return Fail(s);
+    std::vector<ScheduledSeq> seqs = {{tokens.data(), p, 0, kv.BlockTable("bench-prefill"), true}};
+    if (auto s = report("prefill", p, 1, seqs); !s.ok()) return Fail(s);
+    kv.Free("bench-prefill");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunBenchCommand(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help") {
+    std::cout << "Usage: tandem bench step [flags]   (see tandem bench step --help)\n";
+    return args.empty() ? 2 : 0;
+  }
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "step") return RunStep(rest);
+  std::cerr << "tandem bench: unknown benchmark '" << args[0] << "' (step)" << std::endl;
+  return 2;
+}
+
+}  // namespace tandem

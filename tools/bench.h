@@ -1,0 +1,15 @@
+// `tandem bench step`: median step time, graph replay against eager, for
+// decode batches and prefill token counts.
+#ifndef TANDEM_TOOLS_BENCH_H_
+#define TANDEM_TOOLS_BENCH_H_
+
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+int RunBenchCommand(const std::vector<std::string>& args);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TOOLS_BENCH_H_
