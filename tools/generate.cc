@@ -9,6 +9,9 @@
 #include "common/base/flags.h"
 #include "common/engine/engine.h"
 #include "common/serving/engine_flags.h"
+#include "common/serving/status_convert.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
 namespace {
@@ -73,6 +76,54 @@ int RunLocal(const EngineConfig& config, const std::vector<int32_t>& prompt,
   return 0;
 }
 
+int RunRemote(const std::string& address, const std::vector<int32_t>& prompt,
+              const SamplingParams& params, double timeout_s) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::Decode::NewStub(channel);
+  v1::GenerateRequest request;
+  request.set_request_id(absl::StrCat("cli-", getpid(), "-",
+                                      std::chrono::steady_clock::now().time_since_epoch().count()));
+  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  v1::SamplingParams* p = request.mutable_sampling();
+  p->set_max_tokens(params.max_tokens);
+  p->set_temperature(params.temperature);
+  p->set_top_p(params.top_p);
+  p->set_top_k(params.top_k);
+  p->set_seed(params.seed);
+  p->set_ignore_eos(params.ignore_eos);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  const auto start = std::chrono::steady_clock::now();
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  TokenPrinter printer;
+  double ttft = -1;
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  while (reader->Read(&response)) {
+    for (int32_t t : response.token_ids()) {
+      if (ttft < 0) {
+        ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      printer.Print(t);
+    }
+    if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) reason = response.finish_reason();
+  }
+  grpc::Status status = reader->Finish();
+  if (printer.count() > 0) printer.End();
+  if (!status.ok()) {
+    std::cerr << "tandem generate: " << GrpcCodeName(status.error_code()) << ": "
+              << status.error_message() << std::endl;
+    return 1;
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("finish %s | ttft %.1f ms | %.1f tokens/s | %d tokens\n",
+              reason == v1::FINISH_REASON_STOP ? "stop" : "length", ttft * 1e3,
+              total > 0 ? printer.count() / total : 0.0, printer.count());
+  return 0;
+}
+
 }  // namespace
 
 int RunGenerateCommand(const std::vector<std::string>& args) {
@@ -95,6 +146,8 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("top-k", &top_k, "-1 = off");
   flags.Add("seed", &params.seed, "sampling seed (0 = random)");
   flags.Add("ignore-eos", &params.ignore_eos, "keep generating past EOS");
+  double timeout_s = 300;
+  flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
   auto positional = flags.Parse(args);
   if (!positional.ok()) return Fail(positional.status());
   if (flags.help_requested()) {
@@ -116,7 +169,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
     if (!config.ok()) return Fail(config.status());
     return RunLocal(*config, *prompt, params);
   }
-  return Fail(absl::UnimplementedError("--address needs the gRPC client"));
+  return RunRemote(address, *prompt, params, timeout_s);
 }
 
 }  // namespace tandem

@@ -2,12 +2,14 @@
 //   plan      graph routing / capture plan for a configuration
 //   generate  tokens for one prompt, local or through a decode worker
 //   bench     step-time benchmarks
+//   health    gRPC health check of a worker
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "tools/bench.h"
 #include "tools/generate.h"
+#include "tools/health.h"
 #include "tools/plan.h"
 
 namespace {
@@ -19,6 +21,7 @@ constexpr char kUsage[] =
     "  plan      print the CUDA-graph routing and capture plan for a configuration\n"
     "  generate  generate tokens for a prompt (--local, or --address of a decode worker)\n"
     "  bench     benchmarks: 'bench step' (graph replay vs eager step time)\n"
+    "  health    exit 0 only when a worker reports SERVING\n"
     "\n"
     "Run 'tandem <command> --help' for the flags of a command.\n";
 
@@ -34,6 +37,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return tandem::RunPlanCommand(args);
   if (command == "generate") return tandem::RunGenerateCommand(args);
   if (command == "bench") return tandem::RunBenchCommand(args);
+  if (command == "health") return tandem::RunHealthCommand(args);
   std::cerr << "tandem: unknown command '" << command << "' (see tandem --help)" << std::endl;
   return 2;
 }

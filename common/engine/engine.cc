@@ -191,6 +191,90 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   return out;
 }
 
+absl::Status LlmEngine::ReserveKv(const std::string& id, int64_t num_tokens) {
+  if (requests_.contains(id) || kv_cache_->BlockTable(id) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' already holds KV blocks"));
+  }
+  return kv_cache_->EnsureCapacity(id, num_tokens);
+}
+
+namespace {
+absl::Status CheckRows(const KvCache& kv, const std::vector<int32_t>* table, const std::string& id,
+                       int layer, int64_t first, int64_t count) {
+  if (table == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("request '", id, "' holds no KV blocks"));
+  }
+  const int64_t capacity = static_cast<int64_t>(table->size()) * kv.block_size();
+  if (layer < 0 || layer >= kv.num_layers() || first < 0 || count < 0 || first + count > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV rows [", first, ", ", first + count, ") of layer ", layer, " are outside request '",
+        id, "' (", capacity, " token slots, ", kv.num_layers(), " layers)"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status LlmEngine::WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
+                                const float* k, const float* v) {
+  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
+  RETURN_IF_ERROR(CheckRows(*kv_cache_, table, id, layer, first, count));
+  const int64_t w = kv_cache_->slot_width();
+  const KvLayer& l = kv_cache_->layer(layer);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t slot = kv_cache_->SlotOf(*table, first + i);
+    RETURN_IF_ERROR(device_->CopyToDevice(l.k.f32() + slot * w, k + i * w, w * sizeof(float)));
+    RETURN_IF_ERROR(device_->CopyToDevice(l.v.f32() + slot * w, v + i * w, w * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
+                               float* k, float* v) const {
+  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
+  RETURN_IF_ERROR(CheckRows(*kv_cache_, table, id, layer, first, count));
+  const int64_t w = kv_cache_->slot_width();
+  const KvLayer& l = kv_cache_->layer(layer);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t slot = kv_cache_->SlotOf(*table, first + i);
+    RETURN_IF_ERROR(device_->CopyToHost(k + i * w, l.k.f32() + slot * w, w * sizeof(float)));
+    RETURN_IF_ERROR(device_->CopyToHost(v + i * w, l.v.f32() + slot * w, w * sizeof(float)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
+                                            int32_t first_token, const SamplingParams& params) {
+  if (requests_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
+  }
+  RETURN_IF_ERROR(Validate(prompt, params));
+  if (first_token < 0 || first_token >= model_->config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
+                                                   " is outside the vocabulary"));
+  }
+  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
+  if (table == nullptr ||
+      static_cast<int64_t>(table->size()) * kv_cache_->block_size() < static_cast<int64_t>(prompt.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request '", id, "' has no KV blocks for its ", prompt.size(), " prompt tokens"));
+  }
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->prompt = std::move(prompt);
+  r->all_tokens = r->prompt;
+  r->params = params;
+  r->arrival = next_arrival_++;
+  r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
+  // The first token was sampled elsewhere with the same seed: consume its draw
+  // so seeded sampling continues as it would have in one process.
+  if (params.temperature > 0.f) r->rng();
+  r->AppendOutput(first_token);
+  r->num_computed = static_cast<int64_t>(r->prompt.size());
+  scheduler_->AddWaiting(r.get());
+  requests_.emplace(id, std::move(r));
+  return absl::OkStatus();
+}
+
 std::vector<StepRecord> LlmEngine::TakeStepRecords() {
   std::vector<StepRecord> r;
   r.swap(records_);

@@ -64,6 +64,25 @@ class LlmEngine {
   absl::Status Validate(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
   // Drops a request and frees its KV blocks. NOT_FOUND for an unknown id.
   absl::Status Abort(const std::string& id);
+  // KV transfer (disaggregated serving). Token-major rows: for each token,
+  // num_kv_heads * head_dim floats of K (and of V) of one layer.
+  //
+  // Reserves KV blocks for `num_tokens` tokens of request `id` before its KV
+  // arrives. RESOURCE_EXHAUSTED when the cache has no room now.
+  absl::Status ReserveKv(const std::string& id, int64_t num_tokens);
+  // Writes rows [first, first + count) of `layer` into the request's blocks.
+  // INVALID_ARGUMENT when the range is outside what was reserved.
+  absl::Status WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
+                       const float* k, const float* v);
+  // Reads rows [first, first + count) of `layer` of a request's cached KV.
+  absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, float* k,
+                      float* v) const;
+  // Queues a request whose prompt KV was written with WriteKv() and whose
+  // first token was sampled elsewhere; it joins the decode batch. The output
+  // of this call's first step is the second token.
+  absl::Status AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
+                                   int32_t first_token, const SamplingParams& params);
+
   // Runs one scheduling step and the model; returns the outputs of the
   // requests that advanced or finished.
   absl::StatusOr<std::vector<RequestOutput>> Step();

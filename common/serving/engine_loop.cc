@@ -1,0 +1,94 @@
+#include "common/serving/engine_loop.h"
+
+#include "common/base/logging.h"
+
+namespace tandem {
+
+EngineLoop::EngineLoop(EngineConfig config, std::function<void(const absl::Status&)> on_ready)
+    : config_(std::move(config)), on_ready_(std::move(on_ready)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  Stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::Post(Task task) {
+  absl::MutexLock lock(&mu_);
+  tasks_.push_back(std::move(task));
+}
+
+void EngineLoop::Stop() {
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+}
+
+void EngineLoop::SetCallback(const std::string& id, OutputCallback cb) {
+  callbacks_[id] = std::move(cb);
+}
+
+void EngineLoop::RemoveCallback(const std::string& id) { callbacks_.erase(id); }
+
+void EngineLoop::Run() {
+  auto engine = LlmEngine::Create(config_);
+  if (!engine.ok()) {
+    TANDEM_LOG(ERROR) << "engine start-up failed: " << engine.status();
+    on_ready_(engine.status());
+    return;
+  }
+  engine_ = std::move(engine).value();
+  ready_ = true;
+  on_ready_(absl::OkStatus());
+  std::deque<Task> batch;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!engine_->HasWork()) {
+        // Sleep until a task or stop arrives (bounded, to stay responsive).
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](EngineLoop* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                                   return self->stop_ || !self->tasks_.empty();
+                                 },
+                                 this),
+                             absl::Milliseconds(50));
+      }
+      if (stop_) break;
+      batch.swap(tasks_);
+    }
+    for (Task& t : batch) t(*engine_);
+    batch.clear();
+    if (!engine_->HasWork()) {
+      if (observer_) observer_(*engine_, {});
+      continue;
+    }
+    auto outputs = engine_->Step();
+    if (!outputs.ok()) {
+      // A failed step is an engine bug or a device fault: fail every request
+      // in flight rather than serve wrong tokens.
+      TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
+      for (auto& [id, cb] : callbacks_) {
+        RequestOutput o;
+        o.id = id;
+        o.finished = true;
+        o.finish_reason = FinishReason::kError;
+        o.status = outputs.status();
+        cb(*engine_, o);
+        (void)engine_->Abort(id);
+      }
+      callbacks_.clear();
+      continue;
+    }
+    for (const RequestOutput& o : *outputs) {
+      auto it = callbacks_.find(o.id);
+      if (it == callbacks_.end()) continue;
+      OutputCallback cb = it->second;
+      if (o.finished) callbacks_.erase(it);
+      cb(*engine_, o);
+    }
+    if (observer_) observer_(*engine_, *outputs);
+  }
+  engine_.reset();
+}
+
+}  // namespace tandem

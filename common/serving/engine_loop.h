@@ -1,0 +1,72 @@
+// EngineLoop: the one thread that owns an LlmEngine.
+//
+// RPC threads never touch the engine: they Post() closures, which the loop
+// runs in order between steps, and register per-request output callbacks,
+// which the loop calls (on its thread) with every RequestOutput. While the
+// engine has work the loop steps it; otherwise it sleeps until a Post().
+//
+// Start-up work (model load, graph capture) runs on the loop thread too, so a
+// worker can serve health checks while it warms up.
+//
+// Thread-safe: Post(), Stop() and the accessors may be called from any thread.
+#ifndef TANDEM_COMMON_SERVING_ENGINE_LOOP_H_
+#define TANDEM_COMMON_SERVING_ENGINE_LOOP_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/engine/engine.h"
+
+namespace tandem {
+
+class EngineLoop {
+ public:
+  using Task = std::function<void(LlmEngine&)>;
+  using OutputCallback = std::function<void(LlmEngine&, const RequestOutput&)>;
+  // Called on the loop thread after every step (metrics).
+  using StepObserver = std::function<void(LlmEngine&, const std::vector<RequestOutput>&)>;
+
+  // Creates the engine on the loop thread; `on_ready` is called there with
+  // the result (OK once graphs are captured).
+  EngineLoop(EngineConfig config, std::function<void(const absl::Status&)> on_ready);
+  ~EngineLoop();  // Stop()s and joins.
+
+  // Runs `task` on the loop thread. Tasks posted before the engine is ready
+  // wait for it; if creation failed they are dropped.
+  void Post(Task task);
+  // Registers the callback for request `id` (on the loop thread: call from a
+  // Post()ed task). The callback is removed after the finished output.
+  void SetCallback(const std::string& id, OutputCallback cb);
+  void RemoveCallback(const std::string& id);
+  void SetStepObserver(StepObserver observer) { observer_ = std::move(observer); }
+  // Stops after the current step; pending tasks are dropped.
+  void Stop();
+  bool ready() const { return ready_.load(); }
+  // The model's config; valid once ready() (immutable after start-up).
+  const LlamaConfig& model_config() const { return engine_->model_config(); }
+
+ private:
+  void Run();
+
+  EngineConfig config_;
+  std::function<void(const absl::Status&)> on_ready_;
+  std::unique_ptr<LlmEngine> engine_;
+  absl::flat_hash_map<std::string, OutputCallback> callbacks_;  // loop thread only
+  StepObserver observer_;
+  absl::Mutex mu_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> ready_{false};
+  std::thread thread_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_ENGINE_LOOP_H_

@@ -1,0 +1,105 @@
+#include "common/serving/kv_transfer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/serving/crc32c.h"
+
+namespace tandem {
+
+v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config) {
+  v1::ModelFingerprint f;
+  f.set_config_hash(config.Fingerprint());
+  f.set_dtype("f32");
+  f.set_num_layers(config.num_hidden_layers);
+  f.set_num_kv_heads(config.num_key_value_heads);
+  f.set_head_dim(config.head_dim);
+  return f;
+}
+
+absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
+                              const v1::ModelFingerprint& local) {
+  auto mismatch = [](const char* field, const auto& r, const auto& l) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV fingerprint mismatch: prefill worker has ", field, "=", r, ", this decode worker has ",
+        l, "; both workers must serve the same --model"));
+  };
+  if (remote.num_layers() != local.num_layers()) {
+    return mismatch("num_layers", remote.num_layers(), local.num_layers());
+  }
+  if (remote.num_kv_heads() != local.num_kv_heads()) {
+    return mismatch("num_kv_heads", remote.num_kv_heads(), local.num_kv_heads());
+  }
+  if (remote.head_dim() != local.head_dim()) {
+    return mismatch("head_dim", remote.head_dim(), local.head_dim());
+  }
+  if (remote.dtype() != local.dtype()) return mismatch("dtype", remote.dtype(), local.dtype());
+  if (remote.config_hash() != local.config_hash()) {
+    return mismatch("config_hash", absl::Hex(remote.config_hash()), absl::Hex(local.config_hash()));
+  }
+  return absl::OkStatus();
+}
+
+int TokensPerChunk(int64_t slot_width, size_t max_bytes) {
+  const size_t per_token = static_cast<size_t>(slot_width) * sizeof(float) * 2;
+  return static_cast<int>(std::max<size_t>(1, max_bytes / per_token));
+}
+
+absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
+                                                         const std::string& id,
+                                                         int64_t num_tokens) {
+  const LlamaConfig& c = engine.model_config();
+  const int64_t w = engine.kv_cache().slot_width();
+  std::vector<v1::PrefillResponse> out;
+  v1::PrefillResponse header;
+  *header.mutable_header()->mutable_fingerprint() = MakeFingerprint(c);
+  header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens));
+  out.push_back(std::move(header));
+  const int per_chunk = TokensPerChunk(w);
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    for (int64_t first = 0; first < num_tokens; first += per_chunk) {
+      const int64_t n = std::min<int64_t>(per_chunk, num_tokens - first);
+      v1::PrefillResponse msg;
+      v1::KvChunk* chunk = msg.mutable_chunk();
+      chunk->set_layer(layer);
+      chunk->set_first_token(static_cast<uint32_t>(first));
+      chunk->set_num_tokens(static_cast<uint32_t>(n));
+      std::string* k = chunk->mutable_k();
+      std::string* v = chunk->mutable_v();
+      k->resize(n * w * sizeof(float));
+      v->resize(n * w * sizeof(float));
+      RETURN_IF_ERROR(engine.ReadKv(id, layer, first, n, reinterpret_cast<float*>(k->data()),
+                                    reinterpret_cast<float*>(v->data())));
+      chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
+      out.push_back(std::move(msg));
+    }
+  }
+  return out;
+}
+
+absl::Status VerifyChunk(const v1::KvChunk& chunk, int64_t slot_width) {
+  const size_t expected = static_cast<size_t>(chunk.num_tokens()) * slot_width * sizeof(float);
+  if (chunk.k().size() != expected || chunk.v().size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV chunk of layer ", chunk.layer(), " has ", chunk.k().size(), "+", chunk.v().size(),
+        " bytes for ", chunk.num_tokens(), " tokens; expected ", expected, " each"));
+  }
+  const uint32_t crc = Crc32c(Crc32c(0, chunk.k().data(), chunk.k().size()), chunk.v().data(),
+                              chunk.v().size());
+  if (crc != chunk.crc32c()) {
+    return absl::DataLossError(absl::StrCat("KV chunk of layer ", chunk.layer(), " tokens [",
+                                            chunk.first_token(), ", ",
+                                            chunk.first_token() + chunk.num_tokens(),
+                                            ") failed its CRC32C check"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk) {
+  return engine.WriteKv(id, static_cast<int>(chunk.layer()), chunk.first_token(),
+                        chunk.num_tokens(), reinterpret_cast<const float*>(chunk.k().data()),
+                        reinterpret_cast<const float*>(chunk.v().data()));
+}
+
+}  // namespace tandem

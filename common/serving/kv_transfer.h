@@ -1,0 +1,45 @@
+// The KV-transfer codec: how a prefill worker turns a request's cached KV
+// into a stream of PrefillResponse messages and how a decode worker checks and
+// writes them into its own cache.
+//
+// Chunks are per layer, token-major (independent of either side's block
+// size), at most kMaxChunkBytes each, with a CRC32C over k followed by v.
+// Export and import run on the engine thread (they touch the cache).
+#ifndef TANDEM_COMMON_SERVING_KV_TRANSFER_H_
+#define TANDEM_COMMON_SERVING_KV_TRANSFER_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/engine/engine.h"
+#include "proto/tandem/v1/tandem.pb.h"
+
+namespace tandem {
+
+inline constexpr size_t kMaxChunkBytes = size_t{1} << 20;
+
+v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config);
+// FAILED_PRECONDITION naming the first differing field and both values.
+absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
+                              const v1::ModelFingerprint& local);
+
+// Tokens per chunk so that k + v of one chunk fit in max_bytes.
+int TokensPerChunk(int64_t slot_width, size_t max_bytes = kMaxChunkBytes);
+
+// The header and every chunk of request `id`'s first `num_tokens` tokens.
+absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
+                                                         const std::string& id,
+                                                         int64_t num_tokens);
+
+// Checks a chunk's sizes against `slot_width` (INVALID_ARGUMENT) and its
+// checksum (DATA_LOSS).
+absl::Status VerifyChunk(const v1::KvChunk& chunk, int64_t slot_width);
+
+// Writes a verified chunk into request `id`'s reserved blocks.
+absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_KV_TRANSFER_H_

@@ -1,0 +1,132 @@
+// StreamWriter: a server-streaming reactor (gRPC callback API) that any thread
+// may feed. Send() queues a message, End() queues the final status; writes go
+// out one at a time in order, and Finish() is called exactly once, after the
+// last queued message.
+//
+// Ownership: Create() returns a shared_ptr; the writer also holds itself until
+// gRPC calls OnDone(), so engine callbacks may keep a shared_ptr and call
+// Send()/End() at any time (calls after End() are ignored).
+#ifndef TANDEM_COMMON_SERVING_STREAM_WRITER_H_
+#define TANDEM_COMMON_SERVING_STREAM_WRITER_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tandem {
+
+template <typename Msg>
+class StreamWriter : public grpc::ServerWriteReactor<Msg> {
+ public:
+  static std::shared_ptr<StreamWriter> Create() {
+    std::shared_ptr<StreamWriter> w(new StreamWriter());
+    w->self_ = w;
+    return w;
+  }
+
+  void Send(Msg msg) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;
+      queue_.push_back(std::move(msg));
+    }
+    Pump();
+  }
+
+  void End(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;
+      ended_ = true;
+      final_ = status;
+    }
+    Pump();
+  }
+
+  // Runs `fn` when the client cancels (at once if it already has).
+  void OnCancelled(std::function<void()> fn) {
+    bool now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) {
+        now = true;
+      } else {
+        on_cancel_ = std::move(fn);
+      }
+    }
+    if (now) fn();
+  }
+
+  bool ended() {
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
+
+ private:
+  StreamWriter() = default;
+
+  // Starts the next write, or Finish(), if nothing is in flight.
+  void Pump() {
+    enum { kNothing, kWrite, kFinish } action = kNothing;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (!queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        writing_ = true;
+        action = kWrite;
+      } else if (final_.has_value()) {
+        finished_ = true;
+        action = kFinish;
+      }
+    }
+    if (action == kWrite) this->StartWrite(&current_);
+    if (action == kFinish) this->Finish(*final_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {  // the stream is broken: drop the rest and finish
+        queue_.clear();
+        ended_ = true;
+        if (!final_.has_value()) final_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
+      }
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      fn = std::move(on_cancel_);
+    }
+    if (fn) fn();
+    End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  }
+
+  void OnDone() override { self_.reset(); }
+
+  absl::Mutex mu_;
+  std::deque<Msg> queue_;
+  Msg current_;
+  bool writing_ = false;
+  bool ended_ = false;
+  bool finished_ = false;
+  bool cancelled_ = false;
+  std::optional<grpc::Status> final_;
+  std::function<void()> on_cancel_;
+  std::shared_ptr<StreamWriter> self_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_STREAM_WRITER_H_

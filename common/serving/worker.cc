@@ -1,0 +1,95 @@
+#include "common/serving/worker.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+
+#include "common/base/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace tandem {
+
+grpc::Status WorkerState::Admit() const {
+  if (draining.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down; retry elsewhere");
+  }
+  if (!ready.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the worker is warming up (loading the model, capturing graphs); retry");
+  }
+  return grpc::Status::OK;
+}
+
+SamplingParams FromProto(const v1::SamplingParams& p) {
+  SamplingParams s;
+  s.max_tokens = p.max_tokens();
+  s.temperature = p.temperature();
+  s.top_p = p.top_p() == 0.f ? 1.f : p.top_p();
+  s.top_k = p.top_k();
+  s.seed = p.seed();
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.ignore_eos = p.ignore_eos();
+  return s;
+}
+
+int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
+              const std::vector<grpc::Service*>& services,
+              const std::function<void(EngineLoop*)>& on_engine) {
+  // Signals are taken by sigwait() below; block them in every thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxSendMessageSize(8 << 20);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    TANDEM_LOG(ERROR) << options.role << " worker: cannot listen on --grpc-address="
+                      << options.grpc_address;
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  const std::string host = options.grpc_address.substr(0, options.grpc_address.rfind(':'));
+  TANDEM_LOG(INFO) << options.role << " worker: gRPC listening on " << host << ":" << port
+                   << " (NOT_SERVING until graphs are captured)";
+
+  std::atomic<bool> failed{false};
+  EngineLoop loop(std::move(engine_config), [&](const absl::Status& s) {
+    if (s.ok()) {
+      on_engine(&loop);
+      state->ready = true;
+      health->SetServingStatus(true);
+      TANDEM_LOG(INFO) << options.role << " worker: SERVING";
+    } else {
+      failed = true;
+      kill(getpid(), SIGTERM);
+    }
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  if (failed) {
+    server->Shutdown();
+    return 1;
+  }
+  TANDEM_LOG(INFO) << options.role << " worker: signal " << sig << ", draining (up to "
+                   << options.drain_seconds << " s)";
+  state->draining = true;
+  health->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(options.drain_seconds));
+  loop.Stop();
+  TANDEM_LOG(INFO) << options.role << " worker: stopped";
+  return 0;
+}
+
+}  // namespace tandem

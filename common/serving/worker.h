@@ -1,0 +1,49 @@
+// Worker: the process scaffolding both workers share. It starts the gRPC
+// server (services, the standard health service, reflection) before the
+// engine, reports NOT_SERVING while the engine loads and captures its graphs,
+// SERVING after, and NOT_SERVING while draining. SIGTERM/SIGINT drain: stop
+// accepting, let in-flight streams finish within the drain deadline (then
+// cancel them), stop the engine, exit 0.
+#ifndef TANDEM_COMMON_SERVING_WORKER_H_
+#define TANDEM_COMMON_SERVING_WORKER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/engine/sampling.h"
+#include "common/serving/engine_loop.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem/v1/tandem.pb.h"
+
+namespace tandem {
+
+// State every service of a worker reads: readiness and draining.
+struct WorkerState {
+  std::atomic<bool> ready{false};
+  std::atomic<bool> draining{false};
+  // UNAVAILABLE while warming up or draining, else OK.
+  grpc::Status Admit() const;
+};
+
+struct WorkerOptions {
+  std::string role;  // "prefill" or "decode"
+  std::string grpc_address;
+  int drain_seconds = 30;
+};
+
+// Sampling parameters from the API message (top_p 0 means 1).
+SamplingParams FromProto(const v1::SamplingParams& p);
+
+// Runs a worker until a signal: `services` are registered on the server; the
+// engine loop is handed to `on_engine` (on the loop thread) once graphs are
+// captured, just before the worker reports SERVING. Returns the exit code.
+int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
+              const std::vector<grpc::Service*>& services,
+              const std::function<void(EngineLoop*)>& on_engine);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_WORKER_H_

@@ -1,0 +1,304 @@
+#include "decode_worker/decode_service.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/serving/kv_transfer.h"
+#include "common/serving/status_convert.h"
+#include "common/serving/stream_writer.h"
+
+namespace tandem {
+
+// One Generate() stream and everything it holds.
+struct GenerateCall {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
+  std::chrono::system_clock::time_point deadline;
+  absl::Time queued_at;
+  int attempt = 0;
+  std::atomic<bool> done{false};  // ended: later tasks are no-ops
+  absl::Mutex mu;
+  grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+// Reads one Prefill stream and forwards it to the engine thread.
+class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
+ public:
+  PrefillClient(DecodeServiceImpl* service, std::shared_ptr<GenerateCall> call)
+      : service_(service), call_(std::move(call)) {}
+
+  void Start(v1::Prefill::Stub* stub) {
+    request_.set_request_id(absl::StrCat(call_->id, "#", call_->attempt));
+    request_.mutable_prompt_token_ids()->Add(call_->prompt.begin(), call_->prompt.end());
+    v1::SamplingParams* p = request_.mutable_sampling();
+    p->set_max_tokens(1);
+    p->set_temperature(call_->params.temperature);
+    p->set_top_p(call_->params.top_p);
+    p->set_top_k(call_->params.top_k);
+    p->set_seed(call_->params.seed);
+    context_.set_deadline(call_->deadline);
+    {
+      absl::MutexLock lock(&call_->mu);
+      call_->prefill_context = &context_;
+    }
+    stub->async()->Prefill(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone has the status
+    if (call_->done.load()) {
+      context_.TryCancel();
+      return;
+    }
+    EngineLoop* loop = service_->loop_.load();
+    if (response_.has_header()) {
+      absl::Status s = CheckFingerprint(response_.header().fingerprint(), service_->fingerprint_);
+      if (s.ok() && response_.header().num_tokens() != call_->prompt.size()) {
+        s = absl::InternalError(absl::StrCat("prefill worker sent KV for ",
+                                             response_.header().num_tokens(), " tokens, expected ",
+                                             call_->prompt.size()));
+      }
+      if (!s.ok()) return Abandon(ToGrpcStatus(s));
+    } else if (response_.has_chunk()) {
+      absl::Status s = VerifyChunk(response_.chunk(), service_->slot_width_);
+      if (absl::IsDataLoss(s) && call_->attempt == 0) {
+        TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
+        retry_ = true;
+        context_.TryCancel();
+        return;
+      }
+      if (!s.ok()) return Abandon(ToGrpcStatus(s));
+      loop->Post([call = call_, chunk = std::move(*response_.mutable_chunk()),
+                  service = service_](LlmEngine& engine) {
+        if (call->done.load()) return;
+        absl::Status w = ImportChunk(engine, call->id, chunk);
+        if (!w.ok()) service->Fail(call, ToGrpcStatus(w));
+      });
+    } else if (response_.has_done()) {
+      got_done_ = true;
+      const int32_t token = response_.done().first_token();
+      loop->Post([call = call_, service = service_, token](LlmEngine& engine) {
+        service->OnFirstToken(engine, call, token);
+      });
+    }
+    response_.Clear();
+    StartRead(&response_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&call_->mu);
+      call_->prefill_context = nullptr;
+    }
+    if (retry_ && !call_->done.load()) {
+      ++call_->attempt;
+      service_->StartPrefill(call_);
+    } else if (!abandoned_ && !got_done_ && !call_->done.load()) {
+      grpc::Status s = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
+                                                  "prefill stream ended without a first token")
+                                   : status;
+      service_->Fail(call_, grpc::Status(s.error_code(),
+                                         absl::StrCat("prefill worker: ", s.error_message())));
+    }
+    delete this;
+  }
+
+ private:
+  void Abandon(const grpc::Status& status) {
+    abandoned_ = true;
+    service_->Fail(call_, status);
+    context_.TryCancel();
+  }
+
+  DecodeServiceImpl* service_;
+  std::shared_ptr<GenerateCall> call_;
+  grpc::ClientContext context_;
+  v1::PrefillRequest request_;
+  v1::PrefillResponse response_;
+  bool retry_ = false;
+  bool abandoned_ = false;
+  bool got_done_ = false;
+};
+
+DecodeServiceImpl::DecodeServiceImpl(WorkerState* state,
+                                     std::shared_ptr<grpc::Channel> prefill_channel,
+                                     DecodeOptions options)
+    : state_(state), prefill_(v1::Prefill::NewStub(prefill_channel)), options_(options) {}
+
+DecodeServiceImpl::~DecodeServiceImpl() = default;
+
+void DecodeServiceImpl::SetEngine(EngineLoop* loop, const LlamaConfig& config) {
+  fingerprint_ = MakeFingerprint(config);
+  slot_width_ = int64_t{config.num_key_value_heads} * config.head_dim;
+  loop->SetStepObserver([this](LlmEngine& engine, const std::vector<RequestOutput>&) {
+    RetryPending(engine);
+  });
+  loop_ = loop;
+}
+
+void DecodeServiceImpl::Release(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(id);
+}
+
+void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) {
+  if (call->done.exchange(true)) return;
+  {
+    absl::MutexLock lock(&call->mu);
+    if (call->prefill_context != nullptr) call->prefill_context->TryCancel();
+  }
+  call->writer->End(status);
+  EngineLoop* loop = loop_.load();
+  loop->Post([this, loop, call](LlmEngine& engine) {
+    (void)engine.Abort(call->id);  // frees reserved or running blocks
+    loop->RemoveCallback(call->id);
+    pending_.erase(std::remove(pending_.begin(), pending_.end(), call), pending_.end());
+    Release(call->id);
+  });
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  auto writer = StreamWriter<v1::GenerateResponse>::Create();
+  if (grpc::Status s = state_->Admit(); !s.ok()) {
+    writer->End(s);
+    return writer.get();
+  }
+  auto invalid = [&](std::string message) {
+    writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message)));
+    return writer.get();
+  };
+  if (request->request_id().empty()) return invalid("request_id is empty");
+  if (!request->prompt().empty()) {
+    return invalid(
+        "prompt (text) is not accepted: this deployment has no tokenizer; send "
+        "prompt_token_ids");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!in_flight_.insert(request->request_id()).second) {
+      writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                               absl::StrCat("request_id '", request->request_id(),
+                                            "' is already in flight")));
+      return writer.get();
+    }
+  }
+  auto call = std::make_shared<GenerateCall>();
+  call->id = request->request_id();
+  call->prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  call->params = FromProto(request->sampling());
+  call->writer = writer;
+  call->queued_at = absl::Now();
+  const auto limit = std::chrono::system_clock::now() +
+                     absl::ToChronoSeconds(options_.prefill_timeout);
+  call->deadline = std::min(context->deadline(), limit);
+  writer->OnCancelled([this, call] {
+    Fail(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  });
+  loop_.load()->Post([this, call](LlmEngine& engine) { Reserve(engine, call); });
+  return writer.get();
+}
+
+void DecodeServiceImpl::Reserve(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call) {
+  if (call->done.load()) return;
+  if (absl::Status v = engine.Validate(call->prompt, call->params); !v.ok()) {
+    return Fail(call, ToGrpcStatus(v));
+  }
+  // The prompt's KV plus the slot of the first token.
+  absl::Status r = engine.ReserveKv(call->id, static_cast<int64_t>(call->prompt.size()) + 1);
+  if (r.ok()) return StartPrefill(call);
+  if (!absl::IsResourceExhausted(r)) return Fail(call, ToGrpcStatus(r));
+  if (static_cast<int>(pending_.size()) >= options_.max_waiting) {
+    return Fail(call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   absl::StrCat("KV cache full and ", pending_.size(),
+                                                " requests already waiting (limit ",
+                                                options_.max_waiting, ")")));
+  }
+  pending_.push_back(call);
+}
+
+void DecodeServiceImpl::RetryPending(LlmEngine& engine) {
+  const absl::Time now = absl::Now();
+  while (!pending_.empty()) {
+    std::shared_ptr<GenerateCall> call = pending_.front();
+    if (call->done.load()) {
+      pending_.pop_front();
+      continue;
+    }
+    absl::Status r = engine.ReserveKv(call->id, static_cast<int64_t>(call->prompt.size()) + 1);
+    if (r.ok()) {
+      pending_.pop_front();
+      StartPrefill(call);
+      continue;
+    }
+    if (now - call->queued_at > options_.queue_timeout) {
+      pending_.pop_front();
+      Fail(call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              absl::StrCat("KV cache full: waited ",
+                                           absl::FormatDuration(options_.queue_timeout),
+                                           " for ", call->prompt.size() + 1, " token slots (",
+                                           engine.kv_cache().allocator().num_free(),
+                                           " blocks free)")));
+      continue;
+    }
+    break;  // FIFO: later requests wait behind the first
+  }
+}
+
+void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call) {
+  if (call->done.load()) return;
+  auto* client = new PrefillClient(this, call);
+  client->Start(prefill_.get());
+}
+
+void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
+                                     int32_t token) {
+  if (call->done.load()) return;
+  const SamplingParams& p = call->params;
+  const auto& eos = engine.model_config().eos_token_ids;
+  const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+                        p.stop_token_ids.end() ||
+                    (!p.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end());
+  v1::GenerateResponse first;
+  first.add_token_ids(token);
+  if (stop || p.max_tokens <= 1) {
+    first.set_finish_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+    first.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
+    first.mutable_usage()->set_completion_tokens(1);
+    call->done = true;
+    call->writer->Send(std::move(first));
+    call->writer->End(grpc::Status::OK);
+    (void)engine.Abort(call->id);
+    Release(call->id);
+    return;
+  }
+  absl::Status added = engine.AddPrefilledRequest(call->id, call->prompt, token, p);
+  if (!added.ok()) return Fail(call, ToGrpcStatus(added));
+  call->writer->Send(std::move(first));
+  loop_.load()->SetCallback(call->id, [this, call](LlmEngine& engine, const RequestOutput& o) {
+    if (call->done.load()) return;
+    v1::GenerateResponse msg;
+    for (int32_t t : o.new_tokens) msg.add_token_ids(t);
+    if (!o.finished) {
+      call->writer->Send(std::move(msg));
+      return;
+    }
+    if (!o.status.ok()) return Fail(call, ToGrpcStatus(o.status));
+    msg.set_finish_reason(o.finish_reason == FinishReason::kStop ? v1::FINISH_REASON_STOP
+                                                                 : v1::FINISH_REASON_LENGTH);
+    msg.mutable_usage()->set_prompt_tokens(o.prompt_tokens);
+    msg.mutable_usage()->set_completion_tokens(o.completion_tokens);
+    call->done = true;
+    call->writer->Send(std::move(msg));
+    call->writer->End(grpc::Status::OK);
+    Release(call->id);
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,57 @@
+// decode_worker: the Decode gRPC service, Tandem's front door
+// (FULL_DECODE_ONLY graphs by default).
+#include <iostream>
+
+#include "common/base/flags.h"
+#include "common/serving/engine_flags.h"
+#include "common/serving/worker.h"
+#include "decode_worker/decode_service.h"
+
+int main(int argc, char** argv) {
+  tandem::FlagSet flags("decode_worker");
+  tandem::EngineFlags engine_flags("FULL_DECODE_ONLY");
+  engine_flags.Register(&flags);
+  tandem::WorkerOptions options;
+  options.role = "decode";
+  options.grpc_address = "0.0.0.0:50051";
+  std::string metrics_address = "0.0.0.0:9400";
+  std::string prefill_address = "127.0.0.1:50052";
+  tandem::DecodeOptions decode;
+  int queue_timeout_s = 30, prefill_timeout_s = 120;
+  flags.Add("grpc-address", &options.grpc_address, "HOST:PORT to serve gRPC on (port 0: any)");
+  flags.Add("metrics-address", &metrics_address, "HOST:PORT of the Prometheus /metrics endpoint");
+  flags.Add("prefill-address", &prefill_address,
+            "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
+            "ipv4:h1:p1,h2:p2 (round_robin over every address)");
+  flags.Add("drain-seconds", &options.drain_seconds, "grace period for in-flight streams on SIGTERM");
+  flags.Add("max-waiting", &decode.max_waiting, "requests that may wait for KV blocks");
+  flags.Add("queue-timeout-seconds", &queue_timeout_s,
+            "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
+  flags.Add("prefill-timeout-seconds", &prefill_timeout_s, "deadline of one prefill stream");
+  auto positional = flags.Parse(argc, argv);
+  if (!positional.ok()) {
+    std::cerr << "decode_worker: " << positional.status().message() << std::endl;
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  auto config = engine_flags.ToConfig(flags);
+  if (!config.ok()) {
+    std::cerr << "decode_worker: " << config.status().message() << std::endl;
+    return 2;
+  }
+  decode.queue_timeout = absl::Seconds(queue_timeout_s);
+  decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
+  grpc::ChannelArguments args;
+  args.SetLoadBalancingPolicyName("round_robin");
+  args.SetMaxReceiveMessageSize(8 << 20);
+  auto channel = grpc::CreateCustomChannel(prefill_address, grpc::InsecureChannelCredentials(), args);
+  tandem::WorkerState state;
+  tandem::DecodeServiceImpl service(&state, channel, decode);
+  return tandem::RunWorker(options, *config, &state, {&service}, [&](tandem::EngineLoop* loop) {
+    // Runs on the engine thread once the engine is ready.
+    service.SetEngine(loop, loop->model_config());
+  });
+}

@@ -1,0 +1,44 @@
+// prefill_worker: the Prefill gRPC service (PIECEWISE graphs by default).
+#include <iostream>
+
+#include "common/base/flags.h"
+#include "common/serving/engine_flags.h"
+#include "common/serving/worker.h"
+#include "prefill_worker/prefill_service.h"
+
+int main(int argc, char** argv) {
+  tandem::FlagSet flags("prefill_worker");
+  tandem::EngineFlags engine_flags("PIECEWISE");
+  engine_flags.Register(&flags);
+  tandem::WorkerOptions options;
+  options.role = "prefill";
+  options.grpc_address = "0.0.0.0:50052";
+  std::string metrics_address = "0.0.0.0:9401";
+  int max_waiting = 256;
+  int corrupt_streams = 0;
+  flags.Add("grpc-address", &options.grpc_address, "HOST:PORT to serve gRPC on (port 0: any)");
+  flags.Add("metrics-address", &metrics_address, "HOST:PORT of the Prometheus /metrics endpoint");
+  flags.Add("drain-seconds", &options.drain_seconds, "grace period for in-flight streams on SIGTERM");
+  flags.Add("max-waiting", &max_waiting, "queued prompts beyond which requests get RESOURCE_EXHAUSTED");
+  flags.Add("fault-corrupt-kv-streams", &corrupt_streams,
+            "testing only: corrupt one KV chunk checksum in each of the first N streams");
+  auto positional = flags.Parse(argc, argv);
+  if (!positional.ok()) {
+    std::cerr << "prefill_worker: " << positional.status().message() << std::endl;
+    return 2;
+  }
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  auto config = engine_flags.ToConfig(flags);
+  if (!config.ok()) {
+    std::cerr << "prefill_worker: " << config.status().message() << std::endl;
+    return 2;
+  }
+  tandem::WorkerState state;
+  tandem::PrefillServiceImpl service(&state, max_waiting);
+  service.CorruptNextStreams(corrupt_streams);
+  return tandem::RunWorker(options, *config, &state, {&service},
+                           [&](tandem::EngineLoop* loop) { service.SetEngine(loop); });
+}

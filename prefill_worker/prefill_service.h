@@ -1,0 +1,45 @@
+// The Prefill service: runs prompts (batched with chunked prefill, PIECEWISE
+// graphs by default), then streams each request's KV (header, per-layer
+// chunks, first token). A request's blocks are freed as soon as its KV is
+// copied out, or when its stream fails or is cancelled.
+#ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
+#define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
+
+#include <atomic>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "common/serving/engine_loop.h"
+#include "common/serving/worker.h"
+#include "proto/tandem/v1/tandem.grpc.pb.h"
+
+namespace tandem {
+
+class PrefillServiceImpl final : public v1::Prefill::CallbackService {
+ public:
+  // `max_waiting`: requests queued for the engine beyond which new ones get
+  // RESOURCE_EXHAUSTED.
+  PrefillServiceImpl(WorkerState* state, int max_waiting) : state_(state), max_waiting_(max_waiting) {}
+  void SetEngine(EngineLoop* loop) { loop_ = loop; }
+  // Fault injection for tests: corrupt the checksum of one chunk in each of
+  // the next `n` streams.
+  void CorruptNextStreams(int n) { corrupt_streams_ = n; }
+
+  grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
+
+ private:
+  void Release(const std::string& id);
+
+  WorkerState* state_;
+  int max_waiting_;
+  std::atomic<EngineLoop*> loop_{nullptr};
+  std::atomic<int> corrupt_streams_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
