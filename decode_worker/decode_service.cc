@@ -18,7 +18,10 @@ struct GenerateCall {
   SamplingParams params;
   std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
   std::chrono::system_clock::time_point deadline;
-  absl::Time queued_at;
+  absl::Time queued_at;        // Generate() arrival
+  absl::Time prefill_started;  // current prefill attempt
+  absl::Time last_token;
+  size_t kv_bytes = 0;         // received in the current attempt
   int attempt = 0;
   std::atomic<bool> done{false};  // ended: later tasks are no-ops
   absl::Mutex mu;
@@ -64,16 +67,24 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
                                              response_.header().num_tokens(), " tokens, expected ",
                                              call_->prompt.size()));
       }
-      if (!s.ok()) return Abandon(ToGrpcStatus(s));
+      if (!s.ok()) {
+        service_->metrics_->KvTransferFailure("fingerprint_mismatch");
+        return Abandon(ToGrpcStatus(s));
+      }
     } else if (response_.has_chunk()) {
       absl::Status s = VerifyChunk(response_.chunk(), service_->slot_width_);
+      if (absl::IsDataLoss(s)) service_->metrics_->KvTransferFailure("data_loss");
       if (absl::IsDataLoss(s) && call_->attempt == 0) {
         TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
         retry_ = true;
         context_.TryCancel();
         return;
       }
-      if (!s.ok()) return Abandon(ToGrpcStatus(s));
+      if (!s.ok()) {
+        if (!absl::IsDataLoss(s)) service_->metrics_->KvTransferFailure("other");
+        return Abandon(ToGrpcStatus(s));
+      }
+      call_->kv_bytes += response_.chunk().k().size() + response_.chunk().v().size();
       loop->Post([call = call_, chunk = std::move(*response_.mutable_chunk()),
                   service = service_](LlmEngine& engine) {
         if (call->done.load()) return;
@@ -82,6 +93,8 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
       });
     } else if (response_.has_done()) {
       got_done_ = true;
+      service_->metrics_->KvTransfer(call_->kv_bytes,
+                                     absl::ToDoubleSeconds(absl::Now() - call_->prefill_started));
       const int32_t token = response_.done().first_token();
       loop->Post([call = call_, service = service_, token](LlmEngine& engine) {
         service->OnFirstToken(engine, call, token);
@@ -103,6 +116,8 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
       grpc::Status s = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
                                                   "prefill stream ended without a first token")
                                    : status;
+      service_->metrics_->KvTransferFailure(
+          s.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable" : "other");
       service_->Fail(call_, grpc::Status(s.error_code(),
                                          absl::StrCat("prefill worker: ", s.error_message())));
     }
@@ -126,17 +141,17 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
   bool got_done_ = false;
 };
 
-DecodeServiceImpl::DecodeServiceImpl(WorkerState* state,
+DecodeServiceImpl::DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
                                      std::shared_ptr<grpc::Channel> prefill_channel,
                                      DecodeOptions options)
-    : state_(state), prefill_(v1::Prefill::NewStub(prefill_channel)), options_(options) {}
+    : state_(state), metrics_(metrics), prefill_(v1::Prefill::NewStub(prefill_channel)), options_(options) {}
 
 DecodeServiceImpl::~DecodeServiceImpl() = default;
 
 void DecodeServiceImpl::SetEngine(EngineLoop* loop, const LlamaConfig& config) {
   fingerprint_ = MakeFingerprint(config);
   slot_width_ = int64_t{config.num_key_value_heads} * config.head_dim;
-  loop->SetStepObserver([this](LlmEngine& engine, const std::vector<RequestOutput>&) {
+  loop->AddStepObserver([this](LlmEngine& engine, const std::vector<RequestOutput>&) {
     RetryPending(engine);
   });
   loop_ = loop;
@@ -165,7 +180,9 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto writer = StreamWriter<v1::GenerateResponse>::Create();
+  auto writer = StreamWriter<v1::GenerateResponse>::Create([m = metrics_](const grpc::Status& s) {
+    m->RequestFinished(GrpcCodeName(s.error_code()));
+  });
   if (grpc::Status s = state_->Admit(); !s.ok()) {
     writer->End(s);
     return writer.get();
@@ -253,6 +270,8 @@ void DecodeServiceImpl::RetryPending(LlmEngine& engine) {
 
 void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call) {
   if (call->done.load()) return;
+  call->prefill_started = absl::Now();
+  call->kv_bytes = 0;
   auto* client = new PrefillClient(this, call);
   client->Start(prefill_.get());
 }
@@ -267,11 +286,15 @@ void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<Ge
                     (!p.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end());
   v1::GenerateResponse first;
   first.add_token_ids(token);
+  call->last_token = absl::Now();
+  metrics_->TimeToFirstToken(absl::ToDoubleSeconds(call->last_token - call->queued_at));
+  metrics_->GenerationTokens(1);
   if (stop || p.max_tokens <= 1) {
     first.set_finish_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
     first.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
     first.mutable_usage()->set_completion_tokens(1);
     call->done = true;
+    metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
     call->writer->Send(std::move(first));
     call->writer->End(grpc::Status::OK);
     (void)engine.Abort(call->id);
@@ -285,6 +308,12 @@ void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<Ge
     if (call->done.load()) return;
     v1::GenerateResponse msg;
     for (int32_t t : o.new_tokens) msg.add_token_ids(t);
+    if (!o.new_tokens.empty()) {
+      const absl::Time now = absl::Now();
+      metrics_->InterTokenLatency(absl::ToDoubleSeconds(now - call->last_token));
+      metrics_->GenerationTokens(static_cast<int>(o.new_tokens.size()));
+      call->last_token = now;
+    }
     if (!o.finished) {
       call->writer->Send(std::move(msg));
       return;
@@ -295,6 +324,7 @@ void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<Ge
     msg.mutable_usage()->set_prompt_tokens(o.prompt_tokens);
     msg.mutable_usage()->set_completion_tokens(o.completion_tokens);
     call->done = true;
+    metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
     call->writer->Send(std::move(msg));
     call->writer->End(grpc::Status::OK);
     Release(call->id);

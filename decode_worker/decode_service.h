@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/serving/engine_loop.h"
+#include "common/serving/metrics.h"
 #include "common/serving/worker.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -35,8 +36,8 @@ struct GenerateCall;
 
 class DecodeServiceImpl final : public v1::Decode::CallbackService {
  public:
-  DecodeServiceImpl(WorkerState* state, std::shared_ptr<grpc::Channel> prefill_channel,
-                    DecodeOptions options);
+  DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
+                    std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options);
   ~DecodeServiceImpl() override;
   // Called on the engine thread once the engine is ready.
   void SetEngine(EngineLoop* loop, const LlamaConfig& config);
@@ -56,6 +57,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   void Release(const std::string& id);
 
   WorkerState* state_;
+  WorkerMetrics* metrics_;
   std::unique_ptr<v1::Prefill::Stub> prefill_;
   DecodeOptions options_;
   std::atomic<EngineLoop*> loop_{nullptr};

@@ -14,16 +14,14 @@ int main(int argc, char** argv) {
   tandem::WorkerOptions options;
   options.role = "decode";
   options.grpc_address = "0.0.0.0:50051";
-  std::string metrics_address = "0.0.0.0:9400";
+  options.metrics_address = "0.0.0.0:9400";
   std::string prefill_address = "127.0.0.1:50052";
   tandem::DecodeOptions decode;
   int queue_timeout_s = 30, prefill_timeout_s = 120;
-  flags.Add("grpc-address", &options.grpc_address, "HOST:PORT to serve gRPC on (port 0: any)");
-  flags.Add("metrics-address", &metrics_address, "HOST:PORT of the Prometheus /metrics endpoint");
+  tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
             "ipv4:h1:p1,h2:p2 (round_robin over every address)");
-  flags.Add("drain-seconds", &options.drain_seconds, "grace period for in-flight streams on SIGTERM");
   flags.Add("max-waiting", &decode.max_waiting, "requests that may wait for KV blocks");
   flags.Add("queue-timeout-seconds", &queue_timeout_s,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
@@ -49,8 +47,9 @@ int main(int argc, char** argv) {
   args.SetMaxReceiveMessageSize(8 << 20);
   auto channel = grpc::CreateCustomChannel(prefill_address, grpc::InsecureChannelCredentials(), args);
   tandem::WorkerState state;
-  tandem::DecodeServiceImpl service(&state, channel, decode);
-  return tandem::RunWorker(options, *config, &state, {&service}, [&](tandem::EngineLoop* loop) {
+  tandem::WorkerMetrics metrics("decode");
+  tandem::DecodeServiceImpl service(&state, &metrics, channel, decode);
+  return tandem::RunWorker(options, *config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
     // Runs on the engine thread once the engine is ready.
     service.SetEngine(loop, loop->model_config());
   });

@@ -13,12 +13,10 @@ int main(int argc, char** argv) {
   tandem::WorkerOptions options;
   options.role = "prefill";
   options.grpc_address = "0.0.0.0:50052";
-  std::string metrics_address = "0.0.0.0:9401";
+  options.metrics_address = "0.0.0.0:9401";
   int max_waiting = 256;
   int corrupt_streams = 0;
-  flags.Add("grpc-address", &options.grpc_address, "HOST:PORT to serve gRPC on (port 0: any)");
-  flags.Add("metrics-address", &metrics_address, "HOST:PORT of the Prometheus /metrics endpoint");
-  flags.Add("drain-seconds", &options.drain_seconds, "grace period for in-flight streams on SIGTERM");
+  tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("max-waiting", &max_waiting, "queued prompts beyond which requests get RESOURCE_EXHAUSTED");
   flags.Add("fault-corrupt-kv-streams", &corrupt_streams,
             "testing only: corrupt one KV chunk checksum in each of the first N streams");
@@ -37,8 +35,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   tandem::WorkerState state;
-  tandem::PrefillServiceImpl service(&state, max_waiting);
+  tandem::WorkerMetrics metrics("prefill");
+  tandem::PrefillServiceImpl service(&state, &metrics, max_waiting);
   service.CorruptNextStreams(corrupt_streams);
-  return tandem::RunWorker(options, *config, &state, {&service},
+  return tandem::RunWorker(options, *config, &state, &metrics, {&service},
                            [&](tandem::EngineLoop* loop) { service.SetEngine(loop); });
 }

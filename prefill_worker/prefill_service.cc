@@ -15,7 +15,10 @@ void PrefillServiceImpl::Release(const std::string& id) {
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
-  auto writer = StreamWriter<v1::PrefillResponse>::Create();
+  auto writer = StreamWriter<v1::PrefillResponse>::Create([m = metrics_](const grpc::Status& s) {
+    m->RequestFinished(GrpcCodeName(s.error_code()));
+  });
+  const absl::Time start = absl::Now();
   if (grpc::Status s = state_->Admit(); !s.ok()) {
     writer->End(s);
     return writer.get();
@@ -45,8 +48,8 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     });
   });
   const int max_waiting = max_waiting_;
-  loop->Post([this, loop, writer, id, prompt = std::move(prompt), params,
-              max_waiting](LlmEngine& engine) mutable {
+  loop->Post([this, loop, writer, id, prompt = std::move(prompt), params, max_waiting,
+              start](LlmEngine& engine) mutable {
     if (writer->ended()) {  // cancelled before it reached the engine
       Release(id);
       return;
@@ -66,7 +69,8 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
       writer->End(ToGrpcStatus(added));
       return;
     }
-    loop->SetCallback(id, [this, writer, id, num_tokens](LlmEngine& engine, const RequestOutput& o) {
+    loop->SetCallback(id, [this, writer, id, num_tokens, start](LlmEngine& engine,
+                                                                const RequestOutput& o) {
       if (!o.finished) return;
       if (!o.status.ok() || o.new_tokens.empty()) {
         (void)engine.Abort(id);
@@ -74,7 +78,10 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
         writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
         return;
       }
+      metrics_->PrefillSeconds(absl::ToDoubleSeconds(absl::Now() - start));
+      metrics_->PromptTokens(static_cast<int>(num_tokens));
       // Copy the KV out, free the blocks, then stream from host memory.
+      const absl::Time export_start = absl::Now();
       auto messages = ExportKv(engine, id, num_tokens);
       (void)engine.Abort(id);
       Release(id);
@@ -85,6 +92,9 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
       if (corrupt_streams_.fetch_sub(1) > 0 && messages->size() > 1) {
         (*messages)[1].mutable_chunk()->set_crc32c((*messages)[1].chunk().crc32c() ^ 1u);
       }
+      size_t bytes = 0;
+      for (const auto& m : *messages) bytes += m.chunk().k().size() + m.chunk().v().size();
+      metrics_->KvTransfer(bytes, absl::ToDoubleSeconds(absl::Now() - export_start));
       for (auto& m : *messages) writer->Send(std::move(m));
       v1::PrefillResponse done;
       done.mutable_done()->set_first_token(o.new_tokens.back());

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/serving/engine_loop.h"
+#include "common/serving/metrics.h"
 #include "common/serving/worker.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -20,7 +21,8 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
  public:
   // `max_waiting`: requests queued for the engine beyond which new ones get
   // RESOURCE_EXHAUSTED.
-  PrefillServiceImpl(WorkerState* state, int max_waiting) : state_(state), max_waiting_(max_waiting) {}
+  PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics, int max_waiting)
+      : state_(state), metrics_(metrics), max_waiting_(max_waiting) {}
   void SetEngine(EngineLoop* loop) { loop_ = loop; }
   // Fault injection for tests: corrupt the checksum of one chunk in each of
   // the next `n` streams.
@@ -33,6 +35,7 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   void Release(const std::string& id);
 
   WorkerState* state_;
+  WorkerMetrics* metrics_;
   int max_waiting_;
   std::atomic<EngineLoop*> loop_{nullptr};
   std::atomic<int> corrupt_streams_{0};

@@ -59,7 +59,7 @@ void EngineLoop::Run() {
     for (Task& t : batch) t(*engine_);
     batch.clear();
     if (!engine_->HasWork()) {
-      if (observer_) observer_(*engine_, {});
+      for (auto& observer : observers_) observer(*engine_, {});
       continue;
     }
     auto outputs = engine_->Step();
@@ -86,7 +86,7 @@ void EngineLoop::Run() {
       if (o.finished) callbacks_.erase(it);
       cb(*engine_, o);
     }
-    if (observer_) observer_(*engine_, *outputs);
+    for (auto& observer : observers_) observer(*engine_, *outputs);
   }
   engine_.reset();
 }

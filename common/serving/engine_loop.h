@@ -45,7 +45,9 @@ class EngineLoop {
   // Post()ed task). The callback is removed after the finished output.
   void SetCallback(const std::string& id, OutputCallback cb);
   void RemoveCallback(const std::string& id);
-  void SetStepObserver(StepObserver observer) { observer_ = std::move(observer); }
+  // Adds an observer (call on the loop thread, e.g. from on_ready). Observers
+  // also run every ~50 ms while the engine is idle.
+  void AddStepObserver(StepObserver observer) { observers_.push_back(std::move(observer)); }
   // Stops after the current step; pending tasks are dropped.
   void Stop();
   bool ready() const { return ready_.load(); }
@@ -59,7 +61,7 @@ class EngineLoop {
   std::function<void(const absl::Status&)> on_ready_;
   std::unique_ptr<LlmEngine> engine_;
   absl::flat_hash_map<std::string, OutputCallback> callbacks_;  // loop thread only
-  StepObserver observer_;
+  std::vector<StepObserver> observers_;  // loop thread only
   absl::Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -22,9 +22,12 @@ namespace tandem {
 template <typename Msg>
 class StreamWriter : public grpc::ServerWriteReactor<Msg> {
  public:
-  static std::shared_ptr<StreamWriter> Create() {
+  // `on_finish` is called once with the final status (metrics).
+  static std::shared_ptr<StreamWriter> Create(
+      std::function<void(const grpc::Status&)> on_finish = nullptr) {
     std::shared_ptr<StreamWriter> w(new StreamWriter());
     w->self_ = w;
+    w->on_finish_ = std::move(on_finish);
     return w;
   }
 
@@ -86,7 +89,10 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       }
     }
     if (action == kWrite) this->StartWrite(&current_);
-    if (action == kFinish) this->Finish(*final_);
+    if (action == kFinish) {
+      if (on_finish_) on_finish_(*final_);
+      this->Finish(*final_);
+    }
   }
 
   void OnWriteDone(bool ok) override {
@@ -124,6 +130,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   bool cancelled_ = false;
   std::optional<grpc::Status> final_;
   std::function<void()> on_cancel_;
+  std::function<void(const grpc::Status&)> on_finish_;
   std::shared_ptr<StreamWriter> self_;
 };
 

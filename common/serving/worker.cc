@@ -4,6 +4,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 #include "common/base/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -34,7 +39,38 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   return s;
 }
 
+void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {
+  flags->Add("grpc-address", &options->grpc_address, "HOST:PORT to serve gRPC on (port 0: any)");
+  flags->Add("metrics-address", &options->metrics_address,
+             "HOST:PORT of the Prometheus /metrics endpoint (port 0: any)");
+  flags->Add("drain-seconds", &options->drain_seconds,
+             "grace period for in-flight streams on SIGTERM");
+  flags->Add("cudagraph-metrics-interval", &options->cudagraph_metrics_interval,
+             "log a table of recent steps every N seconds (0 = off)");
+}
+
+namespace {
+
+// Logs the steps since the last call grouped by (tokens, padded, mode).
+void LogStepTable(const std::string& role, const std::vector<StepRecord>& records) {
+  if (records.empty()) return;
+  std::map<std::tuple<int, int, std::string>, int> counts;
+  for (const StepRecord& r : records) {
+    ++counts[{r.num_tokens, r.num_tokens + r.padded_tokens, std::string(r.runtime_mode.name())}];
+  }
+  std::string table = absl::StrCat(role, " steps since last report:\n",
+                                   "  unpadded  padded  runtime_mode  count\n");
+  for (const auto& [key, n] : counts) {
+    absl::StrAppend(&table, absl::StrFormat("  %8d  %6d  %-12s  %5d\n", std::get<0>(key),
+                                            std::get<1>(key), std::get<2>(key), n));
+  }
+  TANDEM_LOG(INFO) << table;
+}
+
+}  // namespace
+
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
+              WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
               const std::function<void(EngineLoop*)>& on_engine) {
   // Signals are taken by sigwait() below; block them in every thread.
@@ -63,9 +99,29 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   TANDEM_LOG(INFO) << options.role << " worker: gRPC listening on " << host << ":" << port
                    << " (NOT_SERVING until graphs are captured)";
 
+  auto metrics_port = metrics->Serve(options.metrics_address);
+  if (!metrics_port.ok()) {
+    TANDEM_LOG(ERROR) << options.role << " worker: " << metrics_port.status().message();
+    server->Shutdown();
+    return 1;
+  }
+  const std::string metrics_host =
+      options.metrics_address.substr(0, options.metrics_address.rfind(':'));
+  TANDEM_LOG(INFO) << options.role << " worker: metrics on http://" << metrics_host << ":"
+                   << *metrics_port << "/metrics";
+
   std::atomic<bool> failed{false};
+  absl::Time last_table = absl::Now();
   EngineLoop loop(std::move(engine_config), [&](const absl::Status& s) {
     if (s.ok()) {
+      loop.AddStepObserver([&, metrics](LlmEngine& engine, const std::vector<RequestOutput>&) {
+        metrics->ObserveEngine(engine);
+        if (options.cudagraph_metrics_interval > 0 &&
+            absl::Now() - last_table >= absl::Seconds(options.cudagraph_metrics_interval)) {
+          last_table = absl::Now();
+          LogStepTable(options.role, engine.TakeStepRecords());
+        }
+      });
       on_engine(&loop);
       state->ready = true;
       health->SetServingStatus(true);

@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "common/base/flags.h"
 #include "common/engine/sampling.h"
 #include "common/serving/engine_loop.h"
+#include "common/serving/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
@@ -31,8 +33,16 @@ struct WorkerState {
 struct WorkerOptions {
   std::string role;  // "prefill" or "decode"
   std::string grpc_address;
+  std::string metrics_address;
   int drain_seconds = 30;
+  // Log a table of recent steps (tokens, padded tokens, runtime mode, count)
+  // every N seconds, like vLLM's --cudagraph-metrics; 0 = off.
+  int cudagraph_metrics_interval = 0;
 };
+
+// Registers the flags every worker has (addresses besides gRPC's, draining,
+// the step table).
+void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options);
 
 // Sampling parameters from the API message (top_p 0 means 1).
 SamplingParams FromProto(const v1::SamplingParams& p);
@@ -41,6 +51,7 @@ SamplingParams FromProto(const v1::SamplingParams& p);
 // engine loop is handed to `on_engine` (on the loop thread) once graphs are
 // captured, just before the worker reports SERVING. Returns the exit code.
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
+              WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
               const std::function<void(EngineLoop*)>& on_engine);
 

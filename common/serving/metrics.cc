@@ -1,0 +1,213 @@
+#include "common/serving/metrics.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kModeNames[3] = {"NONE", "PIECEWISE", "FULL"};
+
+// 1 ms to 60 s, roughly x2.5 per bucket.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60};
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(const std::string& role)
+    : role_(role), registry_(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels role_label = {{"role", role}};
+  auto& r = *registry_;
+  captured_ = &prometheus::BuildCounter()
+                   .Name("tandem_cudagraph_captured_total")
+                   .Help("Graphs captured at start-up, by mode (PIECEWISE counts every piece)")
+                   .Labels(role_label)
+                   .Register(r);
+  capture_seconds_ = &prometheus::BuildGauge()
+                          .Name("tandem_cudagraph_capture_seconds")
+                          .Help("Time spent capturing graphs at start-up")
+                          .Labels(role_label)
+                          .Register(r)
+                          .Add({});
+  steps_ = &prometheus::BuildCounter()
+                .Name("tandem_forward_steps_total")
+                .Help("Forward steps by dispatched runtime mode")
+                .Labels(role_label)
+                .Register(r);
+  replays_ = &prometheus::BuildCounter()
+                  .Name("tandem_cudagraph_replays_total")
+                  .Help("Steps served by replaying graphs of that mode")
+                  .Labels(role_label)
+                  .Register(r);
+  ratio_ = &prometheus::BuildGauge()
+                .Name("tandem_cudagraph_replay_ratio")
+                .Help("Steps served by that mode's graphs / all steps")
+                .Labels(role_label)
+                .Register(r);
+  for (const char* m : {"FULL", "PIECEWISE"}) {
+    captured_->Add({{"mode", m}});
+    replays_->Add({{"mode", m}});
+    ratio_->Add({{"mode", m}});
+  }
+  for (const char* m : kModeNames) steps_->Add({{"runtime_mode", m}});
+  padded_tokens_ = &prometheus::BuildCounter()
+                        .Name("tandem_cudagraph_padded_tokens_total")
+                        .Help("Tokens added by padding batches to a capture size")
+                        .Labels(role_label)
+                        .Register(r)
+                        .Add({});
+  requests_ = &prometheus::BuildCounter()
+                   .Name("tandem_requests_total")
+                   .Help("Finished requests by gRPC status")
+                   .Labels(role_label)
+                   .Register(r);
+  requests_->Add({{"status", "OK"}});
+  running_ = &prometheus::BuildGauge()
+                  .Name("tandem_requests_running")
+                  .Help("Requests in the running batch")
+                  .Labels(role_label)
+                  .Register(r)
+                  .Add({});
+  waiting_ = &prometheus::BuildGauge()
+                  .Name("tandem_requests_waiting")
+                  .Help("Requests waiting for the running batch")
+                  .Labels(role_label)
+                  .Register(r)
+                  .Add({});
+  if (role == "prefill") {
+    tokens_ = &prometheus::BuildCounter()
+                   .Name("tandem_prompt_tokens_total")
+                   .Help("Prompt tokens prefilled")
+                   .Labels(role_label)
+                   .Register(r)
+                   .Add({});
+    prefill_ = &prometheus::BuildHistogram()
+                    .Name("tandem_prefill_seconds")
+                    .Help("Time from a Prefill call to its first token")
+                    .Labels(role_label)
+                    .Register(r)
+                    .Add({}, LatencyBuckets());
+  } else {
+    tokens_ = &prometheus::BuildCounter()
+                   .Name("tandem_generation_tokens_total")
+                   .Help("Tokens generated")
+                   .Labels(role_label)
+                   .Register(r)
+                   .Add({});
+    ttft_ = &prometheus::BuildHistogram()
+                 .Name("tandem_time_to_first_token_seconds")
+                 .Help("Time from Generate to the first token")
+                 .Labels(role_label)
+                 .Register(r)
+                 .Add({}, LatencyBuckets());
+    itl_ = &prometheus::BuildHistogram()
+                .Name("tandem_inter_token_latency_seconds")
+                .Help("Time between consecutive tokens of a stream")
+                .Labels(role_label)
+                .Register(r)
+                .Add({}, LatencyBuckets());
+    e2e_ = &prometheus::BuildHistogram()
+                .Name("tandem_e2e_request_latency_seconds")
+                .Help("Time from Generate to the last token")
+                .Labels(role_label)
+                .Register(r)
+                .Add({}, LatencyBuckets());
+  }
+  kv_usage_ = &prometheus::BuildGauge()
+                   .Name("tandem_kv_cache_usage_ratio")
+                   .Help("KV cache blocks in use / all blocks")
+                   .Labels(role_label)
+                   .Register(r)
+                   .Add({});
+  kv_blocks_ = &prometheus::BuildGauge()
+                    .Name("tandem_kv_cache_blocks_in_use")
+                    .Help("KV cache blocks in use")
+                    .Labels(role_label)
+                    .Register(r)
+                    .Add({});
+  transfer_bytes_ = &prometheus::BuildCounter()
+                         .Name("tandem_kv_transfer_bytes_total")
+                         .Help("KV bytes transferred (sent by prefill, received by decode)")
+                         .Labels(role_label)
+                         .Register(r)
+                         .Add({});
+  transfer_seconds_ = &prometheus::BuildHistogram()
+                           .Name("tandem_kv_transfer_seconds")
+                           .Help("Duration of one request's KV transfer")
+                           .Labels(role_label)
+                           .Register(r)
+                           .Add({}, LatencyBuckets());
+  transfer_failures_ = &prometheus::BuildCounter()
+                            .Name("tandem_kv_transfer_failures_total")
+                            .Help("Failed KV transfers by reason")
+                            .Labels(role_label)
+                            .Register(r);
+  for (const char* reason : {"unavailable", "data_loss", "fingerprint_mismatch", "other"}) {
+    transfer_failures_->Add({{"reason", reason}});
+  }
+}
+
+void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
+  const RunnerStats& s = engine.runner().stats();
+  for (int m = 0; m < 3; ++m) {
+    steps_->Add({{"runtime_mode", kModeNames[m]}}).Increment(s.steps[m] - folded_.steps[m]);
+  }
+  for (int m = 1; m < 3; ++m) {
+    captured_->Add({{"mode", kModeNames[m]}}).Increment(s.captured[m] - folded_.captured[m]);
+    replays_->Add({{"mode", kModeNames[m]}}).Increment(s.replays[m] - folded_.replays[m]);
+  }
+  padded_tokens_->Increment(static_cast<double>(s.padded_tokens - folded_.padded_tokens));
+  const int64_t total = s.steps[0] + s.steps[1] + s.steps[2];
+  for (int m = 1; m < 3; ++m) {
+    ratio_->Add({{"mode", kModeNames[m]}})
+        .Set(total == 0 ? 0.0 : static_cast<double>(s.replays[m]) / total);
+  }
+  capture_seconds_->Set(s.capture_seconds);
+  folded_ = s;
+  running_->Set(static_cast<double>(engine.num_running()));
+  waiting_->Set(static_cast<double>(engine.num_waiting()));
+  const BlockAllocator& a = engine.kv_cache().allocator();
+  kv_usage_->Set(a.usage());
+  kv_blocks_->Set(a.num_used());
+}
+
+void WorkerMetrics::RequestFinished(const std::string& code) {
+  requests_->Add({{"status", code}}).Increment();
+}
+void WorkerMetrics::PromptTokens(int n) { tokens_->Increment(n); }
+void WorkerMetrics::GenerationTokens(int n) { tokens_->Increment(n); }
+void WorkerMetrics::TimeToFirstToken(double s) {
+  if (ttft_) ttft_->Observe(s);
+}
+void WorkerMetrics::InterTokenLatency(double s) {
+  if (itl_) itl_->Observe(s);
+}
+void WorkerMetrics::EndToEndLatency(double s) {
+  if (e2e_) e2e_->Observe(s);
+}
+void WorkerMetrics::PrefillSeconds(double s) {
+  if (prefill_) prefill_->Observe(s);
+}
+void WorkerMetrics::KvTransfer(size_t bytes, double seconds) {
+  transfer_bytes_->Increment(static_cast<double>(bytes));
+  transfer_seconds_->Observe(seconds);
+}
+void WorkerMetrics::KvTransferFailure(const std::string& reason) {
+  transfer_failures_->Add({{"reason", reason}}).Increment();
+}
+
+absl::StatusOr<int> WorkerMetrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on --metrics-address=",
+                                               address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  auto ports = exposer_->GetListeningPorts();
+  return ports.empty() ? 0 : ports.front();
+}
+
+}  // namespace tandem

@@ -1,0 +1,84 @@
+// WorkerMetrics: every Prometheus family a worker exports, built once here,
+// with the prefix tandem_ and the constant label role (prefill|decode).
+//
+// Graph and cache families are refreshed from the engine after every step
+// (on the engine thread, via ObserveEngine); request and transfer families
+// are updated by the services from any thread (prometheus-cpp metrics are
+// thread-safe).
+#ifndef TANDEM_COMMON_SERVING_METRICS_H_
+#define TANDEM_COMMON_SERVING_METRICS_H_
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/engine/engine.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tandem {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(const std::string& role);
+
+  const std::string& role() const { return role_; }
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // Engine-thread refresh: graph counters, steps, replays and ratios, padded
+  // tokens, running/waiting, KV cache usage.
+  void ObserveEngine(LlmEngine& engine);
+
+  // Services.
+  void RequestFinished(const std::string& grpc_code_name);
+  void PromptTokens(int n);        // prefill role
+  void GenerationTokens(int n);    // decode role
+  void TimeToFirstToken(double s);
+  void InterTokenLatency(double s);
+  void EndToEndLatency(double s);
+  void PrefillSeconds(double s);
+  void KvTransfer(size_t bytes, double seconds);
+  void KvTransferFailure(const std::string& reason);
+
+  // Serves /metrics on `address` (HOST:PORT, port 0 = any). Returns the bound
+  // port, or an error naming the address.
+  absl::StatusOr<int> Serve(const std::string& address);
+
+ private:
+  std::string role_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+
+  prometheus::Family<prometheus::Counter>* captured_;
+  prometheus::Family<prometheus::Counter>* steps_;
+  prometheus::Family<prometheus::Counter>* replays_;
+  prometheus::Family<prometheus::Gauge>* ratio_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* transfer_failures_;
+  prometheus::Gauge* capture_seconds_;
+  prometheus::Counter* padded_tokens_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Counter* tokens_;  // prompt (prefill) or generation (decode)
+  prometheus::Histogram* ttft_ = nullptr;
+  prometheus::Histogram* itl_ = nullptr;
+  prometheus::Histogram* e2e_ = nullptr;
+  prometheus::Histogram* prefill_ = nullptr;
+  prometheus::Gauge* kv_usage_;
+  prometheus::Gauge* kv_blocks_;
+  prometheus::Counter* transfer_bytes_;
+  prometheus::Histogram* transfer_seconds_;
+
+  // Last runner totals folded into the counters (engine thread only).
+  RunnerStats folded_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_METRICS_H_
