@@ -17,13 +17,13 @@ int main(int argc, char** argv) {
   options.metrics_address = "0.0.0.0:9400";
   std::string prefill_address = "127.0.0.1:50052";
   tandem::DecodeOptions decode;
-  int queue_timeout_s = 30, prefill_timeout_s = 120;
+  int queue_timeout_ms = 30000, prefill_timeout_s = 120;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
             "ipv4:h1:p1,h2:p2 (round_robin over every address)");
   flags.Add("max-waiting", &decode.max_waiting, "requests that may wait for KV blocks");
-  flags.Add("queue-timeout-seconds", &queue_timeout_s,
+  flags.Add("queue-timeout-ms", &queue_timeout_ms,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
   flags.Add("prefill-timeout-seconds", &prefill_timeout_s, "deadline of one prefill stream");
   auto positional = flags.Parse(argc, argv);
@@ -40,11 +40,15 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << config.status().message() << std::endl;
     return 2;
   }
-  decode.queue_timeout = absl::Seconds(queue_timeout_s);
+  decode.queue_timeout = absl::Milliseconds(queue_timeout_ms);
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   grpc::ChannelArguments args;
   args.SetLoadBalancingPolicyName("round_robin");
   args.SetMaxReceiveMessageSize(8 << 20);
+  // Reconnect to a restarted prefill worker within ~2 s, not gRPC's default 2 min.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto channel = grpc::CreateCustomChannel(prefill_address, grpc::InsecureChannelCredentials(), args);
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");

@@ -46,16 +46,20 @@ std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed) {
     preempted = true;
     if (victim == r) break;
   }
-  // 2. Admit waiting requests.
-  while (!preempted && budget > 0 && !waiting_.empty() &&
-         static_cast<int>(running_.size()) < max_seqs_) {
-    Request* r = waiting_.front();
+  // 2. Admit waiting requests that fit, in order. One that does not fit yet
+  // does not block the ones behind it: a request whose KV was transferred in
+  // already holds its blocks, and holding it back behind a request waiting
+  // for those very blocks would deadlock.
+  for (auto it = waiting_.begin();
+       !preempted && budget > 0 && it != waiting_.end() &&
+       static_cast<int>(running_.size()) < max_seqs_;) {
+    Request* r = *it;
     const int n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
     absl::Status s = kv_->EnsureCapacity(r->id, r->num_computed + n);
     if (!s.ok()) {
       const int64_t needed = (r->num_computed + n + kv_->block_size() - 1) / kv_->block_size();
       if (running_.empty() && needed > kv_->allocator().num_blocks()) {
-        waiting_.pop_front();
+        it = waiting_.erase(it);
         r->finish = FinishReason::kError;
         r->error = absl::ResourceExhaustedError(absl::StrCat(
             "request ", r->id, " needs ", needed, " KV blocks; the cache has ",
@@ -63,9 +67,10 @@ std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed) {
         failed->push_back(r);
         continue;
       }
-      break;  // wait for blocks to free up
+      ++it;  // wait for blocks to free up
+      continue;
     }
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     running_.push_back(r);
     out.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
     budget -= n;

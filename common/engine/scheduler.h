@@ -6,8 +6,9 @@
 // then waiting requests are admitted while budget and sequence slots remain.
 // When the KV cache has no block for a running request, the most recently
 // admitted running request is preempted (its blocks freed, recomputed later);
-// a waiting request that does not fit waits. A request that cannot fit even
-// in an empty cache fails with RESOURCE_EXHAUSTED.
+// a waiting request that does not fit waits without blocking the ones behind
+// it that do. A request that cannot fit even in an empty cache fails with
+// RESOURCE_EXHAUSTED.
 //
 // Not thread-safe: owned by the engine thread.
 #ifndef TANDEM_COMMON_ENGINE_SCHEDULER_H_

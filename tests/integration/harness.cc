@@ -1,0 +1,224 @@
+#include "tests/integration/harness.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+
+namespace tandem::testing {
+
+std::string BinDir() { return TANDEM_BIN_DIR; }
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (running()) {
+    Signal(SIGKILL);
+    Wait(std::chrono::seconds(5));
+  }
+}
+
+void Process::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+bool Process::running() {
+  if (exit_code_.has_value() || pid_ <= 0) return false;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return false;
+  }
+  return true;
+}
+
+int Process::Wait(std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (running()) {
+    if (std::chrono::steady_clock::now() > end) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return exit_code_.value_or(-1);
+}
+
+std::string Process::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    if (stub->Check(&ctx, req, &resp).ok() &&
+        resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  // Read until the body announced by Content-Length is complete (the server
+  // may keep the connection open).
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  size_t body = std::string::npos, length = std::string::npos;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) {
+    out.append(buf, n);
+    if (body == std::string::npos && (body = out.find("\r\n\r\n")) != std::string::npos) {
+      body += 4;
+      std::string headers = out.substr(0, body);
+      for (char& c : headers) c = static_cast<char>(std::tolower(c));
+      const size_t at = headers.find("content-length:");
+      if (at != std::string::npos) length = std::strtoul(headers.c_str() + at + 15, nullptr, 10);
+    }
+    if (body != std::string::npos && length != std::string::npos && out.size() >= body + length) break;
+  }
+  close(fd);
+  return body == std::string::npos ? "" : out.substr(body);
+}
+
+std::optional<double> MetricValue(const std::string& text, const std::string& name,
+                                  const std::map<std::string, std::string>& labels) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    if (name_end == absl::string_view::npos || line.substr(0, name_end) != name) continue;
+    std::map<std::string, std::string> got;
+    absl::string_view rest = line.substr(name_end);
+    if (!rest.empty() && rest[0] == '{') {
+      const size_t close = rest.find('}');
+      for (absl::string_view kv : absl::StrSplit(rest.substr(1, close - 1), ',', absl::SkipEmpty())) {
+        const size_t eq = kv.find('=');
+        got[std::string(kv.substr(0, eq))] =
+            std::string(absl::StripSuffix(absl::StripPrefix(kv.substr(eq + 1), "\""), "\""));
+      }
+      rest = rest.substr(close + 1);
+    }
+    bool match = true;
+    for (const auto& [k, v] : labels) match = match && got.count(k) && got[k] == v;
+    if (!match) continue;
+    double value = 0;
+    if (absl::SimpleAtod(absl::StripAsciiWhitespace(rest), &value)) return value;
+  }
+  return std::nullopt;
+}
+
+double Worker::Metric(const std::string& name, const std::map<std::string, std::string>& labels) const {
+  auto v = MetricValue(Metrics(), name, labels);
+  EXPECT_TRUE(v.has_value()) << "metric " << name << " missing";
+  return v.value_or(-1);
+}
+
+Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags, int grpc_port) {
+  Worker w;
+  w.grpc_port = grpc_port != 0 ? grpc_port : FreePort();
+  w.metrics_port = FreePort();
+  std::vector<std::string> argv = {BinDir() + "/" + binary,
+                                   "--grpc-address=127.0.0.1:" + std::to_string(w.grpc_port),
+                                   "--metrics-address=127.0.0.1:" + std::to_string(w.metrics_port)};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::string log = ::testing::TempDir() + binary + "_" + std::to_string(w.grpc_port) + ".log";
+  w.process = std::make_unique<Process>(argv, log);
+  const bool serving = WaitForServing(w.address(), std::chrono::seconds(60));
+  EXPECT_TRUE(serving) << binary << " did not become SERVING; log:\n" << w.process->Log();
+  return w;
+}
+
+v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,
+                                uint32_t max_tokens) {
+  v1::GenerateRequest r;
+  r.set_request_id(id);
+  r.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
+                        std::chrono::milliseconds deadline) {
+  auto stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  auto reader = stub->Generate(&ctx, request);
+  GenerateResult result;
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    result.tokens.insert(result.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    if (resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish_reason = resp.finish_reason();
+      result.prompt_tokens = resp.usage().prompt_tokens();
+      result.completion_tokens = resp.usage().completion_tokens();
+    }
+  }
+  result.status = reader->Finish();
+  return result;
+}
+
+}  // namespace tandem::testing

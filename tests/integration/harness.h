@@ -1,0 +1,83 @@
+// Test harness for integration tests: real worker processes on 127.0.0.1
+// with free ports, health polling, /metrics scraping. Every process is
+// killed when its Process object goes away.
+#ifndef TANDEM_TESTS_INTEGRATION_HARNESS_H_
+#define TANDEM_TESTS_INTEGRATION_HARNESS_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem/v1/tandem.grpc.pb.h"
+
+namespace tandem::testing {
+
+std::string BinDir();
+// A port that was free a moment ago on 127.0.0.1.
+int FreePort();
+
+class Process {
+ public:
+  Process(std::vector<std::string> argv, std::string log_path);
+  ~Process();
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits for exit; returns the exit code, or -1 on timeout / signal death.
+  int Wait(std::chrono::milliseconds timeout);
+  bool running();
+  std::string Log() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  std::optional<int> exit_code_;
+};
+
+// Polls the standard health service until SERVING or the timeout.
+bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout);
+
+// HTTP GET http://127.0.0.1:port/path; empty on failure.
+std::string HttpGet(int port, const std::string& path);
+
+// The value of the first sample of `name` whose labels include `labels`, from
+// Prometheus text format; nullopt when absent.
+std::optional<double> MetricValue(const std::string& text, const std::string& name,
+                                  const std::map<std::string, std::string>& labels = {});
+
+// One worker process with its addresses.
+struct Worker {
+  std::unique_ptr<Process> process;
+  int grpc_port = 0;
+  int metrics_port = 0;
+  std::string address() const { return "127.0.0.1:" + std::to_string(grpc_port); }
+  std::string Metrics() const { return HttpGet(metrics_port, "/metrics"); }
+  double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+};
+
+// Starts `binary` (prefill_worker or decode_worker) with free ports and
+// `flags`; waits until it is SERVING (fails the test otherwise).
+Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags,
+                   int grpc_port = 0);
+
+struct GenerateResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+};
+
+v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,
+                                uint32_t max_tokens);
+GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
+                        std::chrono::milliseconds deadline = std::chrono::seconds(60));
+
+}  // namespace tandem::testing
+
+#endif  // TANDEM_TESTS_INTEGRATION_HARNESS_H_

@@ -1,0 +1,277 @@
+// The prefill/decode pair as a user meets it: real processes, real gRPC.
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include "common/engine/engine.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+std::vector<int32_t> Prompt(int n, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;
+  return t;
+}
+
+// Waits (bounded) until both workers report no KV block in use.
+void ExpectBlocksFreed(const Worker& a, const Worker& b) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  double in_a = -1, in_b = -1;
+  while (std::chrono::steady_clock::now() < end) {
+    in_a = a.Metric("tandem_kv_cache_blocks_in_use");
+    in_b = b.Metric("tandem_kv_cache_blocks_in_use");
+    if (in_a == 0 && in_b == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "KV blocks still in use: " << in_a << " and " << in_b;
+}
+
+// One pair shared by the tests of this suite; prefill and decode use
+// different block sizes on purpose.
+class PairTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    prefill_ = new Worker(StartWorker("prefill_worker", {"--block-size=4"}));
+    decode_ = new Worker(StartWorker(
+        "decode_worker", {"--block-size=32", "--prefill-address=" + prefill_->address()}));
+  }
+  static void TearDownTestSuite() {
+    ExpectBlocksFreed(*prefill_, *decode_);
+    for (Worker* w : {decode_, prefill_}) {
+      w->process->Signal(SIGTERM);
+      EXPECT_EQ(w->process->Wait(std::chrono::seconds(20)), 0) << w->process->Log();
+      delete w;
+    }
+  }
+  static Worker* prefill_;
+  static Worker* decode_;
+};
+Worker* PairTest::prefill_ = nullptr;
+Worker* PairTest::decode_ = nullptr;
+
+TEST_F(PairTest, GreedyTokensEqualLocalNoneForTwentyPrompts) {
+  EngineConfig config;
+  config.runner.cudagraph_mode = CudaGraphMode::kNone;
+  auto local = LlmEngine::Create(config).value();
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 22; ++i) prompts.push_back(Prompt(1 + i * i * 3, i));  // 1 .. 1324 tokens
+  std::map<std::string, std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(local->AddRequest("p" + std::to_string(i), prompts[i], p).ok());
+  }
+  while (local->HasWork()) {
+    auto step = local->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const auto& o : *step) {
+      auto& v = expected[o.id];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  const double steps_before = decode_->Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = "p" + std::to_string(i);
+    GenerateResult r = Generate(decode_->address(), MakeRequest("pair-" + id, prompts[i], 8));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected[id]) << "prompt " << i << " of " << prompts[i].size() << " tokens";
+    EXPECT_EQ(r.finish_reason, v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(r.prompt_tokens, prompts[i].size());
+    EXPECT_EQ(r.completion_tokens, 8u);
+  }
+  // Every decode step was a pure decode step served by a FULL graph: 7 per request.
+  EXPECT_EQ(decode_->Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}}) - steps_before,
+            7.0 * prompts.size());
+  EXPECT_EQ(decode_->Metric("tandem_forward_steps_total", {{"runtime_mode", "NONE"}}), 0);
+  EXPECT_EQ(decode_->Metric("tandem_cudagraph_replay_ratio", {{"mode", "FULL"}}), 1.0);
+  // Prefill steps within the capture range (<= 128 tokens here) are PIECEWISE.
+  EXPECT_GT(prefill_->Metric("tandem_forward_steps_total", {{"runtime_mode", "PIECEWISE"}}), 0);
+}
+
+TEST_F(PairTest, ConcurrentStreams) {
+  constexpr int kStreams = 10;
+  std::vector<GenerateResult> results(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = Generate(decode_->address(),
+                            MakeRequest("conc-" + std::to_string(i), Prompt(5 + 7 * i, i), 16));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens.size(), 16u);
+  }
+}
+
+TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
+  struct Case {
+    const char* what;
+    v1::GenerateRequest request;
+    grpc::StatusCode code;
+    const char* needle;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"empty prompt", MakeRequest("bad-1", {}, 4), grpc::StatusCode::INVALID_ARGUMENT,
+                   "prompt_token_ids"});
+  cases.push_back({"too long", MakeRequest("bad-2", std::vector<int32_t>(5000, 3), 4),
+                   grpc::StatusCode::INVALID_ARGUMENT, "limit"});
+  cases.push_back({"vocab", MakeRequest("bad-3", {1, 512}, 4), grpc::StatusCode::INVALID_ARGUMENT,
+                   "512"});
+  cases.push_back({"max_tokens 0", MakeRequest("bad-4", {1, 2}, 0),
+                   grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
+  cases.push_back({"max_tokens big", MakeRequest("bad-5", {1, 2}, 100000),
+                   grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
+  auto temp = MakeRequest("bad-6", {1, 2}, 4);
+  temp.mutable_sampling()->set_temperature(-1);
+  cases.push_back({"temperature", temp, grpc::StatusCode::INVALID_ARGUMENT, "temperature"});
+  auto top_p = MakeRequest("bad-7", {1, 2}, 4);
+  top_p.mutable_sampling()->set_top_p(1.5f);
+  cases.push_back({"top_p", top_p, grpc::StatusCode::INVALID_ARGUMENT, "top_p"});
+  auto top_k = MakeRequest("bad-8", {1, 2}, 4);
+  top_k.mutable_sampling()->set_top_k(-2);
+  cases.push_back({"top_k", top_k, grpc::StatusCode::INVALID_ARGUMENT, "top_k"});
+  auto text = MakeRequest("bad-9", {}, 4);
+  text.set_prompt("hello");
+  cases.push_back({"text prompt", text, grpc::StatusCode::INVALID_ARGUMENT, "tokenizer"});
+  cases.push_back({"no id", MakeRequest("", {1}, 4), grpc::StatusCode::INVALID_ARGUMENT,
+                   "request_id"});
+  for (const Case& c : cases) {
+    GenerateResult r = Generate(decode_->address(), c.request);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.what;
+    EXPECT_NE(r.status.error_message().find(c.needle), std::string::npos)
+        << c.what << ": " << r.status.error_message();
+  }
+  // Duplicate in-flight request_id.
+  auto first = MakeRequest("dup", Prompt(600, 1), 400);
+  std::thread t([&] { Generate(decode_->address(), first); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  GenerateResult dup = Generate(decode_->address(), MakeRequest("dup", {1, 2}, 2));
+  t.join();
+  EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(dup.status.error_message().find("dup"), std::string::npos);
+  // Still serving.
+  EXPECT_TRUE(Generate(decode_->address(), MakeRequest("after-bad", {1, 2, 3}, 3)).status.ok());
+}
+
+TEST_F(PairTest, CancelAndDeadlineFreeEveryBlock) {
+  auto stub = v1::Decode::NewStub(
+      grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, MakeRequest("cancel-me", Prompt(300, 3), 3000));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));  // streaming has started
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  GenerateResult late = Generate(decode_->address(), MakeRequest("deadline", Prompt(300, 4), 3000),
+                                 std::chrono::milliseconds(150));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ExpectBlocksFreed(*prefill_, *decode_);
+  EXPECT_TRUE(Generate(decode_->address(), MakeRequest("after-cancel", {4, 5}, 3)).status.ok());
+}
+
+TEST(PairFailureTest, PrefillUnreachableIsUnavailable) {
+  Worker decode = StartWorker("decode_worker",
+                              {"--prefill-address=127.0.0.1:" + std::to_string(FreePort())});
+  GenerateResult r = Generate(decode.address(), MakeRequest("nowhere", {1, 2, 3}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  EXPECT_EQ(decode.Metric("tandem_kv_transfer_failures_total", {{"reason", "unavailable"}}), 1);
+}
+
+TEST(PairFailureTest, KilledPrefillIsUnavailableThenRecovers) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  const int port = prefill.grpc_port;
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  // A long prompt keeps the prefill busy for a while (attention is quadratic).
+  GenerateResult r;
+  std::thread t([&] { r = Generate(decode.address(), MakeRequest("killed", Prompt(2000, 7), 4)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  prefill.process->Signal(SIGKILL);
+  t.join();
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  Worker restarted = StartWorker("prefill_worker", {}, port);
+  GenerateResult ok;
+  for (int attempt = 0; attempt < 20; ++attempt) {  // the channel reconnects with backoff
+    ok = Generate(decode.address(), MakeRequest("after-restart-" + std::to_string(attempt), {1, 2, 3}, 4));
+    if (ok.status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+TEST(PairFailureTest, TwoPrefillWorkersBothGetTraffic) {
+  Worker a = StartWorker("prefill_worker", {});
+  Worker b = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker(
+      "decode_worker", {"--prefill-address=ipv4:" + a.address() + "," + b.address()});
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(Generate(decode.address(), MakeRequest("rr-" + std::to_string(i), {1, 2, 3}, 2)).status.ok());
+  }
+  EXPECT_GT(a.Metric("tandem_requests_total", {{"status", "OK"}}), 0);
+  EXPECT_GT(b.Metric("tandem_requests_total", {{"status", "OK"}}), 0);
+}
+
+TEST(PairFailureTest, BadChecksumRetriedOnceThenDataLoss) {
+  Worker once = StartWorker("prefill_worker", {"--fault-corrupt-kv-streams=1"});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + once.address()});
+  GenerateResult r = Generate(decode.address(), MakeRequest("crc-1", Prompt(40, 1), 4));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(decode.Metric("tandem_kv_transfer_failures_total", {{"reason", "data_loss"}}), 1);
+
+  Worker twice = StartWorker("prefill_worker", {"--fault-corrupt-kv-streams=2"});
+  Worker decode2 = StartWorker("decode_worker", {"--prefill-address=" + twice.address()});
+  r = Generate(decode2.address(), MakeRequest("crc-2", Prompt(40, 1), 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS) << r.status.error_message();
+  EXPECT_EQ(decode2.Metric("tandem_kv_cache_blocks_in_use"), 0);
+}
+
+TEST(PairFailureTest, FingerprintMismatchIsFailedPrecondition) {
+  Worker prefill = StartWorker(
+      "prefill_worker", {"--model=" + std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_llama"});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  GenerateResult r = Generate(decode.address(), MakeRequest("fp", {5, 6, 7}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(r.status.error_message().find("fingerprint"), std::string::npos);
+  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+}
+
+// A cache too small for two requests: the second waits in the bounded queue,
+// then gets RESOURCE_EXHAUSTED; the worker keeps serving.
+TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
+  // A slower model so the first request holds its blocks for a while.
+  Worker prefill = StartWorker("prefill_worker", {"--model=synthetic:smollm2-135m",
+                                                  "--max-num-seqs=2", "--max-capture-size=8"});
+  Worker decode = StartWorker(
+      "decode_worker", {"--model=synthetic:smollm2-135m", "--max-num-seqs=2",
+                        "--num-kv-blocks=8", "--block-size=16", "--queue-timeout-ms=200",
+                        "--prefill-address=" + prefill.address()});
+  // 100 prompt tokens reserve 7 of the 8 blocks at once; 27 more fill the 8th.
+  GenerateResult holder;
+  std::thread t([&] { holder = Generate(decode.address(), MakeRequest("holder", Prompt(100, 1), 27)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const auto start = std::chrono::steady_clock::now();
+  GenerateResult waiter = Generate(decode.address(), MakeRequest("waiter", Prompt(60, 2), 4));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  t.join();
+  EXPECT_TRUE(holder.status.ok()) << holder.status.error_message();
+  EXPECT_EQ(waiter.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << waiter.status.error_message();
+  EXPECT_NE(waiter.status.error_message().find("KV cache full"), std::string::npos);
+  EXPECT_GE(waited, std::chrono::milliseconds(200));
+  EXPECT_TRUE(Generate(decode.address(), MakeRequest("after-full", Prompt(20, 3), 2)).status.ok());
+  ExpectBlocksFreed(prefill, decode);
+}
+
+}  // namespace
+}  // namespace tandem::testing
