@@ -4,7 +4,7 @@
 
 namespace tandem {
 
-EngineLoop::EngineLoop(EngineConfig config, std::function<void(const absl::Status&)> on_ready)
+EngineLoop::EngineLoop(EngineConfig config, ReadyCallback on_ready)
     : config_(std::move(config)), on_ready_(std::move(on_ready)) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -34,12 +34,12 @@ void EngineLoop::Run() {
   auto engine = LlmEngine::Create(config_);
   if (!engine.ok()) {
     TANDEM_LOG(ERROR) << "engine start-up failed: " << engine.status();
-    on_ready_(engine.status());
+    on_ready_(engine.status(), nullptr);
     return;
   }
   engine_ = std::move(engine).value();
   ready_ = true;
-  on_ready_(absl::OkStatus());
+  on_ready_(absl::OkStatus(), engine_.get());
   std::deque<Task> batch;
   while (true) {
     {

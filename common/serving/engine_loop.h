@@ -34,8 +34,9 @@ class EngineLoop {
   using StepObserver = std::function<void(LlmEngine&, const std::vector<RequestOutput>&)>;
 
   // Creates the engine on the loop thread; `on_ready` is called there with
-  // the result (OK once graphs are captured).
-  EngineLoop(EngineConfig config, std::function<void(const absl::Status&)> on_ready);
+  // the result (OK once graphs are captured) and the engine (null on error).
+  using ReadyCallback = std::function<void(const absl::Status&, LlmEngine*)>;
+  EngineLoop(EngineConfig config, ReadyCallback on_ready);
   ~EngineLoop();  // Stop()s and joins.
 
   // Runs `task` on the loop thread. Tasks posted before the engine is ready
@@ -58,7 +59,7 @@ class EngineLoop {
   void Run();
 
   EngineConfig config_;
-  std::function<void(const absl::Status&)> on_ready_;
+  ReadyCallback on_ready_;
   std::unique_ptr<LlmEngine> engine_;
   absl::flat_hash_map<std::string, OutputCallback> callbacks_;  // loop thread only
   std::vector<StepObserver> observers_;  // loop thread only

@@ -112,8 +112,9 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
 
   std::atomic<bool> failed{false};
   absl::Time last_table = absl::Now();
-  EngineLoop loop(std::move(engine_config), [&](const absl::Status& s) {
+  EngineLoop loop(std::move(engine_config), [&](const absl::Status& s, LlmEngine* engine) {
     if (s.ok()) {
+      metrics->ObserveEngine(*engine);  // capture counts are visible once SERVING
       loop.AddStepObserver([&, metrics](LlmEngine& engine, const std::vector<RequestOutput>&) {
         metrics->ObserveEngine(engine);
         if (options.cudagraph_metrics_interval > 0 &&
