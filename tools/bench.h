@@ -1,5 +1,5 @@
 // `tandem bench step`: median step time, graph replay against eager, for
-// decode batches and prefill token counts.
+// decode batches and prefill token counts; `tandem bench kv`: KV transfer.
 #ifndef TANDEM_TOOLS_BENCH_H_
 #define TANDEM_TOOLS_BENCH_H_
 
@@ -9,6 +9,8 @@
 namespace tandem {
 
 int RunBenchCommand(const std::vector<std::string>& args);
+// `tandem bench kv`: KV-stream goodput against a raw loopback socket.
+int RunKvBench(const std::vector<std::string>& args);
 
 }  // namespace tandem
 

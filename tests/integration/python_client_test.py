@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""A client not written in C++: Debian's python3-grpcio against the pair.
+
+Stubs are generated from proto/tandem/v1/tandem.proto at test time with
+grpc_tools. Starts a prefill and a decode worker on free loopback ports,
+streams a greedy generation, checks it against `tandem generate --local`
+with --cudagraph-mode=NONE, checks an INVALID_ARGUMENT, and stops both
+workers with SIGTERM (exit code 0).
+
+    /usr/bin/python3 tests/integration/python_client_test.py BIN_DIR SOURCE_DIR
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+def main():
+    bin_dir, source_dir = sys.argv[1], sys.argv[2]
+    from grpc_tools import protoc
+    import grpc
+
+    out = tempfile.mkdtemp(prefix="tandem_py_")
+    rc = protoc.main(["protoc", f"-I{source_dir}/proto", f"--python_out={out}",
+                      f"--grpc_python_out={out}", "tandem/v1/tandem.proto"])
+    assert rc == 0, "protoc failed"
+    sys.path.insert(0, out)
+    from tandem.v1 import tandem_pb2, tandem_pb2_grpc
+
+    pp, dp = free_port(), free_port()
+    logs = [open(os.path.join(out, n), "w") for n in ("prefill.log", "decode.log")]
+    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--grpc-address=127.0.0.1:{pp}",
+                                f"--metrics-address=127.0.0.1:{free_port()}"],
+                               stdout=logs[0], stderr=subprocess.STDOUT)
+    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--grpc-address=127.0.0.1:{dp}",
+                               f"--metrics-address=127.0.0.1:{free_port()}",
+                               f"--prefill-address=127.0.0.1:{pp}"],
+                              stdout=logs[1], stderr=subprocess.STDOUT)
+    try:
+        wait_port(pp)
+        wait_port(dp)
+        for _ in range(100):
+            if subprocess.run([f"{bin_dir}/tandem", "health", f"--address=127.0.0.1:{dp}"],
+                              capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        channel = grpc.insecure_channel(f"127.0.0.1:{dp}")
+        stub = tandem_pb2_grpc.DecodeStub(channel)
+        prompt = [11, 22, 33, 44, 55, 66]
+        request = tandem_pb2.GenerateRequest(
+            request_id="python-1", prompt_token_ids=prompt,
+            sampling=tandem_pb2.SamplingParams(max_tokens=10, ignore_eos=True))
+        tokens, last = [], None
+        for response in stub.Generate(request, timeout=60):
+            tokens.extend(response.token_ids)
+            last = response
+        assert last.finish_reason == tandem_pb2.FINISH_REASON_LENGTH, last
+        assert last.usage.prompt_tokens == len(prompt) and last.usage.completion_tokens == 10, last
+
+        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", "--cudagraph-mode=NONE",
+                                "--ignore-eos", "--max-tokens=10",
+                                "--prompt-token-ids=" + ",".join(map(str, prompt))],
+                               capture_output=True, text=True, check=True)
+        expected = [int(t) for t in local.stdout.splitlines()[0].split(",")]
+        assert tokens == expected, (tokens, expected)
+
+        bad = tandem_pb2.GenerateRequest(request_id="python-2", prompt_token_ids=[],
+                                         sampling=tandem_pb2.SamplingParams(max_tokens=4))
+        try:
+            list(stub.Generate(bad, timeout=10))
+            raise AssertionError("empty prompt was accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert "prompt_token_ids" in e.details(), e.details()
+        print("python client: tokens", tokens)
+    finally:
+        codes = []
+        for proc in (decode, prefill):
+            proc.send_signal(signal.SIGTERM)
+            codes.append(proc.wait(timeout=30))
+    assert codes == [0, 0], f"workers exited with {codes}"
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+#include "common/serving/kv_transfer.h"
+
+#include <cstring>
+
+#include "common/serving/crc32c.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(Crc32cTest, KnownVectors) {
+  EXPECT_EQ(Crc32c(0, "123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c(0, "", 0), 0u);
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32c(0, zeros.data(), zeros.size()), 0x8A9136AAu);
+  // Extending equals one pass.
+  EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+}
+
+// Export from one engine, import into another with a different block size:
+// the KV rows arrive intact; a flipped bit is DATA_LOSS.
+TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
+  EngineConfig a, b;
+  a.block_size = 4;
+  b.block_size = 32;
+  for (EngineConfig* c : {&a, &b}) {
+    c->runner.cudagraph_mode = CudaGraphMode::kNone;
+    c->runner.max_num_batched_tokens = 256;
+    c->runner.max_num_seqs = 4;
+    c->runner.max_model_len = 512;
+  }
+  auto src = LlmEngine::Create(a).value();
+  auto dst = LlmEngine::Create(b).value();
+  std::vector<int32_t> prompt(37);
+  for (int i = 0; i < 37; ++i) prompt[i] = 5 + i;
+  SamplingParams p;
+  p.max_tokens = 1;
+  ASSERT_TRUE(src->AddRequest("x", prompt, p, RequestKind::kPrefillOnly).ok());
+  while (src->HasWork()) ASSERT_TRUE(src->Step().ok());
+  auto messages = ExportKv(*src, "x", 37);
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  ASSERT_EQ(messages->size(), 1u + 4u);  // header + one chunk per layer
+  EXPECT_TRUE(CheckFingerprint((*messages)[0].header().fingerprint(),
+                               MakeFingerprint(dst->model_config())).ok());
+  ASSERT_TRUE(dst->ReserveKv("x", 38).ok());
+  const int64_t w = src->kv_cache().slot_width();
+  for (size_t i = 1; i < messages->size(); ++i) {
+    const v1::KvChunk& chunk = (*messages)[i].chunk();
+    ASSERT_TRUE(VerifyChunk(chunk, w).ok());
+    ASSERT_TRUE(ImportChunk(*dst, "x", chunk).ok());
+  }
+  for (int layer = 0; layer < 4; ++layer) {
+    std::vector<float> k1(37 * w), v1(37 * w), k2(37 * w), v2(37 * w);
+    ASSERT_TRUE(src->ReadKv("x", layer, 0, 37, k1.data(), v1.data()).ok());
+    ASSERT_TRUE(dst->ReadKv("x", layer, 0, 37, k2.data(), v2.data()).ok());
+    EXPECT_EQ(k1, k2);
+    EXPECT_EQ(v1, v2);
+  }
+  v1::KvChunk bad = (*messages)[1].chunk();
+  bad.mutable_k()->at(7) ^= 0x10;
+  EXPECT_EQ(VerifyChunk(bad, w).code(), absl::StatusCode::kDataLoss);
+  bad.mutable_k()->pop_back();
+  EXPECT_EQ(VerifyChunk(bad, w).code(), absl::StatusCode::kInvalidArgument);
+  v1::ModelFingerprint other = MakeFingerprint(dst->model_config());
+  other.set_num_layers(99);
+  absl::Status mismatch = CheckFingerprint(other, MakeFingerprint(dst->model_config()));
+  EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(mismatch.message().find("num_layers=99"), std::string::npos);
+  ASSERT_TRUE(src->Abort("x").ok());
+  ASSERT_TRUE(dst->Abort("x").ok());
+  EXPECT_EQ(src->kv_cache().allocator().num_used(), 0);
+  EXPECT_EQ(dst->kv_cache().allocator().num_used(), 0);
+}
+
+TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {
+  // smollm2-135m: 3 KV heads x 64 dims: 1536 bytes of K and V per token.
+  const int per = TokensPerChunk(3 * 64);
+  EXPECT_LE(static_cast<size_t>(per) * 3 * 64 * 4 * 2, kMaxChunkBytes);
+  EXPECT_GT(static_cast<size_t>(per + 1) * 3 * 64 * 4 * 2, kMaxChunkBytes);
+}
+
+}  // namespace
+}  // namespace tandem
