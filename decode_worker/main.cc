@@ -1,7 +1,5 @@
 // decode_worker: the Decode gRPC service, Tandem's front door
 // (FULL_DECODE_ONLY graphs by default).
-#include <iostream>
-
 #include "common/base/flags.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/worker.h"
@@ -26,19 +24,10 @@ int main(int argc, char** argv) {
   flags.Add("queue-timeout-ms", &queue_timeout_ms,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
   flags.Add("prefill-timeout-seconds", &prefill_timeout_s, "deadline of one prefill stream");
-  auto positional = flags.Parse(argc, argv);
-  if (!positional.ok()) {
-    std::cerr << "decode_worker: " << positional.status().message() << std::endl;
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  auto config = engine_flags.ToConfig(flags);
-  if (!config.ok()) {
-    std::cerr << "decode_worker: " << config.status().message() << std::endl;
-    return 2;
+  tandem::EngineConfig config;
+  if (int code = tandem::ParseWorkerCommandLine("decode_worker", &flags, engine_flags, argc, argv, &config);
+      code >= 0) {
+    return code;
   }
   decode.queue_timeout = absl::Milliseconds(queue_timeout_ms);
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
@@ -53,7 +42,7 @@ int main(int argc, char** argv) {
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   tandem::DecodeServiceImpl service(&state, &metrics, channel, decode);
-  return tandem::RunWorker(options, *config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
+  return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
     // Runs on the engine thread once the engine is ready.
     service.SetEngine(loop, loop->model_config());
   });

@@ -1,6 +1,4 @@
 // prefill_worker: the Prefill gRPC service (PIECEWISE graphs by default).
-#include <iostream>
-
 #include "common/base/flags.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/worker.h"
@@ -20,24 +18,15 @@ int main(int argc, char** argv) {
   flags.Add("max-waiting", &max_waiting, "queued prompts beyond which requests get RESOURCE_EXHAUSTED");
   flags.Add("fault-corrupt-kv-streams", &corrupt_streams,
             "testing only: corrupt one KV chunk checksum in each of the first N streams");
-  auto positional = flags.Parse(argc, argv);
-  if (!positional.ok()) {
-    std::cerr << "prefill_worker: " << positional.status().message() << std::endl;
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  auto config = engine_flags.ToConfig(flags);
-  if (!config.ok()) {
-    std::cerr << "prefill_worker: " << config.status().message() << std::endl;
-    return 2;
+  tandem::EngineConfig config;
+  if (int code = tandem::ParseWorkerCommandLine("prefill_worker", &flags, engine_flags, argc, argv, &config);
+      code >= 0) {
+    return code;
   }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("prefill");
   tandem::PrefillServiceImpl service(&state, &metrics, max_waiting);
   service.CorruptNextStreams(corrupt_streams);
-  return tandem::RunWorker(options, *config, &state, &metrics, {&service},
+  return tandem::RunWorker(options, config, &state, &metrics, {&service},
                            [&](tandem::EngineLoop* loop) { service.SetEngine(loop); });
 }

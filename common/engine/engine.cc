@@ -78,8 +78,8 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
   return ValidateSamplingParams(params, static_cast<uint32_t>(limit));
 }
 
-absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> prompt,
-                                   const SamplingParams& params, RequestKind kind) {
+absl::StatusOr<Request*> LlmEngine::NewRequest(const std::string& id, std::vector<int32_t> prompt,
+                                               const SamplingParams& params, RequestKind kind) {
   if (id.empty()) return absl::InvalidArgumentError("request_id is empty");
   if (requests_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
@@ -93,8 +93,15 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->params = params;
   r->arrival = next_arrival_++;
   r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
-  scheduler_->AddWaiting(r.get());
+  Request* raw = r.get();
   requests_.emplace(id, std::move(r));
+  return raw;
+}
+
+absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> prompt,
+                                   const SamplingParams& params, RequestKind kind) {
+  ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params, kind));
+  scheduler_->AddWaiting(r);
   return absl::OkStatus();
 }
 
@@ -244,34 +251,23 @@ absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, 
 
 absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
                                             int32_t first_token, const SamplingParams& params) {
-  if (requests_.contains(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
-  }
-  RETURN_IF_ERROR(Validate(prompt, params));
   if (first_token < 0 || first_token >= model_->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
                                                    " is outside the vocabulary"));
   }
   const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
-  if (table == nullptr ||
-      static_cast<int64_t>(table->size()) * kv_cache_->block_size() < static_cast<int64_t>(prompt.size())) {
+  if (table == nullptr || static_cast<int64_t>(table->size()) * kv_cache_->block_size() <
+                              static_cast<int64_t>(prompt.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "request '", id, "' has no KV blocks for its ", prompt.size(), " prompt tokens"));
   }
-  auto r = std::make_unique<Request>();
-  r->id = id;
-  r->prompt = std::move(prompt);
-  r->all_tokens = r->prompt;
-  r->params = params;
-  r->arrival = next_arrival_++;
-  r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
+  ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params, RequestKind::kGenerate));
   // The first token was sampled elsewhere with the same seed: consume its draw
   // so seeded sampling continues as it would have in one process.
   if (params.temperature > 0.f) r->rng();
   r->AppendOutput(first_token);
   r->num_computed = static_cast<int64_t>(r->prompt.size());
-  scheduler_->AddWaiting(r.get());
-  requests_.emplace(id, std::move(r));
+  scheduler_->AddWaiting(r);
   return absl::OkStatus();
 }
 

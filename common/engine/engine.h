@@ -102,6 +102,9 @@ class LlmEngine {
  private:
   LlmEngine() = default;
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
+  // Validates and registers a request (not yet queued).
+  absl::StatusOr<Request*> NewRequest(const std::string& id, std::vector<int32_t> prompt,
+                                      const SamplingParams& params, RequestKind kind);
 
   EngineConfig config_;
   std::unique_ptr<Device> device_;

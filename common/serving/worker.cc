@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <tuple>
 
@@ -47,6 +48,31 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {
              "grace period for in-flight streams on SIGTERM");
   flags->Add("cudagraph-metrics-interval", &options->cudagraph_metrics_interval,
              "log a table of recent steps every N seconds (0 = off)");
+}
+
+int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
+                           const EngineFlags& engine_flags, int argc, char** argv,
+                           EngineConfig* config) {
+  auto positional = flags->Parse(argc, argv);
+  if (!positional.ok()) {
+    std::cerr << program << ": " << positional.status().message() << std::endl;
+    return 2;
+  }
+  if (flags->help_requested()) {
+    std::cout << flags->Usage();
+    return 0;
+  }
+  if (!positional->empty()) {
+    std::cerr << program << ": unexpected argument '" << positional->front() << "'" << std::endl;
+    return 2;
+  }
+  auto parsed = engine_flags.ToConfig(*flags);
+  if (!parsed.ok()) {
+    std::cerr << program << ": " << parsed.status().message() << std::endl;
+    return 2;
+  }
+  *config = *std::move(parsed);
+  return -1;
 }
 
 namespace {

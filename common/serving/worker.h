@@ -15,6 +15,7 @@
 
 #include "common/base/flags.h"
 #include "common/engine/sampling.h"
+#include "common/serving/engine_flags.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/metrics.h"
 #include "grpcpp/grpcpp.h"
@@ -43,6 +44,12 @@ struct WorkerOptions {
 // Registers the flags every worker has (addresses besides gRPC's, draining,
 // the step table).
 void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options);
+
+// Parses a worker's command line into `*config`. Returns -1 to go on, or the
+// exit code to return from main (0 after --help, 2 with a message on stderr).
+int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
+                           const EngineFlags& engine_flags, int argc, char** argv,
+                           EngineConfig* config);
 
 // Sampling parameters from the API message (top_p 0 means 1).
 SamplingParams FromProto(const v1::SamplingParams& p);
