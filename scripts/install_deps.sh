@@ -9,7 +9,11 @@ PACKAGES=(
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus python3-grpcio python3-grpc-tools
+  docker-compose yamllint python3-yaml curl
 )
+# kubectl (for `kubectl kustomize`) ships with this project's machine image;
+# elsewhere Debian's kubernetes-client provides it.
+command -v kubectl >/dev/null 2>&1 || PACKAGES+=(kubernetes-client)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
