@@ -149,7 +149,7 @@ TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
         << c.what << ": " << r.status.error_message();
   }
   // Duplicate in-flight request_id.
-  auto first = MakeRequest("dup", Prompt(600, 1), 400);
+  auto first = MakeRequest("dup", Prompt(600, 1), 2000);
   std::thread t([&] { Generate(decode_->address(), first); });
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   GenerateResult dup = Generate(decode_->address(), MakeRequest("dup", {1, 2}, 2));

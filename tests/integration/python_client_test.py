@@ -58,11 +58,14 @@ def main():
     try:
         wait_port(pp)
         wait_port(dp)
-        for _ in range(100):
-            if subprocess.run([f"{bin_dir}/tandem", "health", f"--address=127.0.0.1:{dp}"],
-                              capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
+        for port in (pp, dp):  # both SERVING (graphs captured) before traffic
+            for _ in range(600):
+                if subprocess.run([f"{bin_dir}/tandem", "health", f"--address=127.0.0.1:{port}"],
+                                  capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError(f"worker on port {port} never became SERVING")
         channel = grpc.insecure_channel(f"127.0.0.1:{dp}")
         stub = tandem_pb2_grpc.DecodeStub(channel)
         prompt = [11, 22, 33, 44, 55, 66]
