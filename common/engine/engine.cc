@@ -88,8 +88,8 @@ absl::StatusOr<Request*> LlmEngine::NewRequest(const std::string& id, std::vecto
   auto r = std::make_unique<Request>();
   r->id = id;
   r->kind = kind;
-  r->prompt = std::move(prompt);
-  r->all_tokens = r->prompt;
+  r->prompt_len = static_cast<int64_t>(prompt.size());
+  r->tokens = std::move(prompt);
   r->params = params;
   r->arrival = next_arrival_++;
   r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
@@ -127,8 +127,8 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   o.finished = true;
   o.finish_reason = reason;
   o.status = r->error;
-  o.prompt_tokens = static_cast<int>(r->prompt.size());
-  o.completion_tokens = static_cast<int>(r->output.size());
+  o.prompt_tokens = static_cast<int>(r->prompt_len);
+  o.completion_tokens = static_cast<int>(r->num_output_tokens());
   // Prefill-only requests keep their KV for export; the caller frees it.
   scheduler_->Remove(r, /*keep_kv=*/r->kind == RequestKind::kPrefillOnly &&
                             reason != FinishReason::kError);
@@ -154,7 +154,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   for (const ScheduledChunk& c : chunks) {
     ScheduledSeq s;
     Request* r = c.request;
-    s.tokens = r->all_tokens.data() + c.start;
+    s.tokens = r->tokens.data() + c.start;
     s.num_tokens = c.num_tokens;
     s.start_pos = c.start;
     s.block_table = kv_cache_->BlockTable(r->id);
@@ -175,12 +175,12 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     if (!c.sample) continue;
     const int32_t token = sampler_.Sample(step.logits + int64_t{row} * vocab, vocab, r->params, &r->rng);
     ++row;
-    r->AppendOutput(token);
+    r->tokens.push_back(token);
     RequestOutput o;
     o.id = r->id;
     o.new_tokens = {token};
-    o.prompt_tokens = static_cast<int>(r->prompt.size());
-    o.completion_tokens = static_cast<int>(r->output.size());
+    o.prompt_tokens = static_cast<int>(r->prompt_len);
+    o.completion_tokens = static_cast<int>(r->num_output_tokens());
     out.push_back(std::move(o));
     const auto& stops = r->params.stop_token_ids;
     const bool stop = std::find(stops.begin(), stops.end(), token) != stops.end() ||
@@ -189,7 +189,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
       r->finish = FinishReason::kLength;
     } else if (stop) {
       r->finish = FinishReason::kStop;
-    } else if (r->output.size() >= r->params.max_tokens || r->num_tokens() >= max_model_len()) {
+    } else if (r->num_output_tokens() >= r->params.max_tokens || r->num_tokens() >= max_model_len()) {
       r->finish = FinishReason::kLength;
     }
     if (r->finished()) done.push_back(r);
@@ -205,48 +205,47 @@ absl::Status LlmEngine::ReserveKv(const std::string& id, int64_t num_tokens) {
   return kv_cache_->EnsureCapacity(id, num_tokens);
 }
 
-namespace {
-absl::Status CheckRows(const KvCache& kv, const std::vector<int32_t>* table, const std::string& id,
-                       int layer, int64_t first, int64_t count) {
+absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t first,
+                                   int64_t count, bool to_cache, float* k, float* v) const {
+  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
   if (table == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("request '", id, "' holds no KV blocks"));
   }
-  const int64_t capacity = static_cast<int64_t>(table->size()) * kv.block_size();
-  if (layer < 0 || layer >= kv.num_layers() || first < 0 || count < 0 || first + count > capacity) {
+  const int64_t capacity = static_cast<int64_t>(table->size()) * kv_cache_->block_size();
+  if (layer < 0 || layer >= kv_cache_->num_layers() || first < 0 || count < 0 ||
+      first + count > capacity) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV rows [", first, ", ", first + count, ") of layer ", layer, " are outside request '",
-        id, "' (", capacity, " token slots, ", kv.num_layers(), " layers)"));
+        id, "' (", capacity, " token slots, ", kv_cache_->num_layers(), " layers)"));
   }
-  return absl::OkStatus();
-}
-}  // namespace
-
-absl::Status LlmEngine::WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
-                                const float* k, const float* v) {
-  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
-  RETURN_IF_ERROR(CheckRows(*kv_cache_, table, id, layer, first, count));
   const int64_t w = kv_cache_->slot_width();
+  const size_t bytes = w * sizeof(float);
   const KvLayer& l = kv_cache_->layer(layer);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t slot = kv_cache_->SlotOf(*table, first + i);
-    RETURN_IF_ERROR(device_->CopyToDevice(l.k.f32() + slot * w, k + i * w, w * sizeof(float)));
-    RETURN_IF_ERROR(device_->CopyToDevice(l.v.f32() + slot * w, v + i * w, w * sizeof(float)));
+    float* ck = l.k.f32() + slot * w;
+    float* cv = l.v.f32() + slot * w;
+    if (to_cache) {
+      RETURN_IF_ERROR(device_->CopyToDevice(ck, k + i * w, bytes));
+      RETURN_IF_ERROR(device_->CopyToDevice(cv, v + i * w, bytes));
+    } else {
+      RETURN_IF_ERROR(device_->CopyToHost(k + i * w, ck, bytes));
+      RETURN_IF_ERROR(device_->CopyToHost(v + i * w, cv, bytes));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status LlmEngine::WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
+                                const float* k, const float* v) {
+  // With to_cache the host buffers are only read.
+  return CopyKvRows(id, layer, first, count, /*to_cache=*/true, const_cast<float*>(k),
+                    const_cast<float*>(v));
 }
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
                                float* k, float* v) const {
-  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
-  RETURN_IF_ERROR(CheckRows(*kv_cache_, table, id, layer, first, count));
-  const int64_t w = kv_cache_->slot_width();
-  const KvLayer& l = kv_cache_->layer(layer);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t slot = kv_cache_->SlotOf(*table, first + i);
-    RETURN_IF_ERROR(device_->CopyToHost(k + i * w, l.k.f32() + slot * w, w * sizeof(float)));
-    RETURN_IF_ERROR(device_->CopyToHost(v + i * w, l.v.f32() + slot * w, w * sizeof(float)));
-  }
-  return absl::OkStatus();
+  return CopyKvRows(id, layer, first, count, /*to_cache=*/false, k, v);
 }
 
 absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
@@ -265,8 +264,8 @@ absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<i
   // The first token was sampled elsewhere with the same seed: consume its draw
   // so seeded sampling continues as it would have in one process.
   if (params.temperature > 0.f) r->rng();
-  r->AppendOutput(first_token);
-  r->num_computed = static_cast<int64_t>(r->prompt.size());
+  r->tokens.push_back(first_token);
+  r->num_computed = r->prompt_len;
   scheduler_->AddWaiting(r);
   return absl::OkStatus();
 }

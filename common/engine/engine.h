@@ -102,6 +102,10 @@ class LlmEngine {
  private:
   LlmEngine() = default;
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
+  // Copies KV rows between host buffers and a request's blocks (both ways:
+  // one range check, one slot walk).
+  absl::Status CopyKvRows(const std::string& id, int layer, int64_t first, int64_t count,
+                          bool to_cache, float* k, float* v) const;
   // Validates and registers a request (not yet queued).
   absl::StatusOr<Request*> NewRequest(const std::string& id, std::vector<int32_t> prompt,
                                       const SamplingParams& params, RequestKind kind);

@@ -1,8 +1,8 @@
 // Request: one generation request as the engine tracks it.
 //
-// Token accounting (vLLM's): tokens() = prompt + output; num_computed tokens
-// have their KV in the cache; a step schedules some of the rest and samples
-// when it reaches the end of tokens().
+// Token accounting (vLLM's): tokens = prompt followed by output; the first
+// num_computed tokens have their KV in the cache; a step schedules some of
+// the rest and samples when it reaches the end of tokens.
 #ifndef TANDEM_COMMON_ENGINE_REQUEST_H_
 #define TANDEM_COMMON_ENGINE_REQUEST_H_
 
@@ -26,10 +26,9 @@ enum class RequestKind {
 struct Request {
   std::string id;
   RequestKind kind = RequestKind::kGenerate;
-  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens;  // prompt followed by output, contiguous
+  int64_t prompt_len = 0;
   SamplingParams params;
-  std::vector<int32_t> output;
-  std::vector<int32_t> all_tokens;  // prompt followed by output, contiguous
   int64_t num_computed = 0;
   uint64_t arrival = 0;  // admission order, for preemption (latest first)
   std::mt19937_64 rng;
@@ -37,11 +36,8 @@ struct Request {
   absl::Status error;
   int preemptions = 0;
 
-  int64_t num_tokens() const { return static_cast<int64_t>(prompt.size() + output.size()); }
-  void AppendOutput(int32_t token) {
-    output.push_back(token);
-    all_tokens.push_back(token);
-  }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_output_tokens() const { return num_tokens() - prompt_len; }
   bool finished() const { return finish != FinishReason::kNone; }
 };
 

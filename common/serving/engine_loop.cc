@@ -82,8 +82,12 @@ void EngineLoop::Run() {
     for (const RequestOutput& o : *outputs) {
       auto it = callbacks_.find(o.id);
       if (it == callbacks_.end()) continue;
-      OutputCallback cb = it->second;
-      if (o.finished) callbacks_.erase(it);
+      if (!o.finished) {
+        it->second(*engine_, o);
+        continue;
+      }
+      OutputCallback cb = std::move(it->second);  // the last call: drop it first
+      callbacks_.erase(it);
       cb(*engine_, o);
     }
     for (auto& observer : observers_) observer(*engine_, *outputs);
