@@ -72,7 +72,7 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
         return Abandon(ToGrpcStatus(s));
       }
     } else if (response_.has_chunk()) {
-      absl::Status s = VerifyChunk(response_.chunk(), service_->slot_width_);
+      absl::Status s = VerifyChunk(response_.chunk(), service_->slot_bytes_);
       if (absl::IsDataLoss(s)) service_->metrics_->KvTransferFailure("data_loss");
       if (absl::IsDataLoss(s) && call_->attempt == 0) {
         TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
@@ -148,9 +148,9 @@ DecodeServiceImpl::DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
 
 DecodeServiceImpl::~DecodeServiceImpl() = default;
 
-void DecodeServiceImpl::SetEngine(EngineLoop* loop, const LlamaConfig& config) {
-  fingerprint_ = MakeFingerprint(config);
-  slot_width_ = int64_t{config.num_key_value_heads} * config.head_dim;
+void DecodeServiceImpl::SetEngine(EngineLoop* loop) {
+  fingerprint_ = MakeFingerprint(loop->model_config(), loop->kv_cache().dtype());
+  slot_bytes_ = loop->kv_cache().slot_bytes();
   loop->AddStepObserver([this](LlmEngine& engine, const std::vector<RequestOutput>&) {
     RetryPending(engine);
   });

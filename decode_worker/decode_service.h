@@ -40,7 +40,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
                     std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options);
   ~DecodeServiceImpl() override;
   // Called on the engine thread once the engine is ready.
-  void SetEngine(EngineLoop* loop, const LlamaConfig& config);
+  void SetEngine(EngineLoop* loop);
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -62,7 +62,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   DecodeOptions options_;
   std::atomic<EngineLoop*> loop_{nullptr};
   v1::ModelFingerprint fingerprint_;  // set before the worker is ready
-  int64_t slot_width_ = 0;
+  size_t slot_bytes_ = 0;
   std::deque<std::shared_ptr<GenerateCall>> pending_;  // engine thread only
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);

@@ -44,6 +44,6 @@ int main(int argc, char** argv) {
   tandem::DecodeServiceImpl service(&state, &metrics, channel, decode);
   return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
     // Runs on the engine thread once the engine is ready.
-    service.SetEngine(loop, loop->model_config());
+    service.SetEngine(loop);
   });
 }

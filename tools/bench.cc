@@ -83,9 +83,11 @@ int RunStep(const std::vector<std::string>& args) {
   ModelRunner& runner = (*engine)->runner();
   KvCache& kv = (*engine)->kv_cache();
 
-  std::printf("model %s | device %s | mode %s | blas threads %d | median of %d\n",
-              config->model.c_str(), config->device.c_str(),
-              std::string(runner.resolved_mode().name()).c_str(), config->blas_threads, iters);
+  std::printf("model %s | device %s | dtype %s | mode %s | blas threads %d | median of %d\n",
+              config->model.c_str(), (*engine)->device_name().c_str(),
+              std::string(DTypeName(kv.dtype())).c_str(),
+              std::string(runner.resolved_mode().name()).c_str(), config->backend.blas_threads,
+              iters);
   std::printf("%-8s %7s %6s %-10s %10s %10s %8s\n", "step", "tokens", "batch", "graph", "graph_ms",
               "eager_ms", "speedup");
   std::vector<int32_t> tokens(std::max(max_prefill, max_batch), 7);

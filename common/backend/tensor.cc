@@ -1,9 +1,96 @@
 #include "common/backend/tensor.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/logging.h"
 
 namespace tandem {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t ToBf16(float f) {
+  const uint32_t u = Bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+uint16_t ToF16(float f) {
+  const uint32_t u = Bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {  // subnormal half (or zero): scale by 2^24 and round
+    const float scaled = FromBits(abs) * 16777216.0f;
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to even.
+  const uint32_t rebased = abs - 0x38000000u;
+  return static_cast<uint16_t>(sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13));
+}
+
+float Bf16ToF32(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24
+    const float v = static_cast<float>(mant) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return FromBits(sign | 0x7f800000u | (mant << 13));
+  return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+}  // namespace
+
+void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ToBf16(src[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ToF16(src[i]);
+      return;
+    case DType::kI32:
+      break;
+  }
+  TANDEM_CHECK(false) << "no f32 conversion to " << DTypeName(dtype);
+}
+
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
+      return;
+    case DType::kI32:
+      break;
+  }
+  TANDEM_CHECK(false) << "no f32 conversion from " << DTypeName(dtype);
+}
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {

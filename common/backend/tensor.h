@@ -19,6 +19,12 @@ enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
 size_t DTypeSize(DType dtype);
 absl::string_view DTypeName(DType dtype);
 
+// Host-side conversions between f32 and a storage dtype (f32, f16 or bf16),
+// rounding to nearest even. Used when weights are loaded and when tests read
+// device buffers back.
+void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n);
+void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
+
 struct Tensor {
   static constexpr int kMaxDims = 4;
 

@@ -13,14 +13,9 @@ LlmEngine::~LlmEngine() = default;
 absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig& config) {
   std::unique_ptr<LlmEngine> e(new LlmEngine());
   e->config_ = config;
-  if (config.device == "cpu") {
-    e->device_ = CreateCpuDevice();
-    e->ops_ = CreateCpuOps(e->device_.get(), config.blas_threads);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device=", config.device, " is not available in this build (use cpu)"));
-  }
-  ASSIGN_OR_RETURN(e->model_, LlamaModel::Load(config.model, e->ops_.get()));
+  ASSIGN_OR_RETURN(e->backend_, CreateBackend(config.backend));
+  Ops* ops = e->backend_->ops.get();
+  ASSIGN_OR_RETURN(e->model_, LlamaModel::Load(config.model, ops));
   const LlamaConfig& mc = e->model_->config();
   if (config.block_size < 1 || config.block_size > 1024) {
     return absl::InvalidArgumentError(
@@ -37,7 +32,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                         static_cast<int64_t>(e->model_->KvBytesPerBlock(config.block_size));
     num_blocks = static_cast<int>(std::max<int64_t>(1, std::min(need, fit)));
   }
-  ASSIGN_OR_RETURN(e->kv_cache_, KvCache::Create(e->device_.get(), mc.num_hidden_layers, num_blocks,
+  ASSIGN_OR_RETURN(e->kv_cache_, KvCache::Create(e->backend_->device.get(), ops->dtype(),
+                                                 mc.num_hidden_layers, num_blocks,
                                                  config.block_size, mc.num_key_value_heads,
                                                  mc.head_dim));
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << config.block_size
@@ -45,7 +41,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                    << (e->model_->KvBytesPerBlock(config.block_size) * num_blocks) / (1 << 20)
                    << " MiB)";
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(config.runner, e->model_.get(),
-                                                   e->kv_cache_.get(), e->ops_.get()));
+                                                   e->kv_cache_.get(), ops));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
                    << config.runner.cudagraph_mode << "), "
                    << e->runner_->dispatcher().capture_sizes().size() << " capture sizes up to "
@@ -206,7 +202,7 @@ absl::Status LlmEngine::ReserveKv(const std::string& id, int64_t num_tokens) {
 }
 
 absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t first,
-                                   int64_t count, bool to_cache, float* k, float* v) const {
+                                   int64_t count, bool to_cache, char* k, char* v) const {
   const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
   if (table == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("request '", id, "' holds no KV blocks"));
@@ -218,34 +214,41 @@ absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t fir
         "KV rows [", first, ", ", first + count, ") of layer ", layer, " are outside request '",
         id, "' (", capacity, " token slots, ", kv_cache_->num_layers(), " layers)"));
   }
-  const int64_t w = kv_cache_->slot_width();
-  const size_t bytes = w * sizeof(float);
+  const size_t row = kv_cache_->slot_bytes();
   const KvLayer& l = kv_cache_->layer(layer);
-  for (int64_t i = 0; i < count; ++i) {
+  Device* device = backend_->device.get();
+  // One copy per run of consecutive slots (at most one block).
+  for (int64_t i = 0; i < count;) {
     const int64_t slot = kv_cache_->SlotOf(*table, first + i);
-    float* ck = l.k.f32() + slot * w;
-    float* cv = l.v.f32() + slot * w;
+    int64_t run = 1;
+    while (i + run < count && kv_cache_->SlotOf(*table, first + i + run) == slot + run) ++run;
+    char* ck = static_cast<char*>(l.k.data) + slot * row;
+    char* cv = static_cast<char*>(l.v.data) + slot * row;
+    const size_t bytes = run * row;
     if (to_cache) {
-      RETURN_IF_ERROR(device_->CopyToDevice(ck, k + i * w, bytes));
-      RETURN_IF_ERROR(device_->CopyToDevice(cv, v + i * w, bytes));
+      RETURN_IF_ERROR(device->CopyToDevice(ck, k + i * row, bytes));
+      RETURN_IF_ERROR(device->CopyToDevice(cv, v + i * row, bytes));
     } else {
-      RETURN_IF_ERROR(device_->CopyToHost(k + i * w, ck, bytes));
-      RETURN_IF_ERROR(device_->CopyToHost(v + i * w, cv, bytes));
+      RETURN_IF_ERROR(device->CopyToHost(k + i * row, ck, bytes));
+      RETURN_IF_ERROR(device->CopyToHost(v + i * row, cv, bytes));
     }
+    i += run;
   }
   return absl::OkStatus();
 }
 
 absl::Status LlmEngine::WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
-                                const float* k, const float* v) {
+                                const void* k, const void* v) {
   // With to_cache the host buffers are only read.
-  return CopyKvRows(id, layer, first, count, /*to_cache=*/true, const_cast<float*>(k),
-                    const_cast<float*>(v));
+  return CopyKvRows(id, layer, first, count, /*to_cache=*/true,
+                    static_cast<char*>(const_cast<void*>(k)),
+                    static_cast<char*>(const_cast<void*>(v)));
 }
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
-                               float* k, float* v) const {
-  return CopyKvRows(id, layer, first, count, /*to_cache=*/false, k, v);
+                               void* k, void* v) const {
+  return CopyKvRows(id, layer, first, count, /*to_cache=*/false, static_cast<char*>(k),
+                    static_cast<char*>(v));
 }
 
 absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,

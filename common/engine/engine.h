@@ -19,13 +19,13 @@
 #include "common/engine/request.h"
 #include "common/engine/sampling.h"
 #include "common/engine/scheduler.h"
+#include "common/kernels/backend.h"
 
 namespace tandem {
 
 struct EngineConfig {
   std::string model = "synthetic";
-  std::string device = "cpu";
-  int blas_threads = 1;
+  BackendOptions backend;
   int block_size = 16;
   int num_kv_blocks = 0;  // 0: as many as fit kv_cache_bytes (capped at need)
   int64_t kv_cache_bytes = int64_t{512} << 20;
@@ -65,7 +65,8 @@ class LlmEngine {
   // Drops a request and frees its KV blocks. NOT_FOUND for an unknown id.
   absl::Status Abort(const std::string& id);
   // KV transfer (disaggregated serving). Token-major rows: for each token,
-  // num_kv_heads * head_dim floats of K (and of V) of one layer.
+  // num_kv_heads * head_dim elements of K (and of V) of one layer, in the
+  // cache's dtype (kv_cache().slot_bytes() bytes per row).
   //
   // Reserves KV blocks for `num_tokens` tokens of request `id` before its KV
   // arrives. RESOURCE_EXHAUSTED when the cache has no room now.
@@ -73,10 +74,10 @@ class LlmEngine {
   // Writes rows [first, first + count) of `layer` into the request's blocks.
   // INVALID_ARGUMENT when the range is outside what was reserved.
   absl::Status WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
-                       const float* k, const float* v);
+                       const void* k, const void* v);
   // Reads rows [first, first + count) of `layer` of a request's cached KV.
-  absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, float* k,
-                      float* v) const;
+  absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
+                      void* v) const;
   // Queues a request whose prompt KV was written with WriteKv() and whose
   // first token was sampled elsewhere; it joins the decode batch. The output
   // of this call's first step is the second token.
@@ -98,6 +99,8 @@ class LlmEngine {
   const EngineConfig& config() const { return config_; }
   // Records of the steps since the last call (cleared on read).
   std::vector<StepRecord> TakeStepRecords();
+  // "cpu", or the GPU's index and name for cuda.
+  std::string device_name() const { return backend_->device->name(); }
 
  private:
   LlmEngine() = default;
@@ -105,14 +108,13 @@ class LlmEngine {
   // Copies KV rows between host buffers and a request's blocks (both ways:
   // one range check, one slot walk).
   absl::Status CopyKvRows(const std::string& id, int layer, int64_t first, int64_t count,
-                          bool to_cache, float* k, float* v) const;
+                          bool to_cache, char* k, char* v) const;
   // Validates and registers a request (not yet queued).
   absl::StatusOr<Request*> NewRequest(const std::string& id, std::vector<int32_t> prompt,
                                       const SamplingParams& params, RequestKind kind);
 
   EngineConfig config_;
-  std::unique_ptr<Device> device_;
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<ModelRunner> runner_;

@@ -107,6 +107,7 @@ absl::Status ModelRunner::AllocateBuffers() {
     return absl::OkStatus();
   };
   ForwardBuffers& b = buffers_;
+  const DType act = ops_->dtype();  // activations; logits stay f32
   RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.input_ids));
   RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.positions));
   RETURN_IF_ERROR(alloc(DType::kI32, {1}, &b.meta.num_reqs));
@@ -115,15 +116,15 @@ absl::Status ModelRunner::AllocateBuffers() {
   RETURN_IF_ERROR(alloc(DType::kI32, {s, max_blocks_per_seq_}, &b.meta.block_tables));
   RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.meta.slot_mapping));
   b.meta.block_size = bs;
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.hidden));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.residual));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, h}, &b.normed));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, c.qkv_size()}, &b.qkv));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, int64_t{c.num_attention_heads} * c.head_dim}, &b.attn_out));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, 2 * inter}, &b.gate_up));
-  RETURN_IF_ERROR(alloc(DType::kF32, {t, inter}, &b.mlp_act));
+  RETURN_IF_ERROR(alloc(act, {t, h}, &b.hidden));
+  RETURN_IF_ERROR(alloc(act, {t, h}, &b.residual));
+  RETURN_IF_ERROR(alloc(act, {t, h}, &b.normed));
+  RETURN_IF_ERROR(alloc(act, {t, c.qkv_size()}, &b.qkv));
+  RETURN_IF_ERROR(alloc(act, {t, int64_t{c.num_attention_heads} * c.head_dim}, &b.attn_out));
+  RETURN_IF_ERROR(alloc(act, {t, 2 * inter}, &b.gate_up));
+  RETURN_IF_ERROR(alloc(act, {t, inter}, &b.mlp_act));
   RETURN_IF_ERROR(alloc(DType::kI32, {s}, &logits_indices_));
-  RETURN_IF_ERROR(alloc(DType::kF32, {s, h}, &gathered_));
+  RETURN_IF_ERROR(alloc(act, {s, h}, &gathered_));
   RETURN_IF_ERROR(alloc(DType::kF32, {s, c.vocab_size}, &logits_));
   h_ids_.resize(t);
   h_pos_.resize(t);

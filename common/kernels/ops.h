@@ -34,7 +34,7 @@ struct AttentionMetadata {
   int block_size = 16;
 };
 
-// One layer's paged KV cache: f32[num_blocks, block_size, num_kv_heads, head_dim].
+// One layer's paged KV cache: dtype()[num_blocks, block_size, num_kv_heads, head_dim].
 struct KvLayer {
   Tensor k;
   Tensor v;
@@ -51,6 +51,9 @@ class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device* device() = 0;
+  // Storage dtype of weights, activations and the KV cache (f32, f16 or
+  // bf16); arithmetic accumulates in f32 and logits are always f32.
+  virtual DType dtype() const = 0;
   // How much of PagedAttention a graph may contain (declared honestly: the
   // mode resolution at start-up trusts it).
   virtual AttentionCgSupport attention_cg_support() const = 0;

@@ -26,9 +26,10 @@ void BlockAllocator::Free(const std::vector<int32_t>& blocks) {
   for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) free_.push_back(*it);
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, int num_layers,
-                                                         int num_blocks, int block_size,
-                                                         int num_kv_heads, int head_dim) {
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType dtype,
+                                                         int num_layers, int num_blocks,
+                                                         int block_size, int num_kv_heads,
+                                                         int head_dim) {
   if (num_blocks < 1 || block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache: num_kv_blocks (", num_blocks, ") and block_size (", block_size,
@@ -36,15 +37,16 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, int num
   }
   std::unique_ptr<KvCache> cache(new KvCache(num_blocks, block_size));
   cache->slot_width_ = int64_t{num_kv_heads} * head_dim;
-  const size_t per_tensor = static_cast<size_t>(num_blocks) * block_size * cache->slot_width_ * 4;
+  cache->dtype_ = dtype;
+  const size_t per_tensor = static_cast<size_t>(num_blocks) * block_size * cache->slot_bytes();
   ASSIGN_OR_RETURN(cache->arena_,
                    Arena::Create(device, (per_tensor + 256) * 2 * num_layers, "kv-cache"));
   for (int l = 0; l < num_layers; ++l) {
     KvLayer layer;
     ASSIGN_OR_RETURN(layer.k, cache->arena_->Allocate(
-                                  DType::kF32, {num_blocks, block_size, num_kv_heads, head_dim}));
+                                  dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
     ASSIGN_OR_RETURN(layer.v, cache->arena_->Allocate(
-                                  DType::kF32, {num_blocks, block_size, num_kv_heads, head_dim}));
+                                  dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
     cache->layers_.push_back(layer);
   }
   return cache;

@@ -45,15 +45,19 @@ class BlockAllocator {
 // The cache storage plus the per-request block tables.
 class KvCache {
  public:
-  static absl::StatusOr<std::unique_ptr<KvCache>> Create(Device* device, int num_layers,
-                                                         int num_blocks, int block_size,
-                                                         int num_kv_heads, int head_dim);
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(Device* device, DType dtype,
+                                                         int num_layers, int num_blocks,
+                                                         int block_size, int num_kv_heads,
+                                                         int head_dim);
 
   const KvLayer& layer(int i) const { return layers_[i]; }
   int block_size() const { return block_size_; }
   int num_layers() const { return static_cast<int>(layers_.size()); }
-  // Floats per token slot per layer for K (and for V): kv_heads * head_dim.
+  // Elements per token slot per layer for K (and for V): kv_heads * head_dim.
   int64_t slot_width() const { return slot_width_; }
+  DType dtype() const { return dtype_; }
+  // Bytes of one token slot of one layer for K (and for V).
+  size_t slot_bytes() const { return static_cast<size_t>(slot_width_) * DTypeSize(dtype_); }
   BlockAllocator& allocator() { return allocator_; }
   const BlockAllocator& allocator() const { return allocator_; }
 
@@ -73,6 +77,7 @@ class KvCache {
   KvCache(int num_blocks, int block_size) : block_size_(block_size), allocator_(num_blocks) {}
   int block_size_;
   int64_t slot_width_ = 0;
+  DType dtype_ = DType::kF32;
   BlockAllocator allocator_;
   std::unique_ptr<Arena> arena_;
   std::vector<KvLayer> layers_;

@@ -109,7 +109,7 @@ AttentionShape LlamaModel::attention_shape() const {
 
 size_t LlamaModel::KvBytesPerBlock(int block_size) const {
   return static_cast<size_t>(block_size) * config_.num_key_value_heads * config_.head_dim *
-         sizeof(float) * 2 * config_.num_hidden_layers;
+         DTypeSize(ops_->dtype()) * 2 * config_.num_hidden_layers;
 }
 
 absl::Status LlamaModel::AllocateWeights(Device* device) {
@@ -121,23 +121,24 @@ absl::Status LlamaModel::AllocateWeights(Device* device) {
                         per_layer * c.num_hidden_layers + c.head_dim;
   const size_t bytes = static_cast<size_t>(total) * 4 + 256 * (8 * c.num_hidden_layers + 8);
   ASSIGN_OR_RETURN(arena_, Arena::Create(device, bytes, "weights"));
-  ASSIGN_OR_RETURN(embed_, arena_->Allocate(DType::kF32, {c.vocab_size, h}));
-  ASSIGN_OR_RETURN(final_norm_, arena_->Allocate(DType::kF32, {h}));
+  const DType w = ops_->dtype();
+  ASSIGN_OR_RETURN(embed_, arena_->Allocate(w, {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(final_norm_, arena_->Allocate(w, {h}));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    ASSIGN_OR_RETURN(lm_head_, arena_->Allocate(DType::kF32, {c.vocab_size, h}));
+    ASSIGN_OR_RETURN(lm_head_, arena_->Allocate(w, {c.vocab_size, h}));
   }
   ASSIGN_OR_RETURN(inv_freq_, arena_->Allocate(DType::kF32, {c.head_dim / 2}));
   layers_.resize(c.num_hidden_layers);
   for (Layer& l : layers_) {
-    ASSIGN_OR_RETURN(l.input_norm, arena_->Allocate(DType::kF32, {h}));
-    ASSIGN_OR_RETURN(l.qkv, arena_->Allocate(DType::kF32, {c.qkv_size(), h}));
+    ASSIGN_OR_RETURN(l.input_norm, arena_->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.qkv, arena_->Allocate(w, {c.qkv_size(), h}));
     ASSIGN_OR_RETURN(l.o, arena_->Allocate(
-                              DType::kF32, {h, int64_t{c.num_attention_heads} * c.head_dim}));
-    ASSIGN_OR_RETURN(l.post_norm, arena_->Allocate(DType::kF32, {h}));
-    ASSIGN_OR_RETURN(l.gate_up, arena_->Allocate(DType::kF32, {2 * inter, h}));
-    ASSIGN_OR_RETURN(l.down, arena_->Allocate(DType::kF32, {h, inter}));
+                              w, {h, int64_t{c.num_attention_heads} * c.head_dim}));
+    ASSIGN_OR_RETURN(l.post_norm, arena_->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.gate_up, arena_->Allocate(w, {2 * inter, h}));
+    ASSIGN_OR_RETURN(l.down, arena_->Allocate(w, {h, inter}));
   }
   return absl::OkStatus();
 }
@@ -165,8 +166,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   const LlamaConfig& c = m->config_;
   RETURN_IF_ERROR(m->AllocateWeights(ops->device()));
 
-  // Weights are produced on the host in f32 and copied to the device.
+  // Weights are produced on the host in f32, converted to the backend's
+  // dtype and copied to the device.
   std::vector<float> host;
+  std::vector<char> converted;
   const uint64_t model_seed = Fnv1a(c.name);
   TensorReader read = [&](const std::string& name, const std::vector<int64_t>& shape,
                           float* dst) -> absl::Status {
@@ -191,7 +194,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
       RETURN_IF_ERROR(read(name, shape, host.data() + row * cols));
       row += rows;
     }
-    return ops->device()->CopyToDevice(dst.data, host.data(), dst.nbytes());
+    if (dst.dtype == DType::kF32) {
+      return ops->device()->CopyToDevice(dst.data, host.data(), dst.nbytes());
+    }
+    converted.resize(dst.nbytes());
+    ConvertFromF32(host.data(), dst.dtype, converted.data(), dst.numel());
+    return ops->device()->CopyToDevice(dst.data, converted.data(), dst.nbytes());
   };
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
   const int64_t q_rows = int64_t{c.num_attention_heads} * c.head_dim;
@@ -219,6 +227,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "
                    << c.hidden_size << ", heads " << c.num_attention_heads << "/"
                    << c.num_key_value_heads << ", vocab " << c.vocab_size << ", "
+                   << DTypeName(ops->dtype()) << ", "
                    << m->arena_->used() / (1 << 20) << " MiB of weights in "
                    << absl::StrFormat("%.2f", secs) << " s";
   return m;

@@ -36,18 +36,19 @@
 namespace tandem {
 
 // The runner's persistent activation and input buffers, sized for the
-// largest step (max_num_batched_tokens rows).
+// largest step (max_num_batched_tokens rows). Activations are in the
+// backend's dtype (Ops::dtype()).
 struct ForwardBuffers {
   Tensor input_ids;   // i32[T]
   Tensor positions;   // i32[T]
   AttentionMetadata meta;
-  Tensor hidden;      // f32[T, H]   projection outputs
-  Tensor residual;    // f32[T, H]
-  Tensor normed;      // f32[T, H]   norm outputs; after the last piece: final hidden
-  Tensor qkv;         // f32[T, qkv_size]
-  Tensor attn_out;    // f32[T, heads * head_dim]
-  Tensor gate_up;     // f32[T, 2 * I]
-  Tensor mlp_act;     // f32[T, I]
+  Tensor hidden;      // [T, H]   projection outputs
+  Tensor residual;    // [T, H]
+  Tensor normed;      // [T, H]   norm outputs; after the last piece: final hidden
+  Tensor qkv;         // [T, qkv_size]
+  Tensor attn_out;    // [T, heads * head_dim]
+  Tensor gate_up;     // [T, 2 * I]
+  Tensor mlp_act;     // [T, I]
 };
 
 // The known synthetic presets and their configs.

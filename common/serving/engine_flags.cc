@@ -9,7 +9,10 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("model", &model,
          "synthetic | synthetic:smollm2-135m | synthetic:llama-3.2-1b | a Hugging Face "
          "directory (config.json + safetensors)");
-  f->Add("device", &device, "cpu or cuda");
+  f->Add("device", &device, "cpu or cuda (loads the CUDA backend module)");
+  f->Add("dtype", &dtype,
+         "storage dtype of weights, activations and KV: auto (cpu: f32, cuda: bf16), f32, "
+         "bf16 or f16");
   f->Add("cudagraph-mode", &cudagraph_mode,
          "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE");
   f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");
@@ -29,8 +32,9 @@ void EngineFlags::Register(FlagSet* f) {
 absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   EngineConfig c;
   c.model = model;
-  c.device = device;
-  c.blas_threads = blas_threads;
+  c.backend.device = device;
+  c.backend.dtype = dtype;
+  c.backend.blas_threads = blas_threads;
   c.block_size = block_size;
   c.num_kv_blocks = num_kv_blocks;
   c.kv_cache_bytes = kv_cache_mb << 20;

@@ -14,6 +14,7 @@ namespace tandem {
 struct EngineFlags {
   std::string model = "synthetic";
   std::string device = "cpu";
+  std::string dtype = "auto";
   std::string cudagraph_mode;  // default given by the caller
   int max_num_batched_tokens = 2048;
   int max_num_seqs = 64;

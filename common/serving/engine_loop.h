@@ -52,8 +52,10 @@ class EngineLoop {
   // Stops after the current step; pending tasks are dropped.
   void Stop();
   bool ready() const { return ready_.load(); }
-  // The model's config; valid once ready() (immutable after start-up).
+  // The engine's immutable start-up facts, valid once ready(): the model's
+  // config and the KV fingerprint peers must match.
   const LlamaConfig& model_config() const { return engine_->model_config(); }
+  const KvCache& kv_cache() const { return engine_->kv_cache(); }
 
  private:
   void Run();

@@ -8,10 +8,10 @@
 
 namespace tandem {
 
-v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config) {
+v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config, DType kv_dtype) {
   v1::ModelFingerprint f;
   f.set_config_hash(config.Fingerprint());
-  f.set_dtype("f32");
+  f.set_dtype(std::string(DTypeName(kv_dtype)));
   f.set_num_layers(config.num_hidden_layers);
   f.set_num_kv_heads(config.num_key_value_heads);
   f.set_head_dim(config.head_dim);
@@ -41,8 +41,8 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
   return absl::OkStatus();
 }
 
-int TokensPerChunk(int64_t slot_width, size_t max_bytes) {
-  const size_t per_token = static_cast<size_t>(slot_width) * sizeof(float) * 2;
+int TokensPerChunk(size_t slot_bytes, size_t max_bytes) {
+  const size_t per_token = slot_bytes * 2;
   return static_cast<int>(std::max<size_t>(1, max_bytes / per_token));
 }
 
@@ -50,13 +50,13 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
                                                          const std::string& id,
                                                          int64_t num_tokens) {
   const LlamaConfig& c = engine.model_config();
-  const int64_t w = engine.kv_cache().slot_width();
+  const size_t row = engine.kv_cache().slot_bytes();
   std::vector<v1::PrefillResponse> out;
   v1::PrefillResponse header;
-  *header.mutable_header()->mutable_fingerprint() = MakeFingerprint(c);
+  *header.mutable_header()->mutable_fingerprint() = MakeFingerprint(c, engine.kv_cache().dtype());
   header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens));
   out.push_back(std::move(header));
-  const int per_chunk = TokensPerChunk(w);
+  const int per_chunk = TokensPerChunk(row);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     for (int64_t first = 0; first < num_tokens; first += per_chunk) {
       const int64_t n = std::min<int64_t>(per_chunk, num_tokens - first);
@@ -67,10 +67,9 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
       chunk->set_num_tokens(static_cast<uint32_t>(n));
       std::string* k = chunk->mutable_k();
       std::string* v = chunk->mutable_v();
-      k->resize(n * w * sizeof(float));
-      v->resize(n * w * sizeof(float));
-      RETURN_IF_ERROR(engine.ReadKv(id, layer, first, n, reinterpret_cast<float*>(k->data()),
-                                    reinterpret_cast<float*>(v->data())));
+      k->resize(n * row);
+      v->resize(n * row);
+      RETURN_IF_ERROR(engine.ReadKv(id, layer, first, n, k->data(), v->data()));
       chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
       out.push_back(std::move(msg));
     }
@@ -78,8 +77,8 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
   return out;
 }
 
-absl::Status VerifyChunk(const v1::KvChunk& chunk, int64_t slot_width) {
-  const size_t expected = static_cast<size_t>(chunk.num_tokens()) * slot_width * sizeof(float);
+absl::Status VerifyChunk(const v1::KvChunk& chunk, size_t slot_bytes) {
+  const size_t expected = static_cast<size_t>(chunk.num_tokens()) * slot_bytes;
   if (chunk.k().size() != expected || chunk.v().size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV chunk of layer ", chunk.layer(), " has ", chunk.k().size(), "+", chunk.v().size(),
@@ -98,8 +97,7 @@ absl::Status VerifyChunk(const v1::KvChunk& chunk, int64_t slot_width) {
 
 absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk) {
   return engine.WriteKv(id, static_cast<int>(chunk.layer()), chunk.first_token(),
-                        chunk.num_tokens(), reinterpret_cast<const float*>(chunk.k().data()),
-                        reinterpret_cast<const float*>(chunk.v().data()));
+                        chunk.num_tokens(), chunk.k().data(), chunk.v().data());
 }
 
 }  // namespace tandem

@@ -20,22 +20,25 @@ namespace tandem {
 
 inline constexpr size_t kMaxChunkBytes = size_t{1} << 20;
 
-v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config);
+// What both workers must agree on for their KV to be interchangeable: the
+// model config and the KV cache's dtype.
+v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config, DType kv_dtype);
 // FAILED_PRECONDITION naming the first differing field and both values.
 absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
                               const v1::ModelFingerprint& local);
 
 // Tokens per chunk so that k + v of one chunk fit in max_bytes.
-int TokensPerChunk(int64_t slot_width, size_t max_bytes = kMaxChunkBytes);
+// `slot_bytes`: bytes of one token's K (and of its V) in one layer.
+int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
 // The header and every chunk of request `id`'s first `num_tokens` tokens.
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
                                                          int64_t num_tokens);
 
-// Checks a chunk's sizes against `slot_width` (INVALID_ARGUMENT) and its
+// Checks a chunk's sizes against `slot_bytes` (INVALID_ARGUMENT) and its
 // checksum (DATA_LOSS).
-absl::Status VerifyChunk(const v1::KvChunk& chunk, int64_t slot_width);
+absl::Status VerifyChunk(const v1::KvChunk& chunk, size_t slot_bytes);
 
 // Writes a verified chunk into request `id`'s reserved blocks.
 absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk);

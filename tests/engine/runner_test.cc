@@ -25,7 +25,7 @@ struct Rig {
                int max_num_seqs = 8) {
     model = LlamaModel::Load("synthetic", ops.get()).value();
     const auto& c = model->config();
-    kv = KvCache::Create(device.get(), c.num_hidden_layers, 256, block_size,
+    kv = KvCache::Create(device.get(), DType::kF32, c.num_hidden_layers, 256, block_size,
                          c.num_key_value_heads, c.head_dim)
              .value();
     RunnerConfig rc;
@@ -198,7 +198,7 @@ TEST(ModelRunnerTest, UnsupportedModeFailsAtStartup) {
   auto device = CreateCpuDevice();
   auto ops = CreateCpuOps(device.get(), 1);
   auto model = LlamaModel::Load("synthetic", ops.get()).value();
-  auto kv = KvCache::Create(device.get(), 4, 16, 16, 2, 16).value();
+  auto kv = KvCache::Create(device.get(), DType::kF32, 4, 16, 16, 2, 16).value();
   RunnerConfig rc;
   rc.max_model_len = 1 << 20;  // beyond max_position_embeddings
   auto r = ModelRunner::Create(rc, model.get(), kv.get(), ops.get());

@@ -21,7 +21,7 @@ TEST(BlockAllocatorTest, ExhaustionIsStatusAndTakesNothing) {
 
 TEST(KvCacheTest, TablesGrowAndFree) {
   auto device = CreateCpuDevice();
-  auto kv = KvCache::Create(device.get(), 2, 8, 4, 2, 8);
+  auto kv = KvCache::Create(device.get(), DType::kF32, 2, 8, 4, 2, 8);
   ASSERT_TRUE(kv.ok());
   ASSERT_TRUE((*kv)->EnsureCapacity("a", 5).ok());  // 2 blocks
   EXPECT_EQ((*kv)->BlockTable("a")->size(), 2u);

@@ -24,7 +24,7 @@ TEST_P(ReferenceTest, LogitsMatchTransformersWithin1e4) {
   auto model = LlamaModel::Load(kFixture, ops.get());
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->config().rope_scaling.type, "llama3");
-  auto kv = KvCache::Create(device.get(), 2, 64, /*block_size=*/4, 2, 16);
+  auto kv = KvCache::Create(device.get(), DType::kF32, 2, 64, /*block_size=*/4, 2, 16);
   ASSERT_TRUE(kv.ok());
   RunnerConfig rc;
   rc.max_num_batched_tokens = 64;

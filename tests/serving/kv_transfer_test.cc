@@ -41,12 +41,13 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   ASSERT_TRUE(messages.ok()) << messages.status();
   ASSERT_EQ(messages->size(), 1u + 4u);  // header + one chunk per layer
   EXPECT_TRUE(CheckFingerprint((*messages)[0].header().fingerprint(),
-                               MakeFingerprint(dst->model_config())).ok());
+                               MakeFingerprint(dst->model_config(), DType::kF32)).ok());
   ASSERT_TRUE(dst->ReserveKv("x", 38).ok());
   const int64_t w = src->kv_cache().slot_width();
+  const size_t row = src->kv_cache().slot_bytes();
   for (size_t i = 1; i < messages->size(); ++i) {
     const v1::KvChunk& chunk = (*messages)[i].chunk();
-    ASSERT_TRUE(VerifyChunk(chunk, w).ok());
+    ASSERT_TRUE(VerifyChunk(chunk, row).ok());
     ASSERT_TRUE(ImportChunk(*dst, "x", chunk).ok());
   }
   for (int layer = 0; layer < 4; ++layer) {
@@ -58,14 +59,20 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   }
   v1::KvChunk bad = (*messages)[1].chunk();
   bad.mutable_k()->at(7) ^= 0x10;
-  EXPECT_EQ(VerifyChunk(bad, w).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(VerifyChunk(bad, row).code(), absl::StatusCode::kDataLoss);
   bad.mutable_k()->pop_back();
-  EXPECT_EQ(VerifyChunk(bad, w).code(), absl::StatusCode::kInvalidArgument);
-  v1::ModelFingerprint other = MakeFingerprint(dst->model_config());
+  EXPECT_EQ(VerifyChunk(bad, row).code(), absl::StatusCode::kInvalidArgument);
+  v1::ModelFingerprint other = MakeFingerprint(dst->model_config(), DType::kF32);
   other.set_num_layers(99);
-  absl::Status mismatch = CheckFingerprint(other, MakeFingerprint(dst->model_config()));
+  absl::Status mismatch = CheckFingerprint(other, MakeFingerprint(dst->model_config(), DType::kF32));
   EXPECT_EQ(mismatch.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(mismatch.message().find("num_layers=99"), std::string::npos);
+  // A bf16 prefill worker cannot feed an f32 decode worker.
+  absl::Status dtype_mismatch =
+      CheckFingerprint(MakeFingerprint(dst->model_config(), DType::kBF16),
+                       MakeFingerprint(dst->model_config(), DType::kF32));
+  EXPECT_EQ(dtype_mismatch.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(dtype_mismatch.message().find("dtype=bf16"), std::string::npos);
   ASSERT_TRUE(src->Abort("x").ok());
   ASSERT_TRUE(dst->Abort("x").ok());
   EXPECT_EQ(src->kv_cache().allocator().num_used(), 0);
@@ -74,7 +81,7 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
 
 TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {
   // smollm2-135m: 3 KV heads x 64 dims: 1536 bytes of K and V per token.
-  const int per = TokensPerChunk(3 * 64);
+  const int per = TokensPerChunk(3 * 64 * sizeof(float));
   EXPECT_LE(static_cast<size_t>(per) * 3 * 64 * 4 * 2, kMaxChunkBytes);
   EXPECT_GT(static_cast<size_t>(per + 1) * 3 * 64 * 4 * 2, kMaxChunkBytes);
 }

@@ -22,6 +22,7 @@ class CpuOps : public Ops {
   }
 
   Device* device() override { return device_; }
+  DType dtype() const override { return DType::kF32; }
   // Attention reads num_reqs, offsets, lengths and block tables from buffers
   // when it runs, so any batch may be captured.
   AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
