@@ -98,7 +98,9 @@ absl::Status ModelRunner::AllocateBuffers() {
                               3 * inter) +
                          s * (h + c.vocab_size);
   const int64_t ints = 3 * t + 3 * s + 2 + s * max_blocks_per_seq_;
-  ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), (floats + ints) * 4 + 256 * 32,
+  const size_t workspace = ops_->AttentionWorkspaceBytes(
+      model_->attention_shape(), static_cast<int>(s), max_blocks_per_seq_ * bs);
+  ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), (floats + ints) * 4 + workspace + 256 * 32,
                                          "runner-buffers"));
   auto alloc = [this](DType d, std::initializer_list<int64_t> dims, Tensor* out) {
     auto r = arena_->Allocate(d, dims);
@@ -116,6 +118,10 @@ absl::Status ModelRunner::AllocateBuffers() {
   RETURN_IF_ERROR(alloc(DType::kI32, {s, max_blocks_per_seq_}, &b.meta.block_tables));
   RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.meta.slot_mapping));
   b.meta.block_size = bs;
+  if (workspace > 0) {
+    RETURN_IF_ERROR(alloc(DType::kI32, {static_cast<int64_t>((workspace + 3) / 4)},
+                          &b.meta.workspace));
+  }
   RETURN_IF_ERROR(alloc(act, {t, h}, &b.hidden));
   RETURN_IF_ERROR(alloc(act, {t, h}, &b.residual));
   RETURN_IF_ERROR(alloc(act, {t, h}, &b.normed));
@@ -194,6 +200,19 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
 absl::Status ModelRunner::RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
                                      const BatchDescriptor& descriptor, int num_tokens) {
   RETURN_IF_ERROR(CopyInputs(batch, descriptor.num_tokens));
+  return RunForward(batch, mode, descriptor);
+}
+
+absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
+                                     const BatchDescriptor& descriptor) {
+  // A FULL graph bakes its attention kernel in: decode-only exactly when its
+  // key is a uniform-decode one. Eager attention follows the batch itself.
+  if (mode == CudaGraphMode::kFull) {
+    buffers_.meta.decode_only = descriptor.uniform;
+  } else {
+    buffers_.meta.decode_only = std::all_of(
+        batch.begin(), batch.end(), [](const ScheduledSeq& s) { return s.num_tokens == 1; });
+  }
   ForwardContextScope scope(mode, descriptor);
   return full_->Run();
 }
@@ -310,12 +329,10 @@ absl::Status ModelRunner::CaptureGraphs() {
       RETURN_IF_ERROR(ops_->device()->CopyToDevice(buffers_.meta.slot_mapping.data, h_slots_.data(),
                                                    d.num_tokens * 4));
       if (!warmed_up) {  // one eager run per group, as vLLM's warm-up dummy runs
-        ForwardContextScope warm(CudaGraphMode::kNone, d);
-        RETURN_IF_ERROR(full_->Run());
+        RETURN_IF_ERROR(RunForward(batch, CudaGraphMode::kNone, d));
         warmed_up = true;
       }
-      ForwardContextScope scope(g.mode, d);
-      RETURN_IF_ERROR(full_->Run());
+      RETURN_IF_ERROR(RunForward(batch, g.mode, d));
     }
     RETURN_IF_ERROR(ops_->device()->stream()->Synchronize());
     TANDEM_LOG(INFO) << "captured " << g.descriptors.size() * graphs_per_desc << " "

@@ -107,6 +107,9 @@ class ModelRunner {
   absl::Status Forward();  // the FULL wrapper's runnable
   absl::Status RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
                           const BatchDescriptor& descriptor, int num_tokens);
+  // Runs the forward under `mode` and `descriptor` on inputs already copied.
+  absl::Status RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
+                          const BatchDescriptor& descriptor);
   absl::Status CopyInputs(const std::vector<ScheduledSeq>& batch, int padded_tokens);
   std::vector<const void*> InputAddresses() const;
   int64_t PiecewiseReplays() const;

@@ -91,14 +91,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     return backend;
   }
   if (options.device == "cuda") {
+    DType dtype = DType::kBF16;
     if (options.dtype != "auto") {
       auto parsed = ParseStorageDType(options.dtype);
       if (!parsed.ok()) return parsed.status();
+      dtype = *parsed;
     }
     auto create = LoadCudaModule();
     if (!create.ok()) return create.status();
     absl::Status status;
-    (*create)(&options, backend.get(), &status);
+    (*create)(dtype, backend.get(), &status);
     if (!status.ok()) return status;
     return backend;
   }

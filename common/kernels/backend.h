@@ -29,7 +29,6 @@ struct BackendOptions {
   // f32 | bf16 | f16 | auto (f32 on cpu, bf16 on cuda).
   std::string dtype = "auto";
   int blas_threads = 1;  // cpu: OpenBLAS threads
-  int device_index = 0;  // cuda: which GPU
 };
 
 struct Backend {
@@ -45,9 +44,9 @@ struct Backend {
 // the CUDA module is not built or no usable GPU is visible, with the reason.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
 
-// The entry point the CUDA module exports (C linkage, resolved by dlsym).
-using CreateCudaBackendFn = void (*)(const BackendOptions* options, Backend* out,
-                                     absl::Status* status);
+// The entry point the CUDA module exports (C linkage, resolved by dlsym):
+// fills `out` with the current GPU and its ops in `dtype`, or sets `status`.
+using CreateCudaBackendFn = void (*)(DType dtype, Backend* out, absl::Status* status);
 inline constexpr char kCudaModuleName[] = "libtandem_cuda.so";
 inline constexpr char kCudaModuleEntry[] = "TandemCreateCudaBackend";
 

@@ -31,7 +31,12 @@ struct AttentionMetadata {
   Tensor seq_lens;         // i32[max_num_seqs]: context + query length
   Tensor block_tables;     // i32[max_num_seqs, max_blocks_per_seq]
   Tensor slot_mapping;     // i32[max_num_tokens]: KV slot per token, -1 = padding
+  Tensor workspace;        // Ops::AttentionWorkspaceBytes() of scratch
   int block_size = 16;
+  // Issue-time: every request of the step has exactly one query token
+  // (uniform decode). A backend may pick a decode-only kernel; a FULL graph
+  // captured that way is replayed only for uniform-decode batches.
+  bool decode_only = false;
 };
 
 // One layer's paged KV cache: dtype()[num_blocks, block_size, num_kv_heads, head_dim].
@@ -57,6 +62,11 @@ class Ops {
   // How much of PagedAttention a graph may contain (declared honestly: the
   // mode resolution at start-up trusts it).
   virtual AttentionCgSupport attention_cg_support() const = 0;
+  // Scratch PagedAttention needs in AttentionMetadata::workspace for up to
+  // `max_num_seqs` requests of up to `max_seq_len` tokens (allocated once, at
+  // start-up, with the runner's buffers).
+  virtual size_t AttentionWorkspaceBytes(const AttentionShape& shape, int max_num_seqs,
+                                         int max_seq_len) const = 0;
 
   // out[i, :] = table[ids[i], :]
   virtual void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;

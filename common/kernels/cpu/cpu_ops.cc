@@ -26,6 +26,7 @@ class CpuOps : public Ops {
   // Attention reads num_reqs, offsets, lengths and block tables from buffers
   // when it runs, so any batch may be captured.
   AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
+  size_t AttentionWorkspaceBytes(const AttentionShape&, int, int) const override { return 0; }
 
   void Embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override {
     TANDEM_CHECK(out.dim(0) <= ids.dim(0) && out.dim(1) == table.dim(1))

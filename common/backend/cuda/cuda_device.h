@@ -1,0 +1,96 @@
+// The CUDA device: memory from cudaMalloc at start-up (carved by Arenas), one
+// non-blocking stream, and real CUDA graphs.
+//
+// CudaStream::BeginCapture() starts stream capture in
+// cudaStreamCaptureModeThreadLocal (other threads' CUDA calls are not
+// disturbed); EndCapture() instantiates the graph once; CudaGraph::Replay()
+// is one cudaGraphLaunch on the same stream. Nothing is allocated while
+// capturing: every kernel reads and writes arena buffers and the static
+// workspaces (cuBLAS's, attention's), which all graphs share.
+//
+// Ops issue asynchronously and return nothing, so a failed launch is kept as
+// the stream's error (the first one wins) and returned by the next
+// Synchronize(), EndCapture(), Replay() or copy.
+//
+// Owned and used by the engine thread.
+#ifndef TANDEM_COMMON_BACKEND_CUDA_CUDA_DEVICE_H_
+#define TANDEM_COMMON_BACKEND_CUDA_CUDA_DEVICE_H_
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/backend/device.h"
+
+namespace tandem {
+
+class CudaStream;
+
+class CudaGraph : public Graph {
+ public:
+  ~CudaGraph() override;
+  absl::Status Replay() override;
+  size_t num_nodes() const override { return num_nodes_; }
+
+ private:
+  friend class CudaStream;
+  CudaGraph(CudaStream* stream, cudaGraphExec_t exec, size_t num_nodes)
+      : stream_(stream), exec_(exec), num_nodes_(num_nodes) {}
+  CudaStream* stream_;
+  cudaGraphExec_t exec_;
+  size_t num_nodes_;
+};
+
+class CudaStream : public Stream {
+ public:
+  explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
+  ~CudaStream() override;
+
+  cudaStream_t raw() const { return stream_; }
+  // Keeps the first error of an asynchronous op; returned by the next
+  // synchronizing call.
+  void RecordError(absl::Status status);
+  absl::Status error() const { return error_; }
+
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override;
+  bool capturing() const override { return capturing_; }
+  absl::Status Synchronize() override;
+
+ private:
+  cudaStream_t stream_;
+  bool capturing_ = false;
+  absl::Status error_;
+};
+
+class CudaDevice : public Device {
+ public:
+  // The current GPU (CUDA_VISIBLE_DEVICES picks it). FAILED_PRECONDITION with
+  // the CUDA error when no usable GPU or driver is present, or when the GPU
+  // is older than this build's targets (sm_80).
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create();
+  ~CudaDevice() override;
+
+  std::string name() const override { return name_; }
+  Stream* stream() override { return &stream_; }
+  CudaStream* cuda_stream() { return &stream_; }
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) override;
+  absl::Status CopyToHost(void* host, const void* src, size_t bytes) override;
+  absl::Status Memset(void* dst, int value, size_t bytes) override;
+
+ private:
+  CudaDevice(std::string name, cudaStream_t stream) : name_(std::move(name)), stream_(stream) {}
+  absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+
+  std::string name_;
+  CudaStream stream_;
+  std::vector<void*> allocations_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_BACKEND_CUDA_CUDA_DEVICE_H_

@@ -1,0 +1,428 @@
+// CUDA kernels of the model's ops. See kernels.h for the contracts.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "common/kernels/cuda/kernels.h"
+
+namespace tandem {
+namespace cuda_kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kAttnThreads = 128;  // 4 warps
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
+
+__device__ __forceinline__ float ToF(float x) { return x; }
+__device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToF(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromF(float x);
+template <>
+__device__ __forceinline__ float FromF<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half FromF<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024). Call once
+// per kernel (it reuses one shared array).
+__device__ float BlockSum(float v) {
+  __shared__ float warp_sums[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int num_warps = blockDim.x >> 5;
+    float w = lane < num_warps ? warp_sums[lane] : 0.f;
+    w = WarpSum(w);
+    if (lane == 0) total = w;
+  }
+  __syncthreads();
+  return total;
+}
+
+int Blocks(int64_t work, int threads) { return static_cast<int>((work + threads - 1) / threads); }
+
+// Calls f(T{}) with the storage type.
+template <typename F>
+cudaError_t Dispatch(Storage s, F f) {
+  switch (s) {
+    case Storage::kF32: f(float{}); break;
+    case Storage::kF16: f(__half{}); break;
+    case Storage::kBF16: f(__nv_bfloat16{}); break;
+  }
+  return cudaGetLastError();
+}
+
+// --- elementwise / row ops ---------------------------------------------------
+
+template <typename T>
+__global__ void EmbeddingKernel(const int32_t* ids, const T* table, int64_t vocab, int64_t hidden,
+                                T* out) {
+  const int64_t i = blockIdx.x;
+  int64_t row = ids[i];
+  row = row < 0 ? 0 : (row >= vocab ? vocab - 1 : row);
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[i * hidden + j] = table[row * hidden + j];
+}
+
+template <typename T, bool kAdd>
+__global__ void RmsNormKernel(const T* x, T* residual, const T* weight, float eps, int64_t hidden,
+                              T* out) {
+  const int64_t base = blockIdx.x * hidden;
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float v = ToF(x[base + j]);
+    if (kAdd) {
+      const T r = FromF<T>(v + ToF(residual[base + j]));
+      residual[base + j] = r;
+      v = ToF(r);
+    }
+    sum += v * v;
+  }
+  const float inv = rsqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    const float v = kAdd ? ToF(residual[base + j]) : ToF(x[base + j]);
+    out[base + j] = FromF<T>(v * inv * ToF(weight[j]));
+  }
+}
+
+template <typename T>
+__global__ void RopeKernel(const int32_t* positions, T* qkv, int64_t row_stride,
+                           const float* inv_freq, int heads, int head_dim) {
+  const int64_t i = blockIdx.x;
+  const int half = head_dim / 2;
+  const float p = static_cast<float>(positions[i]);
+  T* row = qkv + i * row_stride;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, f = idx % half;
+    float s, c;
+    sincosf(p * inv_freq[f], &s, &c);
+    T* x = row + h * head_dim;
+    const float a = ToF(x[f]), b = ToF(x[f + half]);
+    x[f] = FromF<T>(a * c - b * s);
+    x[f + half] = FromF<T>(b * c + a * s);
+  }
+}
+
+template <typename T>
+__global__ void SiluMulKernel(const T* gate_up, int64_t inter, T* out, int64_t total) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= total) return;
+  const int64_t i = k / inter, j = k % inter;
+  const float g = ToF(gate_up[i * 2 * inter + j]);
+  const float u = ToF(gate_up[i * 2 * inter + inter + j]);
+  out[k] = FromF<T>(g / (1.f + expf(-g)) * u);
+}
+
+template <typename T>
+__global__ void GatherRowsKernel(const T* src, const int32_t* indices, int64_t width, T* out) {
+  const int64_t i = blockIdx.x;
+  const int64_t from = indices[i];
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) out[i * width + j] = src[from * width + j];
+}
+
+// --- paged attention -----------------------------------------------------------
+
+template <typename T>
+__global__ void WriteKvKernel(PagedAttentionArgs a) {
+  const int64_t i = blockIdx.x;
+  const int32_t slot = a.slot_mapping[i];
+  if (slot < 0) return;
+  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim;
+  const T* k = static_cast<const T*>(a.qkv) + i * row + static_cast<int64_t>(a.num_heads) * a.head_dim;
+  const T* v = k + kv_row;
+  T* kc = static_cast<T*>(a.k_cache) + slot * kv_row;
+  T* vc = static_cast<T*>(a.v_cache) + slot * kv_row;
+  for (int64_t j = threadIdx.x; j < kv_row; j += blockDim.x) {
+    kc[j] = k[j];
+    vc[j] = v[j];
+  }
+}
+
+// Running softmax state of one warp over a range of keys: each lane holds
+// the dims lane, lane + 32, ... of the weighted value sum.
+struct WarpSoftmax {
+  float m = -FLT_MAX;
+  float l = 0.f;
+  float acc[kMaxDimsPerLane] = {};
+};
+
+// Attends one (scaled) query in shared memory over keys [begin, end) of a
+// request, this warp taking every kAttnWarps-th key.
+template <typename T>
+__device__ void AttendRange(const PagedAttentionArgs& a, const float* q, const int32_t* table,
+                            int kv_head, int begin, int end, WarpSoftmax* st) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
+  for (int j = begin + warp; j < end; j += kAttnWarps) {
+    const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const T* k = kc + slot * kv_row + static_cast<int64_t>(kv_head) * a.head_dim;
+    const T* v = vc + slot * kv_row + static_cast<int64_t>(kv_head) * a.head_dim;
+    float dot = 0.f;
+    for (int d = lane; d < a.head_dim; d += 32) dot += q[d] * ToF(k[d]);
+    const float score = WarpSum(dot);
+    const float m_new = fmaxf(st->m, score);
+    const float correction = __expf(st->m - m_new);
+    const float p = __expf(score - m_new);
+    st->l = st->l * correction + p;
+#pragma unroll
+    for (int c = 0; c < kMaxDimsPerLane; ++c) {
+      const int d = lane + 32 * c;
+      if (d < a.head_dim) st->acc[c] = st->acc[c] * correction + p * ToF(v[d]);
+    }
+    st->m = m_new;
+  }
+}
+
+// Merges the warps' states in shared memory. Returns, in *m, *l and acc[d]
+// (shared, head_dim floats), the block's state; valid after the call in all
+// threads.
+__device__ void MergeWarps(const WarpSoftmax& st, int head_dim, float* m_out, float* l_out,
+                           float* acc_out) {
+  __shared__ float warp_m[kAttnWarps], warp_l[kAttnWarps];
+  __shared__ float warp_acc[kAttnWarps][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    warp_m[warp] = st.m;
+    warp_l[warp] = st.l;
+  }
+#pragma unroll
+  for (int c = 0; c < kMaxDimsPerLane; ++c) {
+    const int d = lane + 32 * c;
+    if (d < head_dim) warp_acc[warp][d] = st.acc[c];
+  }
+  __syncthreads();
+  float m = -FLT_MAX;
+  for (int w = 0; w < kAttnWarps; ++w) m = fmaxf(m, warp_m[w]);
+  float l = 0.f;
+  for (int w = 0; w < kAttnWarps; ++w) l += warp_l[w] * __expf(warp_m[w] - m);
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.f;
+    for (int w = 0; w < kAttnWarps; ++w) sum += warp_acc[w][d] * __expf(warp_m[w] - m);
+    acc_out[d] = sum;
+  }
+  *m_out = m;
+  *l_out = l;
+}
+
+template <typename T>
+__global__ void MixedAttentionKernel(PagedAttentionArgs a) {
+  __shared__ float q[kMaxHeadDim];
+  __shared__ float merged[kMaxHeadDim];
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const int hd = a.head_dim;
+  T* o = static_cast<T*>(a.out) + t * a.num_heads * hd + static_cast<int64_t>(h) * hd;
+  const int num_reqs = a.num_reqs[0];
+  if (t >= a.query_start_loc[num_reqs]) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
+    return;
+  }
+  // The request of token t: the last r with query_start_loc[r] <= t.
+  int lo = 0, hi = num_reqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  const int r = lo;
+  const int q_begin = a.query_start_loc[r];
+  const int q_len = a.query_start_loc[r + 1] - q_begin;
+  const int ctx = a.seq_lens[r] - q_len + static_cast<int>(t - q_begin) + 1;  // causal
+  const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
+  const T* qs = static_cast<const T*>(a.qkv) + t * row + static_cast<int64_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = ToF(qs[d]) * a.scale;
+  __syncthreads();
+  WarpSoftmax st;
+  const int kv_head = h / (a.num_heads / a.num_kv_heads);
+  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, 0, ctx, &st);
+  float m, l;
+  MergeWarps(st, hd, &m, &l, merged);
+  __syncthreads();
+  const float inv = 1.f / l;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(merged[d] * inv);
+}
+
+// Workspace layout for decode: m[R][H][S], l[R][H][S], acc[R][H][S][hd].
+struct DecodeWorkspace {
+  float* m;
+  float* l;
+  float* acc;
+  __device__ DecodeWorkspace(float* base, int64_t rows, int heads, int splits)
+      : m(base),
+        l(base + rows * heads * splits),
+        acc(base + 2 * rows * heads * splits) {}
+};
+
+template <typename T>
+__global__ void DecodeSplitKernel(PagedAttentionArgs a, int splits) {
+  __shared__ float q[kMaxHeadDim];
+  __shared__ float merged[kMaxHeadDim];
+  const int h = blockIdx.x, r = blockIdx.y, s = blockIdx.z;
+  const int hd = a.head_dim;
+  if (r >= a.num_reqs[0]) return;
+  const int ctx = a.seq_lens[r];
+  const int begin = s * kDecodePartition;
+  if (begin >= ctx) return;
+  const int end = min(ctx, begin + kDecodePartition);
+  const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
+  const int64_t t = a.query_start_loc[r];
+  const T* qs = static_cast<const T*>(a.qkv) + t * row + static_cast<int64_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = ToF(qs[d]) * a.scale;
+  __syncthreads();
+  WarpSoftmax st;
+  const int kv_head = h / (a.num_heads / a.num_kv_heads);
+  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, begin,
+                 end, &st);
+  float m, l;
+  MergeWarps(st, hd, &m, &l, merged);
+  __syncthreads();
+  DecodeWorkspace ws(a.workspace, a.max_num_seqs, a.num_heads, splits);
+  const int64_t cell = (static_cast<int64_t>(r) * a.num_heads + h) * splits + s;
+  if (threadIdx.x == 0) {
+    ws.m[cell] = m;
+    ws.l[cell] = l;
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) ws.acc[cell * hd + d] = merged[d];
+}
+
+template <typename T>
+__global__ void DecodeReduceKernel(PagedAttentionArgs a, int splits) {
+  const int h = blockIdx.x, r = blockIdx.y;
+  const int hd = a.head_dim;
+  T* o = static_cast<T*>(a.out) + static_cast<int64_t>(r) * a.num_heads * hd +
+         static_cast<int64_t>(h) * hd;
+  if (r >= a.num_reqs[0]) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
+    return;
+  }
+  const int valid = (a.seq_lens[r] + kDecodePartition - 1) / kDecodePartition;
+  DecodeWorkspace ws(a.workspace, a.max_num_seqs, a.num_heads, splits);
+  const int64_t first = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
+  float m = -FLT_MAX;
+  for (int s = 0; s < valid; ++s) m = fmaxf(m, ws.m[first + s]);
+  float l = 0.f;
+  for (int s = 0; s < valid; ++s) l += ws.l[first + s] * __expf(ws.m[first + s] - m);
+  const float inv = 1.f / l;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum = 0.f;
+    for (int s = 0; s < valid; ++s) sum += ws.acc[(first + s) * hd + d] * __expf(ws.m[first + s] - m);
+    o[d] = FromF<T>(sum * inv);
+  }
+}
+
+int DecodeSplits(int max_seq_len) {
+  return (max_seq_len + kDecodePartition - 1) / kDecodePartition;
+}
+
+}  // namespace
+
+cudaError_t Embedding(Storage s, const int32_t* ids, const void* table, int64_t vocab,
+                      int64_t hidden, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    EmbeddingKernel<T><<<n, kThreads, 0, stream>>>(ids, static_cast<const T*>(table), vocab,
+                                                    hidden, static_cast<T*>(out));
+  });
+}
+
+cudaError_t RmsNorm(Storage s, const void* x, void* residual, const void* weight, float eps,
+                    int64_t hidden, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    if (residual != nullptr) {
+      RmsNormKernel<T, true><<<n, kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight), eps,
+          hidden, static_cast<T*>(out));
+    } else {
+      RmsNormKernel<T, false><<<n, kThreads, 0, stream>>>(
+          static_cast<const T*>(x), nullptr, static_cast<const T*>(weight), eps, hidden,
+          static_cast<T*>(out));
+    }
+  });
+}
+
+cudaError_t Rope(Storage s, const int32_t* positions, void* qkv, int64_t row_stride,
+                 const float* inv_freq, int num_rotated_heads, int head_dim, int64_t n,
+                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    RopeKernel<T><<<n, kThreads, 0, stream>>>(positions, static_cast<T*>(qkv), row_stride,
+                                               inv_freq, num_rotated_heads, head_dim);
+  });
+}
+
+cudaError_t SiluMul(Storage s, const void* gate_up, int64_t inter, void* out, int64_t n,
+                    cudaStream_t stream) {
+  const int64_t total = n * inter;
+  if (total == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    SiluMulKernel<T><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate_up), inter, static_cast<T*>(out), total);
+  });
+}
+
+cudaError_t GatherRows(Storage s, const void* src, const int32_t* indices, int64_t width,
+                       void* out, int64_t rows, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    GatherRowsKernel<T><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(src), indices, width,
+                                                        static_cast<T*>(out));
+  });
+}
+
+cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    WriteKvKernel<T><<<a.n, kAttnThreads, 0, stream>>>(a);
+  });
+}
+
+cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    MixedAttentionKernel<T><<<dim3(a.num_heads, a.n), kAttnThreads, 0, stream>>>(a);
+  });
+}
+
+cudaError_t DecodeAttention(Storage s, const PagedAttentionArgs& a, int max_seq_len,
+                            cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  const int splits = DecodeSplits(max_seq_len);
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    DecodeSplitKernel<T><<<dim3(a.num_heads, a.n, splits), kAttnThreads, 0, stream>>>(a, splits);
+    DecodeReduceKernel<T><<<dim3(a.num_heads, a.n), kAttnThreads, 0, stream>>>(a, splits);
+  });
+}
+
+size_t DecodeWorkspaceFloats(int max_num_seqs, int num_heads, int head_dim, int max_seq_len) {
+  return static_cast<size_t>(max_num_seqs) * num_heads * DecodeSplits(max_seq_len) *
+         (static_cast<size_t>(head_dim) + 2);
+}
+
+}  // namespace cuda_kernels
+}  // namespace tandem

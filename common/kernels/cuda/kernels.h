@@ -1,0 +1,89 @@
+// Launchers of the CUDA kernels of the model's ops (kernels.cu). Host-side
+// declarations only, free of CUDA and Abseil types beyond cudaStream_t so both
+// nvcc and the host compiler read them.
+//
+// Storage is f32, f16 or bf16 (`Storage`); every kernel accumulates in f32.
+// Data-dependent inputs (token ids, positions, slots, attention metadata) are
+// read from device buffers when the kernel runs, never passed by value, so a
+// captured graph serves new inputs. Each launcher returns cudaGetLastError().
+#ifndef TANDEM_COMMON_KERNELS_CUDA_KERNELS_H_
+#define TANDEM_COMMON_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem {
+namespace cuda_kernels {
+
+enum class Storage { kF32, kF16, kBF16 };
+
+// out[i, :] = table[clamp(ids[i]), :] for i < n.
+cudaError_t Embedding(Storage s, const int32_t* ids, const void* table, int64_t vocab,
+                      int64_t hidden, void* out, int64_t n, cudaStream_t stream);
+
+// Per row: out = x * rsqrt(mean(x^2) + eps) * weight. With `residual`
+// (fused add): residual += x first and the norm is taken of the sum.
+cudaError_t RmsNorm(Storage s, const void* x, void* residual, const void* weight, float eps,
+                    int64_t hidden, void* out, int64_t n, cudaStream_t stream);
+
+// Rotate-half RoPE of the q and k heads of packed qkv rows, in place.
+cudaError_t Rope(Storage s, const int32_t* positions, void* qkv, int64_t row_stride,
+                 const float* inv_freq, int num_rotated_heads, int head_dim, int64_t n,
+                 cudaStream_t stream);
+
+// out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j].
+cudaError_t SiluMul(Storage s, const void* gate_up, int64_t inter, void* out, int64_t n,
+                    cudaStream_t stream);
+
+// out[i, :] = src[indices[i], :] for i < rows.
+cudaError_t GatherRows(Storage s, const void* src, const int32_t* indices, int64_t width,
+                       void* out, int64_t rows, cudaStream_t stream);
+
+struct PagedAttentionArgs {
+  const void* qkv;  // [n, (heads + 2 * kv_heads) * head_dim]
+  void* k_cache;    // [blocks, block_size, kv_heads, head_dim]
+  void* v_cache;
+  void* out;        // [n, heads * head_dim]
+  const int32_t* num_reqs;
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* block_tables;  // [max_num_seqs, table_width]
+  const int32_t* slot_mapping;
+  float* workspace;  // decode: DecodeWorkspaceFloats(...) floats
+  int64_t n = 0;     // rows (tokens, padded)
+  int max_num_seqs = 0;  // rows of block_tables and seq_lens
+  int table_width = 0;
+  int block_size = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.f;
+};
+
+// Largest head_dim the attention kernels support.
+inline constexpr int kMaxHeadDim = 256;
+// Keys per split of the decode kernel.
+inline constexpr int kDecodePartition = 512;
+
+// Writes the step's k and v into the cache at slot_mapping (-1: skipped).
+cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
+
+// Mixed batches: one block per (head, query token); each query token attends
+// causally over its request's cached context. Rows past
+// query_start_loc[num_reqs] get zeros.
+cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
+
+// Uniform decode (one query token per request, row r = request r): the
+// context is split into kDecodePartition-key parts, one block per (head,
+// request, part), then a reduction kernel merges the parts. The grid covers
+// `max_seq_len` keys; parts past a request's length exit at once.
+cudaError_t DecodeAttention(Storage s, const PagedAttentionArgs& a, int max_seq_len,
+                            cudaStream_t stream);
+size_t DecodeWorkspaceFloats(int max_num_seqs, int num_heads, int head_dim, int max_seq_len);
+
+}  // namespace cuda_kernels
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_KERNELS_CUDA_KERNELS_H_

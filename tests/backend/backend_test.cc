@@ -1,0 +1,106 @@
+// The backend loader and host dtype conversions (no GPU needed).
+#include "common/kernels/backend.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(BackendTest, CpuIsF32AndRefusesOtherDTypes) {
+  auto cpu = CreateBackend({});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ((*cpu)->device->name(), "cpu");
+  EXPECT_EQ((*cpu)->ops->dtype(), DType::kF32);
+  EXPECT_TRUE(CreateBackend({"cpu", "f32"}).ok());
+
+  auto bf16 = CreateBackend({"cpu", "bf16"});
+  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bf16.status().message().find("--dtype=bf16"), std::string::npos) << bf16.status();
+}
+
+TEST(BackendTest, BadDeviceAndDTypeNameTheFlag) {
+  auto tpu = CreateBackend({"tpu"});
+  EXPECT_EQ(tpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tpu.status().message().find("--device must be cpu or cuda, got 'tpu'"),
+            std::string::npos)
+      << tpu.status();
+  for (const char* device : {"cpu", "cuda"}) {
+    auto fp8 = CreateBackend({device, "fp8"});
+    EXPECT_EQ(fp8.status().code(), absl::StatusCode::kInvalidArgument) << device;
+    EXPECT_NE(fp8.status().message().find("'fp8'"), std::string::npos) << fp8.status();
+  }
+}
+
+// --device=cuda either works (a GPU is visible) or fails at once with the
+// reason: this build has no CUDA module, or the module found no usable GPU.
+TEST(BackendTest, CudaLoadsOrSaysWhyNot) {
+  auto cuda = CreateBackend({"cuda"});
+  const bool gpu_visible = access("/dev/nvidiactl", F_OK) == 0;
+#ifdef TANDEM_CUDA_BUILT
+  if (cuda.ok()) {
+    EXPECT_EQ((*cuda)->ops->dtype(), DType::kBF16);  // the default for auto
+    EXPECT_EQ((*cuda)->device->name().rfind("cuda:", 0), 0u) << (*cuda)->device->name();
+    return;
+  }
+  EXPECT_FALSE(gpu_visible) << "a GPU is visible but --device=cuda failed: " << cuda.status();
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition) << cuda.status();
+  EXPECT_NE(cuda.status().message().find("--device=cuda: no usable GPU"), std::string::npos)
+      << cuda.status();
+  EXPECT_NE(cuda.status().message().find("--device=cpu"), std::string::npos) << cuda.status();
+#else
+  (void)gpu_visible;
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition) << cuda.status();
+  EXPECT_NE(cuda.status().message().find("cannot load the CUDA backend module"),
+            std::string::npos)
+      << cuda.status();
+#endif
+}
+
+uint16_t Bits16(const std::vector<uint16_t>& v, size_t i) { return v[i]; }
+
+TEST(DTypeTest, Bf16RoundsToNearestEven) {
+  const std::vector<float> in = {1.0f, -2.5f, 0.0f, 1.00390625f /* tie: 1 + 2^-8 */,
+                                 1.01171875f /* tie: 1 + 3 * 2^-8 */, 3.0e38f, INFINITY};
+  std::vector<uint16_t> out(in.size());
+  ConvertFromF32(in.data(), DType::kBF16, out.data(), in.size());
+  EXPECT_EQ(Bits16(out, 0), 0x3f80);
+  EXPECT_EQ(Bits16(out, 1), 0xc020);
+  EXPECT_EQ(Bits16(out, 2), 0x0000);
+  EXPECT_EQ(Bits16(out, 3), 0x3f80);  // tie to even (down)
+  EXPECT_EQ(Bits16(out, 4), 0x3f82);  // tie to even (up)
+  EXPECT_EQ(Bits16(out, 6), 0x7f80);
+  std::vector<float> back(in.size());
+  ConvertToF32(out.data(), DType::kBF16, back.data(), in.size());
+  EXPECT_EQ(back[1], -2.5f);
+  EXPECT_NEAR(back[5], 3.0e38f, 3.0e38f / 128);
+}
+
+TEST(DTypeTest, F16CoversNormalsSubnormalsAndOverflow) {
+  const std::vector<float> in = {1.0f,     -2.0f,    65504.0f, 65520.0f /* rounds to inf */,
+                                 6.1035156e-05f /* smallest normal */,
+                                 5.9604645e-08f /* smallest subnormal */, 1.0e-9f,
+                                 1.00048828125f /* tie: 1 + 2^-11 */};
+  std::vector<uint16_t> out(in.size());
+  ConvertFromF32(in.data(), DType::kF16, out.data(), in.size());
+  EXPECT_EQ(Bits16(out, 0), 0x3c00);
+  EXPECT_EQ(Bits16(out, 1), 0xc000);
+  EXPECT_EQ(Bits16(out, 2), 0x7bff);
+  EXPECT_EQ(Bits16(out, 3), 0x7c00);
+  EXPECT_EQ(Bits16(out, 4), 0x0400);
+  EXPECT_EQ(Bits16(out, 5), 0x0001);
+  EXPECT_EQ(Bits16(out, 6), 0x0000);
+  EXPECT_EQ(Bits16(out, 7), 0x3c00);  // tie to even
+  std::vector<float> back(in.size());
+  ConvertToF32(out.data(), DType::kF16, back.data(), in.size());
+  for (size_t i : {0, 1, 2, 4, 5}) EXPECT_EQ(back[i], in[i]) << i;
+  EXPECT_TRUE(std::isinf(back[3]));
+}
+
+}  // namespace
+}  // namespace tandem
