@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "common/kernels/backend.h"
 #include "common/serving/metrics.h"
@@ -13,7 +14,6 @@
 namespace tandem {
 namespace {
 
-using testing::FreePort;
 using testing::HttpGet;
 using testing::Process;
 using testing::StartWorker;
@@ -51,17 +51,15 @@ TEST(CudaWorkerTest, MetricsServeWithCublasLoaded) {
 }
 
 TEST(CudaWorkerTest, DeviceCudaServesOrFailsAtStartUp) {
-  const int grpc = FreePort(), metrics = FreePort();
   Process probe({testing::BinDir() + "/prefill_worker", "--device=cuda",
-                 "--grpc-address=127.0.0.1:" + std::to_string(grpc),
-                 "--metrics-address=127.0.0.1:" + std::to_string(metrics),
+                 "--grpc-address=127.0.0.1:0", "--metrics-address=127.0.0.1:0",
                  "--capture-sizes=8,16,32"},
                 ::testing::TempDir() + "cuda_probe.log");
-  // SERVING, or exited: poll both for up to two minutes (a GPU captures graphs).
+  // SERVING, or exited: poll for up to two minutes (a GPU captures graphs).
   bool serving = false;
-  for (int i = 0; i < 240 && !serving && probe.running(); ++i) {
-    serving = testing::WaitForServing("127.0.0.1:" + std::to_string(grpc),
-                                      std::chrono::milliseconds(500));
+  for (int i = 0; i < 1200 && !serving && probe.running(); ++i) {
+    serving = probe.Log().find("worker: SERVING") != std::string::npos;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (!serving) {
     // No GPU here (or no CUDA module): the worker must have exited non-zero

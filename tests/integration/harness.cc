@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -194,17 +196,47 @@ double Worker::Metric(const std::string& name, const std::map<std::string, std::
   return v.value_or(-1);
 }
 
+namespace {
+
+// The port after `marker` in a worker's log ("...127.0.0.1:PORT"), or 0.
+int PortAfter(const std::string& log, const std::string& marker) {
+  const size_t at = log.find(marker);
+  if (at == std::string::npos) return 0;
+  size_t colon = log.find(':', at + marker.size());
+  if (colon == std::string::npos) return 0;
+  int port = 0;
+  for (size_t i = colon + 1; i < log.size() && std::isdigit(static_cast<unsigned char>(log[i])); ++i) {
+    port = port * 10 + (log[i] - '0');
+  }
+  return port;
+}
+
+}  // namespace
+
 Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags, int grpc_port) {
+  // Port 0 unless the caller needs a fixed one: the worker binds what the
+  // kernel gives it and logs it, so parallel tests never race for a port.
   Worker w;
-  w.grpc_port = grpc_port != 0 ? grpc_port : FreePort();
-  w.metrics_port = FreePort();
   std::vector<std::string> argv = {BinDir() + "/" + binary,
-                                   "--grpc-address=127.0.0.1:" + std::to_string(w.grpc_port),
-                                   "--metrics-address=127.0.0.1:" + std::to_string(w.metrics_port)};
+                                   "--grpc-address=127.0.0.1:" + std::to_string(grpc_port),
+                                   "--metrics-address=127.0.0.1:0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  const std::string log = ::testing::TempDir() + binary + "_" + std::to_string(w.grpc_port) + ".log";
+  static std::atomic<int> started{0};
+  const std::string log = ::testing::TempDir() + binary + "_" + std::to_string(getpid()) + "_" +
+                          std::to_string(started++) + ".log";
   w.process = std::make_unique<Process>(argv, log);
-  const bool serving = WaitForServing(w.address(), std::chrono::seconds(60));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && w.process->running() &&
+         (w.grpc_port == 0 || w.metrics_port == 0)) {
+    const std::string text = w.process->Log();
+    w.grpc_port = PortAfter(text, "gRPC listening on ");
+    w.metrics_port = PortAfter(text, "metrics on http://");
+    if (w.grpc_port == 0 || w.metrics_port == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  const bool serving = w.grpc_port != 0 && w.metrics_port != 0 &&
+                       WaitForServing(w.address(), std::chrono::seconds(60));
   EXPECT_TRUE(serving) << binary << " did not become SERVING; log:\n" << w.process->Log();
   return w;
 }
