@@ -78,6 +78,12 @@ int RunStep(const std::vector<std::string>& args) {
     config->runner.max_capture_size = std::max(max_prefill, 2 * max_batch);
   }
   if (!flags.IsSet("max-model-len")) config->runner.max_model_len = std::max(max_prefill, context + 1) + 16;
+  if (!flags.IsSet("num-kv-blocks") && !flags.IsSet("kv-cache-mb")) {
+    // Exactly the blocks the largest decode batch or the longest prefill holds.
+    const int bs = config->block_size;
+    config->num_kv_blocks = std::max(max_batch * ((context + 1 + bs - 1) / bs),
+                                     (max_prefill + bs - 1) / bs);
+  }
   auto engine = LlmEngine::Create(*config);
   if (!engine.ok()) return Fail(engine.status());
   ModelRunner& runner = (*engine)->runner();

@@ -26,7 +26,9 @@ class Device {
   // Allocates `bytes` of device memory, 256-byte aligned, owned by the device
   // until it is destroyed. RESOURCE_EXHAUSTED names the size.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
-  // Synchronous copies (used outside graphs: inputs in, logits out).
+  // Copies used outside graphs (inputs in, logits out). Both are ordered
+  // with the ops on stream(); the host buffer may be reused when they return,
+  // and CopyToHost returns with the data in `host`.
   virtual absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
