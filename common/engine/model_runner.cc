@@ -197,12 +197,6 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
   return dev->CopyToDevice(logits_indices_.data, h_logit_idx_.data(), sampled * 4);
 }
 
-absl::Status ModelRunner::RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
-                                     const BatchDescriptor& descriptor, int num_tokens) {
-  RETURN_IF_ERROR(CopyInputs(batch, descriptor.num_tokens));
-  return RunForward(batch, mode, descriptor);
-}
-
 absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
                                      const BatchDescriptor& descriptor) {
   // A FULL graph bakes its attention kernel in: decode-only exactly when its
@@ -268,7 +262,8 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
   }
   const int64_t full_replays = full_->replays();
   const int64_t pw_replays = PiecewiseReplays();
-  RETURN_IF_ERROR(RunWrapped(batch, d.runtime_mode, d.descriptor, num_tokens));
+  RETURN_IF_ERROR(CopyInputs(batch, d.descriptor.num_tokens));
+  RETURN_IF_ERROR(RunForward(batch, d.runtime_mode, d.descriptor));
 
   const int mi = ModeIndex(d.runtime_mode);
   ++stats_.steps[mi];

@@ -105,8 +105,6 @@ class ModelRunner {
   ModelRunner() = default;
   absl::Status AllocateBuffers();
   absl::Status Forward();  // the FULL wrapper's runnable
-  absl::Status RunWrapped(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
-                          const BatchDescriptor& descriptor, int num_tokens);
   // Runs the forward under `mode` and `descriptor` on inputs already copied.
   absl::Status RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
                           const BatchDescriptor& descriptor);

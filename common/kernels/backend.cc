@@ -77,11 +77,20 @@ absl::StatusOr<DType> ParseStorageDType(const std::string& name) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
+  if (options.device != "cpu" && options.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be cpu or cuda, got '", options.device, "'"));
+  }
+  const bool cpu = options.device == "cpu";
+  DType dtype = cpu ? DType::kF32 : DType::kBF16;
+  if (options.dtype != "auto") {
+    auto parsed = ParseStorageDType(options.dtype);
+    if (!parsed.ok()) return parsed.status();
+    dtype = *parsed;
+  }
   auto backend = std::make_unique<Backend>();
-  if (options.device == "cpu") {
-    if (options.dtype != "auto" && options.dtype != "f32" && options.dtype != "float32") {
-      auto parsed = ParseStorageDType(options.dtype);
-      if (!parsed.ok()) return parsed.status();
+  if (cpu) {
+    if (dtype != DType::kF32) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--dtype=", options.dtype, " is not supported by --device=cpu (it computes in f32; "
           "use --dtype=f32 or auto)"));
@@ -90,22 +99,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     backend->ops = CreateCpuOps(backend->device.get(), options.blas_threads);
     return backend;
   }
-  if (options.device == "cuda") {
-    DType dtype = DType::kBF16;
-    if (options.dtype != "auto") {
-      auto parsed = ParseStorageDType(options.dtype);
-      if (!parsed.ok()) return parsed.status();
-      dtype = *parsed;
-    }
-    auto create = LoadCudaModule();
-    if (!create.ok()) return create.status();
-    absl::Status status;
-    (*create)(dtype, backend.get(), &status);
-    if (!status.ok()) return status;
-    return backend;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device must be cpu or cuda, got '", options.device, "'"));
+  auto create = LoadCudaModule();
+  if (!create.ok()) return create.status();
+  absl::Status status;
+  (*create)(dtype, backend.get(), &status);
+  if (!status.ok()) return status;
+  return backend;
 }
 
 }  // namespace tandem
