@@ -3,19 +3,19 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "common/graph/capture_sizes.h"
 #include "common/graph/dispatcher.h"
+#include "common/graph/graph_policy.h"
 
 namespace tandem {
 namespace {
 
 CudaGraphDispatcher MakeDispatcher() {
-  CaptureSizeConfig sizes;  // max_num_seqs 256, 8192 tokens: the 51-size ladder
-  DispatcherConfig config;
-  config.capture_sizes = ResolveCaptureSizes(sizes).value();
-  config.max_num_seqs = sizes.max_num_seqs;
-  CudaGraphDispatcher d(config);
-  (void)d.InitializeKeys(CudaGraphMode::kFullAndPiecewise, 1);
+  // FULL_AND_PIECEWISE, max_num_seqs 256, 8192 tokens: the 51-size ladder.
+  GraphPolicy policy = ResolveGraphPolicy(GraphPolicyConfig{}, BatchLimits{},
+                                          AttentionCgSupport::kAlways, true)
+                           .value();
+  CudaGraphDispatcher d(std::move(policy.dispatcher));
+  (void)d.InitializeKeys(policy.resolution.mode);
   return d;
 }
 

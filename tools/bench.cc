@@ -75,7 +75,7 @@ int RunStep(const std::vector<std::string>& args) {
   }
   if (!flags.IsSet("capture-sizes") && !flags.IsSet("max-capture-size")) {
     // Cover the measured shapes with graphs.
-    config->runner.max_capture_size = std::max(max_prefill, 2 * max_batch);
+    config->runner.graph.max_capture_size = std::max(max_prefill, 2 * max_batch);
   }
   if (!flags.IsSet("max-model-len")) config->runner.max_model_len = std::max(max_prefill, context + 1) + 16;
   if (!flags.IsSet("num-kv-blocks") && !flags.IsSet("kv-cache-mb")) {

@@ -70,25 +70,23 @@ absl::StatusOr<std::vector<DispatchQuery>> ParseDispatchSpec(const std::string& 
 
 absl::StatusOr<Plan> BuildPlan(const PlanRequest& request) {
   Plan plan;
-  plan.requested_mode = request.requested_mode;
-  ASSIGN_OR_RETURN(plan.resolution,
-                   ResolveCudaGraphMode(request.requested_mode, request.support,
-                                        request.piecewise_split,
-                                        request.sizes.uniform_decode_query_len));
-  ASSIGN_OR_RETURN(plan.capture_sizes, ResolveCaptureSizes(request.sizes));
-  DispatcherConfig config;
-  config.capture_sizes = plan.capture_sizes;
-  config.max_num_seqs = request.sizes.max_num_seqs;
-  config.uniform_decode_query_len = request.sizes.uniform_decode_query_len;
-  config.lora_enabled = false;
-  CudaGraphDispatcher dispatcher(config);
-  RETURN_IF_ERROR(dispatcher.InitializeKeys(plan.resolution.mode,
-                                            request.sizes.uniform_decode_query_len));
+  plan.requested_mode = request.policy.requested_mode;
+  ASSIGN_OR_RETURN(GraphPolicy policy, ResolveGraphPolicy(request.policy, request.limits,
+                                                          request.support,
+                                                          request.piecewise_split));
+  plan.resolution = policy.resolution;
+  plan.capture_sizes = policy.dispatcher.capture_sizes;
+  CudaGraphDispatcher dispatcher(std::move(policy.dispatcher));
+  RETURN_IF_ERROR(dispatcher.InitializeKeys(plan.resolution.mode));
   plan.capture_order = dispatcher.CaptureDescriptors();
   for (const DispatchQuery& q : request.queries) {
-    ASSIGN_OR_RETURN(DispatchResult r, dispatcher.Dispatch(q.num_tokens, q.uniform_decode,
-                                                           q.has_lora, q.disable_full));
-    plan.answers.push_back({q, r});
+    auto r = dispatcher.Dispatch(q.num_tokens, q.uniform_decode, q.has_lora, q.disable_full);
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--dispatch query ", q.num_tokens, q.uniform_decode ? ":u" : ":m", " with q = ",
+          dispatcher.uniform_decode_query_len(), ": ", r.status().message()));
+    }
+    plan.answers.push_back({q, *r});
   }
   return plan;
 }
@@ -173,13 +171,13 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   PlanRequest request;
   FlagSet flags("tandem plan");
   flags.Add("cudagraph-mode", &mode, "requested CUDAGraphMode (upstream name)");
-  flags.Add("max-num-seqs", &request.sizes.max_num_seqs, "scheduler max_num_seqs");
-  flags.Add("max-num-batched-tokens", &request.sizes.max_num_batched_tokens,
+  flags.Add("max-num-seqs", &request.limits.max_num_seqs, "scheduler max_num_seqs");
+  flags.Add("max-num-batched-tokens", &request.limits.max_num_batched_tokens,
             "scheduler token budget per step");
   flags.Add("capture-sizes", &capture_sizes, "explicit capture sizes, e.g. 1,2,4,8");
   flags.Add("max-capture-size", &max_capture_size,
             "maximum of the default capture ladder (0 = default)");
-  flags.Add("uniform-decode-query-len", &request.sizes.uniform_decode_query_len,
+  flags.Add("uniform-decode-query-len", &request.policy.uniform_decode_query_len,
             "query length of a uniform decode request (1 + speculative tokens)");
   flags.Add("attention-support", &support,
             "ALWAYS, UNIFORM_BATCH, UNIFORM_SINGLE_TOKEN_DECODE or NEVER");
@@ -207,15 +205,15 @@ int RunPlanCommand(const std::vector<std::string>& args) {
   }
   auto parsed_mode = CudaGraphMode::Parse(mode);
   if (!parsed_mode.ok()) return fail(parsed_mode.status());
-  request.requested_mode = *parsed_mode;
+  request.policy.requested_mode = *parsed_mode;
   auto parsed_support = ParseAttentionCgSupport(support);
   if (!parsed_support.ok()) return fail(parsed_support.status());
   request.support = *parsed_support;
   request.piecewise_split = piecewise_split;
   auto sizes = ParseIntList(capture_sizes, "--capture-sizes");
   if (!sizes.ok()) return fail(sizes.status());
-  request.sizes.capture_sizes = *sizes;
-  if (flags.IsSet("max-capture-size")) request.sizes.max_capture_size = max_capture_size;
+  request.policy.capture_sizes = *sizes;
+  if (flags.IsSet("max-capture-size")) request.policy.max_capture_size = max_capture_size;
   auto queries = ParseDispatchSpec(dispatch);
   if (!queries.ok()) return fail(queries.status());
   request.queries = *queries;

@@ -8,9 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/graph/attention_support.h"
-#include "common/graph/capture_sizes.h"
 #include "common/graph/cudagraph_mode.h"
 #include "common/graph/dispatcher.h"
+#include "common/graph/graph_policy.h"
 
 namespace tandem {
 
@@ -27,10 +27,10 @@ struct DispatchQuery {
 absl::StatusOr<std::vector<DispatchQuery>> ParseDispatchSpec(const std::string& spec);
 
 struct PlanRequest {
-  CudaGraphMode requested_mode = CudaGraphMode::kFullAndPiecewise;
+  GraphPolicyConfig policy;  // requested mode, q, capture sizes
+  BatchLimits limits;
   AttentionCgSupport support = AttentionCgSupport::kAlways;
   bool piecewise_split = true;
-  CaptureSizeConfig sizes;
   std::vector<DispatchQuery> queries;
 };
 
@@ -47,7 +47,10 @@ struct Plan {
   std::vector<PlanAnswer> answers;
 };
 
-// Resolves the mode, builds the dispatcher and answers the queries.
+// Resolves the policy (ResolveGraphPolicy), builds the dispatcher and answers
+// the queries. A query the dispatcher refuses (a uniform-decode batch in FULL
+// mode padding to a size that is not a multiple of q) is INVALID_ARGUMENT
+// naming the query and q.
 absl::StatusOr<Plan> BuildPlan(const PlanRequest& request);
 
 // The JSON document described in the README (`tandem plan --format=json`).

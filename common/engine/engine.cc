@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(config.runner, e->model_.get(),
                                                    e->kv_cache_.get(), ops));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
-                   << config.runner.cudagraph_mode << "), "
+                   << config.runner.graph.requested_mode << "), "
                    << e->runner_->dispatcher().capture_sizes().size() << " capture sizes up to "
                    << e->runner_->dispatcher().max_capture_size();
   RETURN_IF_ERROR(e->runner_->CaptureGraphs());

@@ -7,7 +7,6 @@
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
-#include "common/graph/capture_sizes.h"
 #include "common/graph/forward_context.h"
 
 namespace tandem {
@@ -46,27 +45,17 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
         config.max_num_seqs, ") must be >= 1"));
   }
 
-  // Resolve the mode against what the attention backend declares. The forward
-  // is always split at attention, so piecewise graphs are available.
-  const int q = 1;
-  ASSIGN_OR_RETURN(r->resolution_, ResolveCudaGraphMode(config.cudagraph_mode,
-                                                        ops->attention_cg_support(),
-                                                        /*piecewise_split=*/true, q));
-  for (const auto& note : r->resolution_.notes) {
-    TANDEM_LOG(WARNING) << "cudagraph mode downgraded: " << note;
-  }
-  CaptureSizeConfig sizes;
-  sizes.max_num_seqs = config.max_num_seqs;
-  sizes.max_num_batched_tokens = config.max_num_batched_tokens;
-  sizes.uniform_decode_query_len = q;
-  sizes.capture_sizes = config.capture_sizes;
-  sizes.max_capture_size = config.max_capture_size;
-  DispatcherConfig dc;
-  ASSIGN_OR_RETURN(dc.capture_sizes, ResolveCaptureSizes(sizes));
-  dc.max_num_seqs = config.max_num_seqs;
-  dc.uniform_decode_query_len = q;
-  r->dispatcher_ = std::make_unique<CudaGraphDispatcher>(dc);
-  RETURN_IF_ERROR(r->dispatcher_->InitializeKeys(r->resolution_.mode, q));
+  // Resolve sizes and mode against what the attention backend declares. The
+  // forward is always split at attention, so piecewise graphs are available.
+  ASSIGN_OR_RETURN(GraphPolicy policy,
+                   ResolveGraphPolicy(config.graph,
+                                      BatchLimits{config.max_num_seqs,
+                                                  config.max_num_batched_tokens},
+                                      ops->attention_cg_support(), /*piecewise_split=*/true));
+  r->resolution_ = std::move(policy.resolution);
+  for (const auto& note : r->resolution_.notes) TANDEM_LOG(WARNING) << "graph policy: " << note;
+  r->dispatcher_ = std::make_unique<CudaGraphDispatcher>(std::move(policy.dispatcher));
+  RETURN_IF_ERROR(r->dispatcher_->InitializeKeys(r->resolution_.mode));
   RETURN_IF_ERROR(r->AllocateBuffers());
 
   ModelRunner* self = r.get();
@@ -199,10 +188,11 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
 
 absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
                                      const BatchDescriptor& descriptor) {
-  // A FULL graph bakes its attention kernel in: decode-only exactly when its
-  // key is a uniform-decode one. Eager attention follows the batch itself.
+  // A FULL graph bakes its attention kernel in: decode-only (one query token
+  // per request) exactly when its key is a uniform-decode one with q = 1.
+  // Eager attention follows the batch itself.
   if (mode == CudaGraphMode::kFull) {
-    buffers_.meta.decode_only = descriptor.uniform;
+    buffers_.meta.decode_only = descriptor.uniform && dispatcher_->uniform_decode_query_len() == 1;
   } else {
     buffers_.meta.decode_only = std::all_of(
         batch.begin(), batch.end(), [](const ScheduledSeq& s) { return s.num_tokens == 1; });
@@ -254,7 +244,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
                                                    config_.max_num_batched_tokens));
   }
   // vLLM: uniform decode iff every request schedules exactly q tokens.
-  const int q = 1;
+  const int q = dispatcher_->uniform_decode_query_len();
   const bool uniform_decode = max_query == q && num_tokens == max_query * num_reqs;
   DispatchResult d{CudaGraphMode::kNone, BatchDescriptor(num_tokens)};
   if (!force_eager) {

@@ -32,6 +32,7 @@
 #include "common/graph/cudagraph_mode.h"
 #include "common/graph/cudagraph_wrapper.h"
 #include "common/graph/dispatcher.h"
+#include "common/graph/graph_policy.h"
 #include "common/kernels/ops.h"
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
@@ -42,9 +43,8 @@ struct RunnerConfig {
   int max_num_batched_tokens = 2048;
   int max_num_seqs = 256;
   int max_model_len = 0;  // 0: min(max_position_embeddings, 8192)
-  CudaGraphMode cudagraph_mode = CudaGraphMode::kFullAndPiecewise;
-  std::vector<int> capture_sizes;         // empty: the default ladder
-  std::optional<int> max_capture_size;    // for the default ladder
+  // Requested mode, capture sizes and q; resolved once in Create().
+  GraphPolicyConfig graph;
   bool check_input_addresses = false;     // debug: verify fixed input addresses
 };
 

@@ -45,8 +45,8 @@ absl::StatusOr<BatchDescriptor> CudaGraphDispatcher::PaddedDescriptor(
   return BatchDescriptor(padded, std::min(padded, config_.max_num_seqs), false, has_lora);
 }
 
-absl::Status CudaGraphDispatcher::InitializeKeys(CudaGraphMode mode,
-                                                 int uniform_decode_query_len) {
+absl::Status CudaGraphDispatcher::InitializeKeys(CudaGraphMode mode) {
+  const int q = config_.uniform_decode_query_len;
   mode_ = mode;
   full_keys_.clear();
   piecewise_keys_.clear();
@@ -74,9 +74,9 @@ absl::Status CudaGraphDispatcher::InitializeKeys(CudaGraphMode mode,
   }
 
   if (mode.decode_mode() == CudaGraphMode::kFull && mode.separate_routine()) {
-    const int max_num_tokens = uniform_decode_query_len * config_.max_num_seqs;
+    const int max_num_tokens = q * config_.max_num_seqs;
     for (int bs : config_.capture_sizes) {
-      if (bs > max_num_tokens || bs < uniform_decode_query_len) continue;
+      if (bs > max_num_tokens || bs < q) continue;
       for (bool lora : lora_cases) {
         auto desc = PaddedDescriptor(bs, true, lora);
         if (!desc.ok()) return desc.status();

@@ -23,10 +23,12 @@
 namespace tandem {
 
 struct DispatcherConfig {
-  // Sorted, unique capture sizes (see ResolveCaptureSizes()).
+  // Sorted, unique capture sizes (see ResolveGraphPolicy()).
   std::vector<int> capture_sizes;
   int max_num_seqs = 256;
   // 1 + speculative tokens; the query length of a uniform-decode request.
+  // Set from GraphPolicyConfig by ResolveGraphPolicy(); everything downstream
+  // (keys, dispatch, the model runner's uniform-decode test) reads it here.
   int uniform_decode_query_len = 1;
   // LoRA enabled; with specialize_lora graphs exist for both LoRA on and off,
   // otherwise only LoRA on (upstream lora_cases).
@@ -54,17 +56,19 @@ class CudaGraphDispatcher {
   //  - mixed_mode() != NONE: the relaxed key of every capture size (x LoRA
   //    cases) for the mixed routine;
   //  - decode_mode() == FULL and separate_routine(): a FULL uniform key for
-  //    every capture size in [q, q * max_num_seqs] (x LoRA cases).
+  //    every capture size in [q, q * max_num_seqs] (x LoRA cases),
+  // with q = config.uniform_decode_query_len.
   // INVALID_ARGUMENT when `mode` needs FULL uniform keys but a capture size in
-  // that range is not a multiple of q.
-  absl::Status InitializeKeys(CudaGraphMode mode, int uniform_decode_query_len);
+  // that range is not a multiple of q (ResolveGraphPolicy() rounds them).
+  absl::Status InitializeKeys(CudaGraphMode mode);
 
   // Per-step dispatch (upstream dispatch()). NONE with BatchDescriptor(num_tokens)
   // when keys are not initialised, the mode is NONE, or num_tokens exceeds the
   // largest capture size. Otherwise FULL exact key, FULL relaxed key (both
   // skipped with disable_full), PIECEWISE relaxed key, else NONE.
-  // INVALID_ARGUMENT for num_tokens < 0, or a uniform-decode batch whose padded
-  // size is not a multiple of q.
+  // INVALID_ARGUMENT for num_tokens < 0, or a uniform-decode batch in a mode
+  // with FULL graphs whose padded size is not a multiple of q (an assertion
+  // upstream).
   absl::StatusOr<DispatchResult> Dispatch(int num_tokens, bool uniform_decode,
                                           bool has_lora = false,
                                           bool disable_full = false) const;
@@ -81,6 +85,7 @@ class CudaGraphDispatcher {
   bool keys_initialized() const { return keys_initialized_; }
   CudaGraphMode mode() const { return mode_; }
   const std::vector<int>& capture_sizes() const { return config_.capture_sizes; }
+  int uniform_decode_query_len() const { return config_.uniform_decode_query_len; }
   int max_capture_size() const {
     return config_.capture_sizes.empty() ? 0 : config_.capture_sizes.back();
   }

@@ -38,12 +38,12 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.block_size = block_size;
   c.num_kv_blocks = num_kv_blocks;
   c.kv_cache_bytes = kv_cache_mb << 20;
-  ASSIGN_OR_RETURN(c.runner.cudagraph_mode, CudaGraphMode::Parse(cudagraph_mode));
+  ASSIGN_OR_RETURN(c.runner.graph.requested_mode, CudaGraphMode::Parse(cudagraph_mode));
   c.runner.max_num_batched_tokens = max_num_batched_tokens;
   c.runner.max_num_seqs = max_num_seqs;
   c.runner.max_model_len = max_model_len;
-  ASSIGN_OR_RETURN(c.runner.capture_sizes, ParseIntList(capture_sizes, "--capture-sizes"));
-  if (flags.IsSet("max-capture-size")) c.runner.max_capture_size = max_capture_size;
+  ASSIGN_OR_RETURN(c.runner.graph.capture_sizes, ParseIntList(capture_sizes, "--capture-sizes"));
+  if (flags.IsSet("max-capture-size")) c.runner.graph.max_capture_size = max_capture_size;
   c.runner.check_input_addresses = check_input_addresses;
   return c;
 }

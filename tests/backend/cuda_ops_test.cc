@@ -303,7 +303,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> MakeEngine(const std::string& device,
   c.model = "synthetic";
   c.backend.device = device;
   c.backend.dtype = dtype;
-  c.runner.cudagraph_mode = mode;
+  c.runner.graph.requested_mode = mode;
   c.runner.max_num_batched_tokens = 256;
   c.runner.max_num_seqs = 16;
   c.runner.max_model_len = 1024;

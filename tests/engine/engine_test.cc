@@ -13,7 +13,7 @@ std::unique_ptr<LlmEngine> MakeEngine(M mode, int num_kv_blocks = 0, int max_num
                                       int block_size = 16) {
   EngineConfig c;
   c.model = "synthetic";
-  c.runner.cudagraph_mode = mode;
+  c.runner.graph.requested_mode = mode;
   c.runner.max_num_batched_tokens = 64;
   c.runner.max_num_seqs = max_num_seqs;
   c.runner.max_model_len = 512;

@@ -31,8 +31,8 @@ struct Rig {
     RunnerConfig rc;
     rc.max_num_batched_tokens = 128;
     rc.max_num_seqs = max_num_seqs;
-    rc.cudagraph_mode = mode;
-    rc.capture_sizes = sizes;
+    rc.graph.requested_mode = mode;
+    rc.graph.capture_sizes = sizes;
     rc.check_input_addresses = true;
     runner = ModelRunner::Create(rc, model.get(), kv.get(), ops.get()).value();
     EXPECT_TRUE(runner->CaptureGraphs().ok());

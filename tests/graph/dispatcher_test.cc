@@ -17,7 +17,7 @@ CudaGraphDispatcher Make(M mode, std::vector<int> sizes, int max_num_seqs = 256,
   c.lora_enabled = lora;
   c.specialize_lora = specialize_lora;
   CudaGraphDispatcher d(c);
-  EXPECT_TRUE(d.InitializeKeys(mode, q).ok());
+  EXPECT_TRUE(d.InitializeKeys(mode).ok());
   return d;
 }
 
@@ -138,7 +138,7 @@ TEST(DispatcherTest, UniformPaddedSizeNotMultipleOfQueryIsError) {
   c.capture_sizes = {1, 2, 3};
   c.uniform_decode_query_len = 2;
   CudaGraphDispatcher d(c);
-  EXPECT_EQ(d.InitializeKeys(M::kFullAndPiecewise, 2).code(),
+  EXPECT_EQ(d.InitializeKeys(M::kFullAndPiecewise).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

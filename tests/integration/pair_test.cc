@@ -55,7 +55,7 @@ Worker* PairTest::decode_ = nullptr;
 
 TEST_F(PairTest, GreedyTokensEqualLocalNoneForTwentyPrompts) {
   EngineConfig config;
-  config.runner.cudagraph_mode = CudaGraphMode::kNone;
+  config.runner.graph.requested_mode = CudaGraphMode::kNone;
   auto local = LlmEngine::Create(config).value();
   SamplingParams p;
   p.max_tokens = 8;

@@ -29,7 +29,7 @@ TEST_P(ReferenceTest, LogitsMatchTransformersWithin1e4) {
   RunnerConfig rc;
   rc.max_num_batched_tokens = 64;
   rc.max_num_seqs = 4;
-  rc.cudagraph_mode = GetParam();
+  rc.graph.requested_mode = GetParam();
   auto runner = ModelRunner::Create(rc, model->get(), kv->get(), ops.get());
   ASSERT_TRUE(runner.ok()) << runner.status();
   ASSERT_TRUE((*runner)->CaptureGraphs().ok());

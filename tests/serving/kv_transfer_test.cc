@@ -24,7 +24,7 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   a.block_size = 4;
   b.block_size = 32;
   for (EngineConfig* c : {&a, &b}) {
-    c->runner.cudagraph_mode = CudaGraphMode::kNone;
+    c->runner.graph.requested_mode = CudaGraphMode::kNone;
     c->runner.max_num_batched_tokens = 256;
     c->runner.max_num_seqs = 4;
     c->runner.max_model_len = 512;
