@@ -5,7 +5,9 @@
 //
 // Ownership: Create() returns a shared_ptr; the writer also holds itself until
 // gRPC calls OnDone(), so engine callbacks may keep a shared_ptr and call
-// Send()/End() at any time (calls after End() are ignored).
+// Send()/End() at any time (calls after End() are ignored). OnDone() drops the
+// callbacks too: an OnCancelled() callback that holds the caller's state (which
+// holds the writer) must not outlive the call, or both leak.
 #ifndef TANDEM_COMMON_SERVING_STREAM_WRITER_H_
 #define TANDEM_COMMON_SERVING_STREAM_WRITER_H_
 
@@ -57,7 +59,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       absl::MutexLock lock(&mu_);
       if (cancelled_) {
         now = true;
-      } else {
+      } else if (!done_) {
         on_cancel_ = std::move(fn);
       }
     }
@@ -119,7 +121,20 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    std::function<void()> cancel;
+    std::function<void(const grpc::Status&)> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      cancel = std::move(on_cancel_);
+      on_cancel_ = nullptr;
+      finish = std::move(on_finish_);
+      on_finish_ = nullptr;
+    }
+    std::shared_ptr<StreamWriter> self = std::move(self_);
+    // Destroying these locals may destroy `this`: no member access below.
+  }
 
   absl::Mutex mu_;
   std::deque<Msg> queue_;
@@ -128,6 +143,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   bool ended_ = false;
   bool finished_ = false;
   bool cancelled_ = false;
+  bool done_ = false;  // gRPC called OnDone(): callbacks are no longer kept
   std::optional<grpc::Status> final_;
   std::function<void()> on_cancel_;
   std::function<void(const grpc::Status&)> on_finish_;
