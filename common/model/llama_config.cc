@@ -59,6 +59,33 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
   }
+  // What the engine implements; anything else is refused by name.
+  auto refuse = [&](const std::string& field, const std::string& value, const char* supported) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", field, " is ", value,
+                                                   "; the engine implements ", supported));
+  };
+  if (j.contains("architectures") && j["architectures"].is_array()) {
+    for (const auto& a : j["architectures"]) {
+      if (!a.is_string() || a.get<std::string>() != "LlamaForCausalLM") {
+        return refuse("architectures", a.dump(), "LlamaForCausalLM");
+      }
+    }
+  }
+  if (j.contains("model_type") && j["model_type"] != "llama") {
+    return refuse("model_type", j["model_type"].dump(), "\"llama\"");
+  }
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
+    return refuse("hidden_act", j["hidden_act"].dump(), "\"silu\" (SwiGLU)");
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (j.contains(bias) && j[bias].is_boolean() && j[bias].get<bool>()) {
+      return refuse(bias, "true", "layers without biases");
+    }
+  }
+  if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number() &&
+      j["partial_rotary_factor"].get<double>() != 1.0) {
+    return refuse("partial_rotary_factor", j["partial_rotary_factor"].dump(), "1.0");
+  }
   LlamaConfig c;
   auto need = [&](const char* key) -> absl::StatusOr<const nlohmann::json*> {
     if (!j.contains(key) || j[key].is_null()) {
@@ -125,6 +152,25 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", s.message()));
   }
   return c;
+}
+
+absl::Status ApplyGenerationConfig(absl::string_view json_text, absl::string_view source_name,
+                                   LlamaConfig* config) {
+  nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
+  }
+  if (!j.contains("eos_token_id")) return absl::OkStatus();
+  std::vector<int32_t> eos;
+  const auto& e = j["eos_token_id"];
+  if (e.is_number_integer()) eos.push_back(e.get<int32_t>());
+  if (e.is_array()) {
+    for (const auto& x : e) {
+      if (x.is_number_integer()) eos.push_back(x.get<int32_t>());
+    }
+  }
+  if (!eos.empty()) config->eos_token_ids = std::move(eos);
+  return absl::OkStatus();
 }
 
 std::vector<float> RopeInverseFrequencies(const LlamaConfig& config) {

@@ -48,9 +48,18 @@ struct LlamaConfig {
 };
 
 // Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer
-// rope_parameters). INVALID_ARGUMENT names the file and the missing field.
+// rope_parameters). INVALID_ARGUMENT names the file and the missing field, or
+// the field and value of anything the engine does not implement: an
+// architecture other than LlamaForCausalLM, hidden_act other than silu,
+// attention or MLP biases, partial rotary embeddings, unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source_name);
+
+// Applies a Hugging Face generation_config.json: its eos_token_id (an id or a
+// list) replaces the config's, as transformers' generate() does.
+// INVALID_ARGUMENT names the file when it is not a JSON object.
+absl::Status ApplyGenerationConfig(absl::string_view json_text, absl::string_view source_name,
+                                   LlamaConfig* config);
 
 // Llama inverse RoPE frequencies, head_dim / 2 of them, with llama3 scaling
 // applied when configured (as transformers' _compute_llama3_parameters).

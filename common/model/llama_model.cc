@@ -8,8 +8,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/model/gguf_weights.h"
 #include "common/model/safetensors.h"
 
 namespace tandem {
@@ -148,18 +151,31 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->spec_ = spec;
   m->ops_ = ops;
-  std::unique_ptr<SafetensorsCheckpoint> checkpoint;
+  // Keeps the GGUF mapping alive while the weights are read.
+  std::unique_ptr<GgufFile> gguf;
+  std::unique_ptr<WeightSource> checkpoint;
   if (IsSyntheticSpec(spec)) {
     ASSIGN_OR_RETURN(m->config_, SyntheticConfig(spec));
+  } else if (IsGgufSpec(spec)) {
+    ASSIGN_OR_RETURN(gguf, GgufFile::Open(spec));
+    ASSIGN_OR_RETURN(m->config_, LlamaConfigFromGguf(*gguf));
+    checkpoint = std::make_unique<GgufWeights>(gguf.get(), m->config_);
   } else {
     std::ifstream in(spec + "/config.json");
     if (!in) {
       return absl::NotFoundError(absl::StrCat(
           "model '", spec, "': no ", spec,
-          "/config.json (give a Hugging Face model directory or a synthetic preset)"));
+          "/config.json (give a Hugging Face model directory, a .gguf file or a synthetic "
+          "preset)"));
     }
     std::string text((std::istreambuf_iterator<char>(in)), {});
     ASSIGN_OR_RETURN(m->config_, ParseLlamaConfig(text, spec + "/config.json"));
+    std::ifstream gen(spec + "/generation_config.json");
+    if (gen) {
+      std::string gen_text((std::istreambuf_iterator<char>(gen)), {});
+      RETURN_IF_ERROR(ApplyGenerationConfig(gen_text, spec + "/generation_config.json",
+                                            &m->config_));
+    }
     ASSIGN_OR_RETURN(auto ckpt, SafetensorsCheckpoint::Open(spec));
     checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
   }
@@ -171,10 +187,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   std::vector<float> host;
   std::vector<char> converted;
   const uint64_t model_seed = Fnv1a(c.name);
+  absl::flat_hash_set<std::string> used;
   TensorReader read = [&](const std::string& name, const std::vector<int64_t>& shape,
                           float* dst) -> absl::Status {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    used.insert(name);
     if (checkpoint) return checkpoint->ReadF32(name, shape, dst);
     const bool is_norm = absl::StrContains(name, "norm");
     const float scale = is_norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(shape.back()));
@@ -220,8 +238,33 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
                                      {p + "mlp.up_proj.weight", inter}}));
     RETURN_IF_ERROR(load(l.down, {{p + "mlp.down_proj.weight", h}}));
   }
-  const std::vector<float> inv = RopeInverseFrequencies(c);
+  std::vector<float> inv = RopeInverseFrequencies(c);
+  if (checkpoint && checkpoint->Has("rope_freqs")) {
+    // GGUF's llama3-style scaling: per-frequency divisors of the base inverse
+    // frequencies (llama.cpp's rope_freqs tensor).
+    std::vector<float> factors(inv.size());
+    RETURN_IF_ERROR(read("rope_freqs", {static_cast<int64_t>(inv.size())}, factors.data()));
+    for (size_t i = 0; i < inv.size(); ++i) inv[i] /= factors[i];
+  }
   RETURN_IF_ERROR(ops->device()->CopyToDevice(m->inv_freq_.data, inv.data(), inv.size() * 4));
+  if (checkpoint) {
+    // A tensor the engine does not use means a model it does not implement
+    // (biases, extra norms, experts...): refuse it rather than run it wrong.
+    std::vector<std::string> unused;
+    for (const std::string& name : checkpoint->TensorNames()) {
+      if (used.contains(name) || absl::EndsWith(name, "rotary_emb.inv_freq")) continue;
+      // A tied model may still carry a copy of the head; transformers ignores it.
+      if (name == "lm_head.weight" && c.tie_word_embeddings) continue;
+      unused.push_back(name);
+    }
+    if (!unused.empty()) {
+      const size_t shown = std::min<size_t>(unused.size(), 5);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec, "' has ", unused.size(), " tensor(s) the engine does not implement: ",
+          absl::StrJoin(unused.begin(), unused.begin() + shown, ", "),
+          unused.size() > shown ? ", ..." : ""));
+    }
+  }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "

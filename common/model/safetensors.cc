@@ -129,6 +129,12 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
   return c;
 }
 
+std::vector<std::string> SafetensorsCheckpoint::TensorNames() const {
+  std::vector<std::string> names;
+  for (const auto& [name, e] : entries_) names.push_back(name);
+  return names;
+}
+
 absl::Status SafetensorsCheckpoint::ReadF32(const std::string& name,
                                             const std::vector<int64_t>& expected_shape,
                                             float* dst) const {

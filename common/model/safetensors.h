@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/weight_source.h"
 
 namespace tandem {
 
@@ -25,7 +26,7 @@ struct SafetensorsEntry {
   uint64_t end = 0;
 };
 
-class SafetensorsCheckpoint {
+class SafetensorsCheckpoint : public WeightSource {
  public:
   // Opens `dir`/model.safetensors or the shards of
   // `dir`/model.safetensors.index.json. NOT_FOUND / INVALID_ARGUMENT name the file.
@@ -33,14 +34,15 @@ class SafetensorsCheckpoint {
   // Opens one .safetensors file.
   static absl::StatusOr<SafetensorsCheckpoint> OpenFile(const std::string& path);
 
-  bool Has(const std::string& name) const { return entries_.count(name) > 0; }
+  bool Has(const std::string& name) const override { return entries_.count(name) > 0; }
+  std::vector<std::string> TensorNames() const override;
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
 
   // Reads tensor `name` as f32 into `dst` (numel floats). NOT_FOUND names the
   // tensor and the checkpoint; INVALID_ARGUMENT names the tensor, its file,
   // and the expected and actual shapes or an unsupported dtype.
   absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& expected_shape,
-                       float* dst) const;
+                       float* dst) const override;
 
  private:
   absl::Status AddFile(const std::string& path);

@@ -3,7 +3,11 @@
 #include <cmath>
 #include <fstream>
 
+#include <filesystem>
+
 #include "common/engine/model_runner.h"
+#include "common/model/gguf.h"
+#include "common/model/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -12,24 +16,23 @@ namespace {
 
 const std::string kFixture = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_llama";
 
-class ReferenceTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
-
-TEST_P(ReferenceTest, LogitsMatchTransformersWithin1e4) {
+// Prefills each reference prompt, then teacher-forces its continuation, and
+// compares every step's logits with transformers'.
+void CheckAgainstReference(const std::string& spec, CudaGraphMode mode) {
   std::ifstream in(kFixture + "/reference.json");
   ASSERT_TRUE(in) << "missing fixture " << kFixture;
   nlohmann::json ref = nlohmann::json::parse(in);
 
   auto device = CreateCpuDevice();
   auto ops = CreateCpuOps(device.get(), 1);
-  auto model = LlamaModel::Load(kFixture, ops.get());
+  auto model = LlamaModel::Load(spec, ops.get());
   ASSERT_TRUE(model.ok()) << model.status();
-  EXPECT_EQ((*model)->config().rope_scaling.type, "llama3");
   auto kv = KvCache::Create(device.get(), DType::kF32, 2, 64, /*block_size=*/4, 2, 16);
   ASSERT_TRUE(kv.ok());
   RunnerConfig rc;
   rc.max_num_batched_tokens = 64;
   rc.max_num_seqs = 4;
-  rc.graph.requested_mode = GetParam();
+  rc.graph.requested_mode = mode;
   auto runner = ModelRunner::Create(rc, model->get(), kv->get(), ops.get());
   ASSERT_TRUE(runner.ok()) << runner.status();
   ASSERT_TRUE((*runner)->CaptureGraphs().ok());
@@ -66,8 +69,94 @@ TEST_P(ReferenceTest, LogitsMatchTransformersWithin1e4) {
     }
     (*kv)->Free(id);
   }
-  RecordProperty("max_abs_diff", std::to_string(worst));
+  ::testing::Test::RecordProperty("max_abs_diff", std::to_string(worst));
   EXPECT_EQ((*kv)->allocator().num_used(), 0);
+}
+
+// Writes the fixture as llama.cpp's converter would: GGUF names, dims
+// fastest first, q/k rows permuted for its rope layout, llama3 scaling as a
+// rope_freqs tensor of per-frequency divisors.
+std::string WriteFixtureAsGguf() {
+  auto ckpt = SafetensorsCheckpoint::Open(kFixture);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  std::ifstream cfg_in(kFixture + "/config.json");
+  auto config = ParseLlamaConfig(std::string(std::istreambuf_iterator<char>(cfg_in), {}), "cfg");
+  EXPECT_TRUE(config.ok());
+  const LlamaConfig& c = *config;
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddU32("llama.embedding_length", c.hidden_size);
+  w.AddU32("llama.feed_forward_length", c.intermediate_size);
+  w.AddU32("llama.block_count", c.num_hidden_layers);
+  w.AddU32("llama.attention.head_count", c.num_attention_heads);
+  w.AddU32("llama.attention.head_count_kv", c.num_key_value_heads);
+  w.AddU32("llama.context_length", c.max_position_embeddings);
+  w.AddU32("llama.rope.dimension_count", c.head_dim);
+  w.AddF32("llama.rope.freq_base", c.rope_theta);
+  w.AddF32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  auto add = [&](const std::string& gguf_name, const std::string& hf_name, int permute_heads) {
+    const SafetensorsEntry& e = ckpt->entries().at(hf_name);
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    std::vector<float> v(n), out(n);
+    EXPECT_TRUE(ckpt->ReadF32(hf_name, e.shape, v.data()).ok());
+    out = v;
+    if (permute_heads > 0) {  // llama.cpp permute(): per head, [2, half] -> [half, 2]
+      const int64_t cols = e.shape[1], head_dim = e.shape[0] / permute_heads, half = head_dim / 2;
+      for (int h = 0; h < permute_heads; ++h) {
+        for (int64_t k = 0; k < 2; ++k) {
+          for (int64_t i = 0; i < half; ++i) {
+            std::copy_n(&v[(h * head_dim + k * half + i) * cols], cols,
+                        &out[(h * head_dim + i * 2 + k) * cols]);
+          }
+        }
+      }
+    }
+    w.AddTensor(gguf_name, std::vector<int64_t>(e.shape.rbegin(), e.shape.rend()), GgmlType::kF32,
+                std::string(reinterpret_cast<const char*>(out.data()), out.size() * 4));
+  };
+  add("token_embd.weight", "model.embed_tokens.weight", 0);
+  add("output_norm.weight", "model.norm.weight", 0);
+  add("output.weight", "lm_head.weight", 0);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string g = "blk." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
+    add(g + "attn_norm.weight", h + "input_layernorm.weight", 0);
+    add(g + "attn_q.weight", h + "self_attn.q_proj.weight", c.num_attention_heads);
+    add(g + "attn_k.weight", h + "self_attn.k_proj.weight", c.num_key_value_heads);
+    add(g + "attn_v.weight", h + "self_attn.v_proj.weight", 0);
+    add(g + "attn_output.weight", h + "self_attn.o_proj.weight", 0);
+    add(g + "ffn_norm.weight", h + "post_attention_layernorm.weight", 0);
+    add(g + "ffn_gate.weight", h + "mlp.gate_proj.weight", 0);
+    add(g + "ffn_up.weight", h + "mlp.up_proj.weight", 0);
+    add(g + "ffn_down.weight", h + "mlp.down_proj.weight", 0);
+  }
+  LlamaConfig unscaled = c;
+  unscaled.rope_scaling.type = "";
+  const std::vector<float> base = RopeInverseFrequencies(unscaled);
+  const std::vector<float> scaled = RopeInverseFrequencies(c);
+  std::vector<float> factors(base.size());
+  for (size_t i = 0; i < base.size(); ++i) factors[i] = base[i] / scaled[i];
+  w.AddTensor("rope_freqs.weight", {static_cast<int64_t>(factors.size())}, GgmlType::kF32,
+              std::string(reinterpret_cast<const char*>(factors.data()), factors.size() * 4));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("tiny_llama_" + std::to_string(::getpid()) + ".gguf"))
+          .string();
+  EXPECT_TRUE(w.WriteFile(path).ok());
+  return path;
+}
+
+class ReferenceTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
+
+TEST_P(ReferenceTest, LogitsMatchTransformersWithin1e4) {
+  CheckAgainstReference(kFixture, GetParam());
+}
+
+// The same checkpoint as GGUF: names, dim order, q/k permutation and
+// rope_freqs undone exactly.
+TEST_P(ReferenceTest, GgufOfTheFixtureMatchesTransformersWithin1e4) {
+  const std::string path = WriteFixtureAsGguf();
+  CheckAgainstReference(path, GetParam());
+  std::filesystem::remove(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, ReferenceTest,

@@ -121,6 +121,66 @@ TEST(LlamaConfigTest, ParsesLegacyRopeScaling) {
   EXPECT_NE(bad.status().message().find("hidden_size"), std::string::npos);
 }
 
+TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2)";
+  auto parse = [&](const std::string& extra) {
+    return ParseLlamaConfig("{" + base + ", " + extra + "}", "config.json").status();
+  };
+  EXPECT_TRUE(parse(R"("architectures": ["LlamaForCausalLM"], "hidden_act": "silu")").ok());
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("architectures": ["Qwen2ForCausalLM"])", "architectures"},
+      {R"("model_type": "qwen2")", "model_type"},
+      {R"("hidden_act": "gelu")", "hidden_act is \"gelu\""},
+      {R"("attention_bias": true)", "attention_bias"},
+      {R"("mlp_bias": true)", "mlp_bias"},
+      {R"("partial_rotary_factor": 0.5)", "partial_rotary_factor"},
+      {R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})", "yarn"},
+  };
+  for (const auto& [extra, field] : cases) {
+    absl::Status s = parse(extra);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  }
+}
+
+TEST(LlamaConfigTest, GenerationConfigEosReplacesConfigEos) {
+  LlamaConfig c;
+  c.eos_token_ids = {2};
+  ASSERT_TRUE(ApplyGenerationConfig(R"({"eos_token_id": [2, 7]})", "g.json", &c).ok());
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 7}));
+  ASSERT_TRUE(ApplyGenerationConfig(R"({"do_sample": true})", "g.json", &c).ok());
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_FALSE(ApplyGenerationConfig("[", "g.json", &c).ok());
+}
+
+TEST(SafetensorsTest, ModelLoadRefusesTensorsItDoesNotUse) {
+  // The fixture plus a bias the engine has no use for: refused, by name.
+  fs::path dir = TempDir("extra_tensor_model");
+  const std::string fixture = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_llama";
+  fs::copy_file(fixture + "/config.json", dir / "config.json");
+  auto ckpt = SafetensorsCheckpoint::Open(fixture);
+  ASSERT_TRUE(ckpt.ok());
+  std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+  for (const auto& [name, e] : ckpt->entries()) {
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    std::vector<float> v(n);
+    ASSERT_TRUE(ckpt->ReadF32(name, e.shape, v.data()).ok());
+    tensors[name] = {e.shape, std::move(v)};
+  }
+  tensors["model.layers.0.self_attn.q_proj.bias"] = {{64}, std::vector<float>(64, 0.f)};
+  ASSERT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(), tensors).ok());
+  auto device = CreateCpuDevice();
+  auto ops = CreateCpuOps(device.get(), 1);
+  auto model = LlamaModel::Load(dir.string(), ops.get());
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("model.layers.0.self_attn.q_proj.bias"),
+            std::string::npos)
+      << model.status();
+}
+
 TEST(SyntheticModelTest, SameNameSameWeights) {
   auto device = CreateCpuDevice();
   auto ops = CreateCpuOps(device.get(), 1);

@@ -1,0 +1,502 @@
+#include "common/model/gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/model/safetensors.h"
+
+namespace tandem {
+namespace {
+
+constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
+// Limits far above any real model, far below what would exhaust memory.
+constexpr uint64_t kMaxTensors = 1u << 20;
+constexpr uint64_t kMaxKeyValues = 1u << 20;
+constexpr uint64_t kMaxDims = 4;
+
+// A bounds-checked little-endian reader over the mapped bytes.
+class Cursor {
+ public:
+  Cursor(const uint8_t* p, size_t size, const std::string& name)
+      : p_(p), size_(size), name_(name) {}
+  size_t pos() const { return pos_; }
+  size_t remaining() const { return size_ - pos_; }
+
+  absl::Status Need(uint64_t n, absl::string_view what) {
+    if (n > remaining()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": truncated at byte ", pos_, " reading ", what, " (", n, " bytes needed, ",
+          remaining(), " left)"));
+    }
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::StatusOr<T> Read(absl::string_view what) {
+    RETURN_IF_ERROR(Need(sizeof(T), what));
+    T v;
+    std::memcpy(&v, p_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  absl::StatusOr<std::string> ReadString(absl::string_view what) {
+    ASSIGN_OR_RETURN(uint64_t n, Read<uint64_t>(what));
+    RETURN_IF_ERROR(Need(n, what));
+    std::string s(reinterpret_cast<const char*>(p_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": ", what, " (at byte ", pos_, ")"));
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t size_;
+  size_t pos_ = 0;
+  const std::string& name_;
+};
+
+size_t ScalarSize(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kU8: case GgufValueType::kI8: case GgufValueType::kBool: return 1;
+    case GgufValueType::kU16: case GgufValueType::kI16: return 2;
+    case GgufValueType::kU32: case GgufValueType::kI32: case GgufValueType::kF32: return 4;
+    case GgufValueType::kU64: case GgufValueType::kI64: case GgufValueType::kF64: return 8;
+    default: return 0;
+  }
+}
+
+// Reads one scalar of type `t` into (i, f).
+absl::Status ReadScalar(Cursor& c, GgufValueType t, int64_t* i, double* f) {
+  switch (t) {
+    case GgufValueType::kU8: { ASSIGN_OR_RETURN(uint8_t v, c.Read<uint8_t>("u8")); *i = v; break; }
+    case GgufValueType::kI8: { ASSIGN_OR_RETURN(int8_t v, c.Read<int8_t>("i8")); *i = v; break; }
+    case GgufValueType::kBool: { ASSIGN_OR_RETURN(uint8_t v, c.Read<uint8_t>("bool")); *i = v != 0; break; }
+    case GgufValueType::kU16: { ASSIGN_OR_RETURN(uint16_t v, c.Read<uint16_t>("u16")); *i = v; break; }
+    case GgufValueType::kI16: { ASSIGN_OR_RETURN(int16_t v, c.Read<int16_t>("i16")); *i = v; break; }
+    case GgufValueType::kU32: { ASSIGN_OR_RETURN(uint32_t v, c.Read<uint32_t>("u32")); *i = v; break; }
+    case GgufValueType::kI32: { ASSIGN_OR_RETURN(int32_t v, c.Read<int32_t>("i32")); *i = v; break; }
+    case GgufValueType::kU64: {
+      ASSIGN_OR_RETURN(uint64_t v, c.Read<uint64_t>("u64"));
+      *i = v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+               ? std::numeric_limits<int64_t>::max()
+               : static_cast<int64_t>(v);
+      break;
+    }
+    case GgufValueType::kI64: { ASSIGN_OR_RETURN(int64_t v, c.Read<int64_t>("i64")); *i = v; break; }
+    case GgufValueType::kF32: { ASSIGN_OR_RETURN(float v, c.Read<float>("f32")); *f = v; break; }
+    case GgufValueType::kF64: { ASSIGN_OR_RETURN(double v, c.Read<double>("f64")); *f = v; break; }
+    default: return c.Error(absl::StrCat("unknown metadata value type ", static_cast<uint32_t>(t)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(Cursor& c, GgufValue* v, bool nested) {
+  ASSIGN_OR_RETURN(uint32_t raw_type, c.Read<uint32_t>("value type"));
+  v->type = static_cast<GgufValueType>(raw_type);
+  if (v->type == GgufValueType::kString) {
+    ASSIGN_OR_RETURN(v->s, c.ReadString("string value"));
+    return absl::OkStatus();
+  }
+  if (v->type != GgufValueType::kArray) return ReadScalar(c, v->type, &v->i, &v->f);
+  if (nested) return c.Error("nested arrays are not supported");
+  ASSIGN_OR_RETURN(uint32_t elem, c.Read<uint32_t>("array element type"));
+  v->elem_type = static_cast<GgufValueType>(elem);
+  ASSIGN_OR_RETURN(uint64_t n, c.Read<uint64_t>("array length"));
+  if (v->elem_type == GgufValueType::kString) {
+    // Each string needs at least its 8-byte length.
+    if (n > c.remaining() / 8) return c.Error(absl::StrCat("array of ", n, " strings overruns the file"));
+    v->strings.reserve(n);
+    for (uint64_t k = 0; k < n; ++k) {
+      ASSIGN_OR_RETURN(std::string s, c.ReadString("array string"));
+      v->strings.push_back(std::move(s));
+    }
+    return absl::OkStatus();
+  }
+  const size_t es = ScalarSize(v->elem_type);
+  if (es == 0) return c.Error(absl::StrCat("unsupported array element type ", elem));
+  if (n > c.remaining() / es) return c.Error(absl::StrCat("array of ", n, " elements overruns the file"));
+  const bool is_float = v->elem_type == GgufValueType::kF32 || v->elem_type == GgufValueType::kF64;
+  (is_float ? v->floats.reserve(n) : v->ints.reserve(n));
+  for (uint64_t k = 0; k < n; ++k) {
+    int64_t i = 0;
+    double f = 0;
+    RETURN_IF_ERROR(ReadScalar(c, v->elem_type, &i, &f));
+    if (is_float) {
+      v->floats.push_back(f);
+    } else {
+      v->ints.push_back(i);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PutU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void PutStr(std::string* out, const std::string& s) {
+  PutU64(out, s.size());
+  out->append(s);
+}
+
+}  // namespace
+
+std::string GgmlTypeName(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32: return "F32";
+    case GgmlType::kF16: return "F16";
+    case GgmlType::kQ4_0: return "Q4_0";
+    case GgmlType::kQ4_1: return "Q4_1";
+    case GgmlType::kQ8_0: return "Q8_0";
+    case GgmlType::kBF16: return "BF16";
+  }
+  static const char* const kOthers[] = {nullptr, nullptr, nullptr, nullptr, "Q4_2", "Q4_3",
+                                        "Q5_0",  "Q5_1",  nullptr, "Q8_1",  "Q2_K", "Q3_K",
+                                        "Q4_K",  "Q5_K",  "Q6_K",  "Q8_K"};
+  if (type < 16 && kOthers[type] != nullptr) return kOthers[type];
+  return absl::StrCat("type ", type);
+}
+
+bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32: *block_elems = 1; *block_bytes = 4; return true;
+    case GgmlType::kF16: case GgmlType::kBF16: *block_elems = 1; *block_bytes = 2; return true;
+    case GgmlType::kQ4_0: *block_elems = 32; *block_bytes = 18; return true;   // f16 d, 16 B
+    case GgmlType::kQ4_1: *block_elems = 32; *block_bytes = 20; return true;   // f16 d, m, 16 B
+    case GgmlType::kQ8_0: *block_elems = 32; *block_bytes = 34; return true;   // f16 d, 32 i8
+  }
+  return false;
+}
+
+void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+  auto half = [](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return HalfToFloat(h);
+  };
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(dst, src, n * 4);
+      return;
+    case GgmlType::kF16:
+      for (int64_t k = 0; k < n; ++k) dst[k] = half(src + 2 * k);
+      return;
+    case GgmlType::kBF16:
+      for (int64_t k = 0; k < n; ++k) {
+        uint16_t b;
+        std::memcpy(&b, src + 2 * k, 2);
+        dst[k] = Bf16ToFloat(b);
+      }
+      return;
+    case GgmlType::kQ8_0:  // x = d * q
+      for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+        const float d = half(src);
+        const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+        for (int j = 0; j < 32; ++j) dst[j] = d * q[j];
+      }
+      return;
+    case GgmlType::kQ4_0:  // x = d * (nibble - 8); low nibbles first half
+      for (int64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
+        const float d = half(src);
+        const uint8_t* q = src + 2;
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = d * static_cast<float>((q[j] & 0x0f) - 8);
+          dst[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
+        }
+      }
+      return;
+    case GgmlType::kQ4_1:  // x = d * nibble + m
+      for (int64_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
+        const float d = half(src), m = half(src + 2);
+        const uint8_t* q = src + 4;
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = d * static_cast<float>(q[j] & 0x0f) + m;
+          dst[j + 16] = d * static_cast<float>(q[j] >> 4) + m;
+        }
+      }
+      return;
+  }
+}
+
+bool GgufValue::is_integer() const {
+  switch (type) {
+    case GgufValueType::kU8: case GgufValueType::kI8: case GgufValueType::kU16:
+    case GgufValueType::kI16: case GgufValueType::kU32: case GgufValueType::kI32:
+    case GgufValueType::kU64: case GgufValueType::kI64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t GgufTensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+GgufFile::~GgufFile() {
+  if (owns_map_) {
+    munmap(const_cast<uint8_t*>(map_), size_);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open GGUF file ", path));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < 24) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a GGUF file (too short)"));
+  }
+  void* p = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return absl::InternalError(absl::StrCat("cannot map ", path));
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->path_ = path;
+  f->owns_map_ = true;
+  f->map_ = static_cast<const uint8_t*>(p);
+  f->size_ = st.st_size;
+  RETURN_IF_ERROR(f->Parse());
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<GgufFile>> ParseGgufBytes(const uint8_t* bytes, size_t size,
+                                                         const std::string& name) {
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->path_ = name;
+  f->map_ = bytes;
+  f->size_ = size;
+  RETURN_IF_ERROR(f->Parse());
+  return f;
+}
+
+absl::Status GgufFile::Parse() {
+  Cursor c(map_, size_, path_);
+  ASSIGN_OR_RETURN(uint32_t magic, c.Read<uint32_t>("magic"));
+  if (magic != kMagic) return c.Error("not a GGUF file (bad magic)");
+  ASSIGN_OR_RETURN(version_, c.Read<uint32_t>("version"));
+  if (version_ != 2 && version_ != 3) {
+    return c.Error(absl::StrCat("GGUF version ", version_, " is not supported (2 or 3)"));
+  }
+  ASSIGN_OR_RETURN(uint64_t n_tensors, c.Read<uint64_t>("tensor count"));
+  ASSIGN_OR_RETURN(uint64_t n_kv, c.Read<uint64_t>("metadata count"));
+  if (n_tensors > kMaxTensors) return c.Error(absl::StrCat("absurd tensor count ", n_tensors));
+  if (n_kv > kMaxKeyValues) return c.Error(absl::StrCat("absurd metadata count ", n_kv));
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key"));
+    GgufValue v;
+    RETURN_IF_ERROR(ReadValue(c, &v, /*nested=*/false));
+    metadata_[key] = std::move(v);
+  }
+  uint64_t alignment = 32;
+  if (const GgufValue* a = Find("general.alignment")) {
+    if (!a->is_integer() || a->i < 1 || a->i > (1 << 20) || (a->i & (a->i - 1)) != 0) {
+      return c.Error("general.alignment must be a power of two");
+    }
+    alignment = a->i;
+  }
+  tensors_.reserve(n_tensors);
+  for (uint64_t k = 0; k < n_tensors; ++k) {
+    GgufTensorInfo t;
+    ASSIGN_OR_RETURN(t.name, c.ReadString("tensor name"));
+    ASSIGN_OR_RETURN(uint32_t n_dims, c.Read<uint32_t>("tensor rank"));
+    if (n_dims < 1 || n_dims > kMaxDims) {
+      return c.Error(absl::StrCat("tensor '", t.name, "' has rank ", n_dims));
+    }
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < n_dims; ++d) {
+      ASSIGN_OR_RETURN(uint64_t dim, c.Read<uint64_t>("tensor dim"));
+      if (dim == 0 || dim > (uint64_t{1} << 40) || numel > (uint64_t{1} << 40) / dim) {
+        return c.Error(absl::StrCat("tensor '", t.name, "' has an absurd shape"));
+      }
+      numel *= dim;
+      t.dims.push_back(static_cast<int64_t>(dim));
+    }
+    ASSIGN_OR_RETURN(t.type, c.Read<uint32_t>("tensor type"));
+    ASSIGN_OR_RETURN(t.offset, c.Read<uint64_t>("tensor offset"));
+    int64_t be = 0, bb = 0;
+    if (GgmlBlockLayout(t.type, &be, &bb)) {
+      if (t.dims[0] % be != 0) {
+        return c.Error(absl::StrCat("tensor '", t.name, "': first dim ", t.dims[0],
+                                    " is not a multiple of the ", GgmlTypeName(t.type),
+                                    " block size ", be));
+      }
+      t.nbytes = numel / be * bb;
+    }
+    if (!tensor_index_.emplace(t.name, tensors_.size()).second) {
+      return c.Error(absl::StrCat("tensor '", t.name, "' appears twice"));
+    }
+    tensors_.push_back(std::move(t));
+  }
+  const uint64_t data_start = (c.pos() + alignment - 1) / alignment * alignment;
+  if (data_start > size_) return c.Error("data section starts past the end of the file");
+  data_ = map_ + data_start;
+  const uint64_t data_size = size_ - data_start;
+  for (const GgufTensorInfo& t : tensors_) {
+    if (t.offset % alignment != 0 || t.offset > data_size || t.nbytes > data_size - t.offset) {
+      return c.Error(absl::StrCat("tensor '", t.name, "' at offset ", t.offset, " (", t.nbytes,
+                                  " bytes) lies outside the data section (", data_size,
+                                  " bytes) or is misaligned"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+const GgufValue* GgufFile::Find(absl::string_view key) const {
+  auto it = metadata_.find(std::string(key));
+  return it == metadata_.end() ? nullptr : &it->second;
+}
+
+const GgufTensorInfo* GgufFile::FindTensor(absl::string_view name) const {
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
+}
+
+absl::StatusOr<std::string> GgufFile::GetString(absl::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", key));
+  if (v->type != GgufValueType::kString) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": metadata ", key, " is not a string"));
+  }
+  return v->s;
+}
+
+absl::StatusOr<int64_t> GgufFile::GetInt(absl::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", key));
+  if (!v->is_integer()) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": metadata ", key, " is not an integer"));
+  }
+  return v->i;
+}
+
+absl::StatusOr<double> GgufFile::GetFloat(absl::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", key));
+  if (v->is_float()) return v->f;
+  if (v->is_integer()) return static_cast<double>(v->i);
+  return absl::InvalidArgumentError(absl::StrCat(path_, ": metadata ", key, " is not a number"));
+}
+
+absl::StatusOr<bool> GgufFile::GetBool(absl::string_view key) const {
+  const GgufValue* v = Find(key);
+  if (v == nullptr) return absl::NotFoundError(absl::StrCat(path_, ": no metadata key ", key));
+  if (v->type != GgufValueType::kBool) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": metadata ", key, " is not a bool"));
+  }
+  return v->i != 0;
+}
+
+absl::Status GgufFile::ReadF32(const GgufTensorInfo& t, float* dst) const {
+  int64_t be = 0, bb = 0;
+  if (!GgmlBlockLayout(t.type, &be, &bb)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor '", t.name, "' has type ", GgmlTypeName(t.type),
+        ", which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1)"));
+  }
+  DequantizeGgml(static_cast<GgmlType>(t.type), TensorData(t), dst, t.numel());
+  return absl::OkStatus();
+}
+
+void GgufWriter::AddString(const std::string& key, const std::string& v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kString));
+  PutStr(&kv_, v);
+  ++num_kv_;
+}
+void GgufWriter::AddU32(const std::string& key, uint32_t v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kU32));
+  PutU32(&kv_, v);
+  ++num_kv_;
+}
+void GgufWriter::AddF32(const std::string& key, float v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kF32));
+  kv_.append(reinterpret_cast<const char*>(&v), 4);
+  ++num_kv_;
+}
+void GgufWriter::AddBool(const std::string& key, bool v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kBool));
+  kv_.push_back(v ? 1 : 0);
+  ++num_kv_;
+}
+void GgufWriter::AddStringArray(const std::string& key, const std::vector<std::string>& v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kArray));
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kString));
+  PutU64(&kv_, v.size());
+  for (const auto& s : v) PutStr(&kv_, s);
+  ++num_kv_;
+}
+void GgufWriter::AddI32Array(const std::string& key, const std::vector<int32_t>& v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kArray));
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kI32));
+  PutU64(&kv_, v.size());
+  kv_.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  ++num_kv_;
+}
+void GgufWriter::AddF32Array(const std::string& key, const std::vector<float>& v) {
+  PutStr(&kv_, key);
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kArray));
+  PutU32(&kv_, static_cast<uint32_t>(GgufValueType::kF32));
+  PutU64(&kv_, v.size());
+  kv_.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  ++num_kv_;
+}
+void GgufWriter::AddTensor(const std::string& name, std::vector<int64_t> dims, GgmlType type,
+                           std::string raw) {
+  tensors_.push_back({name, std::move(dims), type, std::move(raw)});
+}
+
+std::string GgufWriter::Serialize(uint32_t alignment) const {
+  std::string out;
+  PutU32(&out, kMagic);
+  PutU32(&out, 3);
+  PutU64(&out, tensors_.size());
+  PutU64(&out, num_kv_ + (alignment != 32 ? 1 : 0));
+  out += kv_;
+  if (alignment != 32) {
+    PutStr(&out, "general.alignment");
+    PutU32(&out, static_cast<uint32_t>(GgufValueType::kU32));
+    PutU32(&out, alignment);
+  }
+  uint64_t offset = 0;
+  std::vector<uint64_t> offsets;
+  for (const Pending& t : tensors_) {
+    PutStr(&out, t.name);
+    PutU32(&out, static_cast<uint32_t>(t.dims.size()));
+    for (int64_t d : t.dims) PutU64(&out, static_cast<uint64_t>(d));
+    PutU32(&out, static_cast<uint32_t>(t.type));
+    PutU64(&out, offset);
+    offsets.push_back(offset);
+    offset = (offset + t.raw.size() + alignment - 1) / alignment * alignment;
+  }
+  out.resize((out.size() + alignment - 1) / alignment * alignment, '\0');
+  const size_t data_start = out.size();
+  for (size_t k = 0; k < tensors_.size(); ++k) {
+    out.resize(data_start + offsets[k], '\0');
+    out += tensors_[k].raw;
+  }
+  return out;
+}
+
+absl::Status GgufWriter::WriteFile(const std::string& path) const {
+  std::ofstream f(path, std::ios::binary);
+  const std::string bytes = Serialize();
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,202 @@
+#include "common/model/gguf_weights.h"
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/base/status_macros.h"
+
+namespace tandem {
+namespace {
+
+// Per-layer tensor names: GGUF suffix after "blk.N." and HF suffix after
+// "model.layers.N.".
+constexpr std::pair<const char*, const char*> kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+constexpr std::pair<const char*, const char*> kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+    {"rope_freqs.weight", "rope_freqs"},
+};
+
+std::string ShapeText(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+// Inverse of llama.cpp's permute(): rows of each head go from
+// [half, 2] (interleaved) back to [2, half] (rotate_half layout).
+void UnpermuteRows(float* w, int64_t rows, int64_t cols, int heads) {
+  const int64_t head_dim = rows / heads, half = head_dim / 2;
+  std::vector<float> tmp(head_dim * cols);
+  for (int h = 0; h < heads; ++h) {
+    float* base = w + h * head_dim * cols;
+    for (int64_t i = 0; i < half; ++i) {
+      for (int64_t k = 0; k < 2; ++k) {
+        std::memcpy(&tmp[(k * half + i) * cols], base + (i * 2 + k) * cols, cols * sizeof(float));
+      }
+    }
+    std::memcpy(base, tmp.data(), tmp.size() * sizeof(float));
+  }
+}
+
+}  // namespace
+
+bool IsGgufSpec(const std::string& spec) { return absl::EndsWith(spec, ".gguf"); }
+
+absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
+  const std::string& path = f.path();
+  ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
+  if (arch != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": general.architecture is '", arch, "'; the engine implements 'llama'"));
+  }
+  LlamaConfig c;
+  c.name = "llama";
+  auto get_int = [&](const char* key, auto* dst) -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
+    *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(v);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(get_int("llama.embedding_length", &c.hidden_size));
+  RETURN_IF_ERROR(get_int("llama.feed_forward_length", &c.intermediate_size));
+  RETURN_IF_ERROR(get_int("llama.block_count", &c.num_hidden_layers));
+  RETURN_IF_ERROR(get_int("llama.attention.head_count", &c.num_attention_heads));
+  c.num_key_value_heads = c.num_attention_heads;
+  if (f.Find("llama.attention.head_count_kv")) {
+    RETURN_IF_ERROR(get_int("llama.attention.head_count_kv", &c.num_key_value_heads));
+  }
+  RETURN_IF_ERROR(get_int("llama.context_length", &c.max_position_embeddings));
+  c.head_dim = c.num_attention_heads > 0 ? static_cast<int>(c.hidden_size / c.num_attention_heads) : 0;
+  if (f.Find("llama.attention.key_length")) {
+    RETURN_IF_ERROR(get_int("llama.attention.key_length", &c.head_dim));
+  }
+  if (const GgufValue* v = f.Find("llama.attention.value_length"); v && v->i != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": llama.attention.value_length ", v->i, " differs from the key length ", c.head_dim,
+        "; the engine needs them equal"));
+  }
+  if (const GgufValue* v = f.Find("llama.rope.dimension_count"); v && v->i != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": llama.rope.dimension_count ", v->i, " is not the head dim ", c.head_dim,
+        "; partial rotary embeddings are not implemented"));
+  }
+  ASSIGN_OR_RETURN(c.rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
+  if (f.Find("llama.rope.freq_base")) {
+    ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat("llama.rope.freq_base"));
+  }
+  if (const GgufValue* v = f.Find("llama.rope.scaling.type");
+      v && v->s != "none" && !(v->s == "linear" && f.Find("llama.rope.scaling.factor") &&
+                               f.Find("llama.rope.scaling.factor")->f == 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": llama.rope.scaling.type '", v->s,
+        "' is not implemented (none, or llama3 scaling through rope_freqs.weight)"));
+  }
+  if (f.Find("llama.expert_count") && f.Find("llama.expert_count")->i > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": llama.expert_count ", f.Find("llama.expert_count")->i,
+        ": mixture-of-experts models are not implemented"));
+  }
+  const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
+  if (embd == nullptr || embd->dims.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no 2-d token_embd.weight tensor"));
+  }
+  c.vocab_size = embd->dims[1];
+  if (const GgufValue* v = f.Find("llama.vocab_size"); v && v->i != c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": llama.vocab_size ", v->i,
+                                                   " differs from token_embd.weight's ",
+                                                   c.vocab_size, " rows"));
+  }
+  c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
+  if (f.Find("tokenizer.ggml.eos_token_id")) {
+    ASSIGN_OR_RETURN(int64_t eos, f.GetInt("tokenizer.ggml.eos_token_id"));
+    c.eos_token_ids.push_back(static_cast<int32_t>(eos));
+  }
+  if (f.Find("tokenizer.ggml.eot_token_id")) {
+    ASSIGN_OR_RETURN(int64_t eot, f.GetInt("tokenizer.ggml.eot_token_id"));
+    if (c.eos_token_ids.empty() || c.eos_token_ids[0] != eot) {
+      c.eos_token_ids.push_back(static_cast<int32_t>(eot));
+    }
+  }
+  if (auto s = c.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return c;
+}
+
+std::string GgufWeights::GgufName(const std::string& hf) {
+  for (const auto& [g, h] : kGlobalNames) {
+    if (hf == h) return g;
+  }
+  constexpr absl::string_view kPrefix = "model.layers.";
+  if (!absl::StartsWith(hf, kPrefix)) return "";
+  std::vector<std::string> parts = absl::StrSplit(hf.substr(kPrefix.size()), absl::MaxSplits('.', 1));
+  if (parts.size() != 2) return "";
+  for (const auto& [g, h] : kLayerNames) {
+    if (parts[1] == h) return absl::StrCat("blk.", parts[0], ".", g);
+  }
+  return "";
+}
+
+std::string GgufWeights::HfName(const std::string& gguf) {
+  for (const auto& [g, h] : kGlobalNames) {
+    if (gguf == g) return h;
+  }
+  if (!absl::StartsWith(gguf, "blk.")) return gguf;
+  std::vector<std::string> parts = absl::StrSplit(gguf.substr(4), absl::MaxSplits('.', 1));
+  int layer = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &layer)) return gguf;
+  for (const auto& [g, h] : kLayerNames) {
+    if (parts[1] == g) return absl::StrCat("model.layers.", parts[0], ".", h);
+  }
+  return gguf;
+}
+
+bool GgufWeights::Has(const std::string& name) const {
+  const std::string g = GgufName(name);
+  return !g.empty() && file_->FindTensor(g) != nullptr;
+}
+
+std::vector<std::string> GgufWeights::TensorNames() const {
+  std::vector<std::string> names;
+  for (const GgufTensorInfo& t : file_->tensors()) names.push_back(HfName(t.name));
+  return names;
+}
+
+absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  float* dst) const {
+  const std::string g = GgufName(name);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' (GGUF '", g, "') is missing from ",
+                                            file_->path()));
+  }
+  // GGUF lists dims fastest first: [in, out] for a [out, in] matrix.
+  const std::vector<int64_t> hf_shape(t->dims.rbegin(), t->dims.rend());
+  if (hf_shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' in ", file_->path(),
+                                                   " has shape ", ShapeText(hf_shape),
+                                                   ", expected ", ShapeText(shape)));
+  }
+  RETURN_IF_ERROR(file_->ReadF32(*t, dst));
+  if (absl::EndsWith(g, ".attn_q.weight")) {
+    UnpermuteRows(dst, shape[0], shape[1], config_.num_attention_heads);
+  } else if (absl::EndsWith(g, ".attn_k.weight")) {
+    UnpermuteRows(dst, shape[0], shape[1], config_.num_key_value_heads);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

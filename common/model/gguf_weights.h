@@ -1,0 +1,55 @@
+// A GGUF file as a Llama model: the architecture from its `llama.*` metadata
+// and its tensors under Hugging Face names.
+//
+// llama.cpp's converter stores q_proj / k_proj rows permuted for its rope
+// layout (each head's two rotary halves interleaved); ReadF32 undoes that so
+// the weights equal the Hugging Face checkpoint's and the engine's rope
+// (rotate_half) applies unchanged. A `rope_freqs.weight` tensor (llama3-style
+// rope scaling, stored as per-frequency divisors) is exposed as "rope_freqs".
+//
+// Immutable after Open(); start-up only.
+#ifndef TANDEM_COMMON_MODEL_GGUF_WEIGHTS_H_
+#define TANDEM_COMMON_MODEL_GGUF_WEIGHTS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/gguf.h"
+#include "common/model/llama_config.h"
+#include "common/model/weight_source.h"
+
+namespace tandem {
+
+// True when `spec` names a GGUF file (ends in .gguf).
+bool IsGgufSpec(const std::string& spec);
+
+// The LlamaConfig of a GGUF file. INVALID_ARGUMENT names the key and value
+// the engine does not implement: an architecture other than llama, partial
+// rotary dimensions, rope scaling other than none or rope_freqs, ...
+absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& file);
+
+class GgufWeights : public WeightSource {
+ public:
+  // `file` must outlive this object.
+  GgufWeights(const GgufFile* file, const LlamaConfig& config) : file_(file), config_(config) {}
+
+  absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                       float* dst) const override;
+  bool Has(const std::string& name) const override;
+  std::vector<std::string> TensorNames() const override;
+
+  // The GGUF name of a Hugging Face tensor name ("" when it has none).
+  static std::string GgufName(const std::string& hf_name);
+  // The Hugging Face name of a GGUF tensor name (the name itself when unknown).
+  static std::string HfName(const std::string& gguf_name);
+
+ private:
+  const GgufFile* file_;
+  LlamaConfig config_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_MODEL_GGUF_WEIGHTS_H_

@@ -1,0 +1,34 @@
+// WeightSource: where a model's tensors come from, in Hugging Face naming
+// (model.layers.N.self_attn.q_proj.weight, ...), whatever the file format.
+// Implemented by SafetensorsCheckpoint (safetensors.h) and GgufWeights
+// (gguf_weights.h); LlamaModel::Load reads through it and checks that every
+// tensor the source holds is one the engine uses.
+//
+// Used at start-up only; implementations are immutable once opened.
+#ifndef TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
+#define TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Reads tensor `name` as f32 into `dst` (product of `shape` floats).
+  // NOT_FOUND names the tensor and the source; INVALID_ARGUMENT names the
+  // tensor and a shape or type the reader cannot give.
+  virtual absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                               float* dst) const = 0;
+  virtual bool Has(const std::string& name) const = 0;
+  // Every tensor of the source, in Hugging Face naming where one exists.
+  virtual std::vector<std::string> TensorNames() const = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_

@@ -1,0 +1,166 @@
+#include "common/model/gguf.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "common/model/gguf_weights.h"
+#include "common/model/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Bytes(const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); }
+std::string U16(uint16_t v) { return Bytes(&v, 2); }
+
+// One block of each quantized type with known values.
+std::string Q8Block(uint16_t d_half, int first) {
+  std::string b = U16(d_half);
+  for (int j = 0; j < 32; ++j) b.push_back(static_cast<char>(static_cast<int8_t>(first + j)));
+  return b;
+}
+std::string Q4Block(const std::vector<uint16_t>& halves) {
+  std::string b;
+  for (uint16_t h : halves) b += U16(h);
+  for (int j = 0; j < 16; ++j) b.push_back(static_cast<char>(j | ((15 - j) << 4)));
+  return b;
+}
+
+std::string WriteTemp(const std::string& name, const std::string& bytes) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            (name + "_" + std::to_string(::getpid()) + ".gguf"))
+                               .string();
+  std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
+  return path;
+}
+
+TEST(GgufTest, EveryTensorTypeRoundTrips) {
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddU32("llama.block_count", 2);
+  w.AddF32("llama.rope.freq_base", 500000.0f);
+  w.AddBool("tokenizer.ggml.add_bos_token", true);
+  w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", ""});
+  w.AddI32Array("tokenizer.ggml.token_type", {1, 3, 6});
+  const std::vector<float> f32 = {1.5f, -2.25f, 0.0f, 3.0f};
+  w.AddTensor("f32", {4}, GgmlType::kF32, Bytes(f32.data(), 16));
+  w.AddTensor("f16", {2}, GgmlType::kF16, U16(0x3E00) + U16(0xC000));    // 1.5, -2
+  w.AddTensor("bf16", {2}, GgmlType::kBF16, U16(0x3F80) + U16(0xC040));  // 1, -3
+  w.AddTensor("q8_0", {32}, GgmlType::kQ8_0, Q8Block(0x3800, -16));      // d = 0.5
+  w.AddTensor("q4_0", {32}, GgmlType::kQ4_0, Q4Block({0x3C00}));         // d = 1
+  w.AddTensor("q4_1", {32, 2}, GgmlType::kQ4_1,
+              Q4Block({0x3800, 0xBC00}) + Q4Block({0x3C00, 0x0000}));   // (0.5, -1), (1, 0)
+  const std::string path = WriteTemp("roundtrip", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->version(), 3u);
+  EXPECT_EQ(*(*f)->GetString("general.architecture"), "llama");
+  EXPECT_EQ(*(*f)->GetInt("llama.block_count"), 2);
+  EXPECT_EQ(*(*f)->GetFloat("llama.rope.freq_base"), 500000.0);
+  EXPECT_TRUE(*(*f)->GetBool("tokenizer.ggml.add_bos_token"));
+  EXPECT_THAT((*f)->Find("tokenizer.ggml.tokens")->strings, testing::ElementsAre("a", "b", ""));
+  EXPECT_THAT((*f)->Find("tokenizer.ggml.token_type")->ints, testing::ElementsAre(1, 3, 6));
+  EXPECT_EQ((*f)->GetInt("general.architecture").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*f)->GetInt("no.such.key").status().code(), absl::StatusCode::kNotFound);
+
+  auto read = [&](const char* name) {
+    const GgufTensorInfo* t = (*f)->FindTensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<float> out(t->numel());
+    EXPECT_TRUE((*f)->ReadF32(*t, out.data()).ok());
+    return out;
+  };
+  EXPECT_EQ(read("f32"), f32);
+  EXPECT_THAT(read("f16"), testing::ElementsAre(1.5f, -2.0f));
+  EXPECT_THAT(read("bf16"), testing::ElementsAre(1.0f, -3.0f));
+  std::vector<float> q8 = read("q8_0");
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(q8[j], 0.5f * (j - 16)) << j;
+  std::vector<float> q40 = read("q4_0");
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(q40[j], static_cast<float>(j - 8)) << j;             // low nibbles first
+    EXPECT_EQ(q40[j + 16], static_cast<float>(15 - j - 8)) << j;   // then high nibbles
+  }
+  std::vector<float> q41 = read("q4_1");
+  ASSERT_EQ(q41.size(), 64u);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(q41[j], 0.5f * j - 1.0f) << j;
+    EXPECT_EQ(q41[j + 16], 0.5f * (15 - j) - 1.0f) << j;
+    EXPECT_EQ(q41[32 + j], static_cast<float>(j)) << j;
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(GgufTest, UnsupportedTypeNamesTheTensor) {
+  GgufWriter w;
+  w.AddTensor("blk.0.ffn_up.weight", {256}, static_cast<GgmlType>(14), std::string(210, '\0'));
+  const std::string bytes = w.Serialize();
+  auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "q6k");
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::vector<float> out(256);
+  absl::Status s = (*f)->ReadF32((*f)->tensors()[0], out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("blk.0.ffn_up.weight"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Q6_K"));
+}
+
+TEST(GgufTest, MalformedFilesAreCleanErrors) {
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  const std::vector<float> v(64, 1.0f);
+  w.AddTensor("t", {64}, GgmlType::kF32, Bytes(v.data(), v.size() * 4));
+  const std::string good = w.Serialize();
+  auto parse = [](const std::string& b) {
+    return ParseGgufBytes(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "test.gguf")
+        .status();
+  };
+  ASSERT_TRUE(parse(good).ok());
+  // Every truncation is an error, never a crash.
+  for (size_t n = 0; n < good.size(); n += 7) {
+    EXPECT_FALSE(parse(good.substr(0, n)).ok()) << n;
+  }
+  std::string bad_magic = good;
+  bad_magic[0] = 'X';
+  EXPECT_THAT(std::string(parse(bad_magic).message()), HasSubstr("bad magic"));
+  std::string bad_version = good;
+  bad_version[4] = 9;
+  EXPECT_THAT(std::string(parse(bad_version).message()), HasSubstr("version 9"));
+  // Absurd counts: tensor count (bytes 8..15) and metadata count (16..23).
+  std::string many = good;
+  std::memset(&many[8], 0x7f, 8);
+  EXPECT_THAT(std::string(parse(many).message()), HasSubstr("absurd tensor count"));
+  many = good;
+  std::memset(&many[16], 0x7f, 8);
+  EXPECT_THAT(std::string(parse(many).message()), HasSubstr("absurd metadata count"));
+  // A string length past the end of the file (the first key's length).
+  std::string long_key = good;
+  std::memset(&long_key[24], 0xff, 7);
+  EXPECT_THAT(std::string(parse(long_key).message()), HasSubstr("truncated"));
+  // A tensor offset past the data section. The tensor info of "t" is its
+  // name (8-byte length + 1 byte), rank (4), one dim (8), type (4), offset (8).
+  const size_t name_pos = good.find(std::string("\x01\0\0\0\0\0\0\0t", 9));
+  ASSERT_NE(name_pos, std::string::npos);
+  std::string far = good;
+  far[name_pos + 9 + 4 + 8 + 4 + 1] = 0x40;  // offset 0x4000
+  EXPECT_THAT(std::string(parse(far).message()), HasSubstr("outside the data section"));
+  EXPECT_EQ(GgufFile::Open("/nonexistent/model.gguf").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(GgufWeightsTest, NamesMapBothWays) {
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.12.self_attn.q_proj.weight"),
+            "blk.12.attn_q.weight");
+  EXPECT_EQ(GgufWeights::GgufName("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.0.self_attn.q_proj.bias"), "");
+  EXPECT_EQ(GgufWeights::HfName("blk.3.ffn_down.weight"), "model.layers.3.mlp.down_proj.weight");
+  EXPECT_EQ(GgufWeights::HfName("blk.3.attn_q.bias"), "blk.3.attn_q.bias");
+  EXPECT_EQ(GgufWeights::HfName("output.weight"), "lm_head.weight");
+}
+
+}  // namespace
+}  // namespace tandem
