@@ -8,6 +8,7 @@
 #include "common/serving/kv_transfer.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/stream_writer.h"
+#include "common/serving/text_output.h"
 
 namespace tandem {
 
@@ -23,6 +24,9 @@ struct GenerateCall {
   absl::Time last_token;
   size_t kv_bytes = 0;         // received in the current attempt
   int attempt = 0;
+  // Text of the output (null without a tokenizer); engine thread only.
+  std::unique_ptr<TextOutput> text;
+  uint32_t completion_tokens = 0;  // engine thread only
   std::atomic<bool> done{false};  // ended: later tasks are no-ops
   absl::Mutex mu;
   grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
@@ -143,8 +147,12 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
 
 DecodeServiceImpl::DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
                                      std::shared_ptr<grpc::Channel> prefill_channel,
-                                     DecodeOptions options)
-    : state_(state), metrics_(metrics), prefill_(v1::Prefill::NewStub(prefill_channel)), options_(options) {}
+                                     DecodeOptions options, const Tokenizer* tokenizer)
+    : state_(state),
+      metrics_(metrics),
+      prefill_(v1::Prefill::NewStub(prefill_channel)),
+      options_(options),
+      tokenizer_(tokenizer) {}
 
 DecodeServiceImpl::~DecodeServiceImpl() = default;
 
@@ -169,6 +177,10 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
     if (call->prefill_context != nullptr) call->prefill_context->TryCancel();
   }
   call->writer->End(status);
+  Retire(call);
+}
+
+void DecodeServiceImpl::Retire(const std::shared_ptr<GenerateCall>& call) {
   EngineLoop* loop = loop_.load();
   loop->Post([this, loop, call](LlmEngine& engine) {
     (void)engine.Abort(call->id);  // frees reserved or running blocks
@@ -176,6 +188,19 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
     pending_.erase(std::remove(pending_.begin(), pending_.end(), call), pending_.end());
     Release(call->id);
   });
+}
+
+bool DecodeServiceImpl::AddText(GenerateCall& call, const std::vector<int32_t>& tokens,
+                                v1::GenerateResponse* msg) {
+  call.completion_tokens += static_cast<uint32_t>(tokens.size());
+  if (call.text == nullptr) return false;
+  msg->set_text(call.text->Add(tokens));
+  if (!call.text->stopped()) return false;
+  msg->set_finish_reason(v1::FINISH_REASON_STOP);
+  msg->set_stop_string(call.text->matched_stop());
+  msg->mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call.prompt.size()));
+  msg->mutable_usage()->set_completion_tokens(call.completion_tokens);
+  return true;
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
@@ -192,10 +217,24 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     return writer.get();
   };
   if (request->request_id().empty()) return invalid("request_id is empty");
-  if (!request->prompt().empty()) {
-    return invalid(
-        "prompt (text) is not accepted: this deployment has no tokenizer; send "
-        "prompt_token_ids");
+  const bool has_text = !request->prompt().empty();
+  if (has_text && request->prompt_token_ids_size() > 0) {
+    return invalid("give one of prompt (text) and prompt_token_ids, not both");
+  }
+  if (tokenizer_ == nullptr && (has_text || request->sampling().stop_size() > 0)) {
+    return invalid(absl::StrCat(has_text ? "prompt (text)" : "sampling.stop",
+                                " needs a tokenizer, and this model has none; send "
+                                "prompt_token_ids and stop_token_ids"));
+  }
+  if (request->sampling().stop_size() > options_.max_stop_strings) {
+    return invalid(absl::StrCat("sampling.stop has ", request->sampling().stop_size(),
+                                " strings; the limit is ", options_.max_stop_strings));
+  }
+  for (const std::string& stop : request->sampling().stop()) {
+    if (stop.empty() || static_cast<int>(stop.size()) > options_.max_stop_string_bytes) {
+      return invalid(absl::StrCat("sampling.stop: each stop string must have 1 to ",
+                                  options_.max_stop_string_bytes, " bytes, got ", stop.size()));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -208,8 +247,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   }
   auto call = std::make_shared<GenerateCall>();
   call->id = request->request_id();
-  call->prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  if (has_text) {
+    call->prompt = tokenizer_->Encode(request->prompt());
+  } else {
+    call->prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  }
   call->params = FromProto(request->sampling());
+  if (tokenizer_ != nullptr) {
+    const bool skip_special =
+        !request->sampling().has_skip_special_tokens() ||
+        request->sampling().skip_special_tokens().value();
+    call->text = std::make_unique<TextOutput>(
+        tokenizer_, skip_special,
+        std::vector<std::string>(request->sampling().stop().begin(),
+                                 request->sampling().stop().end()));
+  }
   call->writer = writer;
   call->queued_at = absl::Now();
   const auto limit = std::chrono::system_clock::now() +
@@ -289,8 +341,11 @@ void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<Ge
   call->last_token = absl::Now();
   metrics_->TimeToFirstToken(absl::ToDoubleSeconds(call->last_token - call->queued_at));
   metrics_->GenerationTokens(1);
-  if (stop || p.max_tokens <= 1) {
-    first.set_finish_reason(stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH);
+  const bool stop_string = AddText(*call, {token}, &first);
+  if (stop || stop_string || p.max_tokens <= 1) {
+    if (call->text != nullptr && !stop_string) first.mutable_text()->append(call->text->Finish());
+    first.set_finish_reason(stop || stop_string ? v1::FINISH_REASON_STOP
+                                                : v1::FINISH_REASON_LENGTH);
     first.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
     first.mutable_usage()->set_completion_tokens(1);
     call->done = true;
@@ -314,11 +369,20 @@ void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<Ge
       metrics_->GenerationTokens(static_cast<int>(o.new_tokens.size()));
       call->last_token = now;
     }
+    if (!o.status.ok()) return Fail(call, ToGrpcStatus(o.status));
+    if (AddText(*call, o.new_tokens, &msg)) {  // a stop string ended the output
+      call->done = true;
+      metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
+      call->writer->Send(std::move(msg));
+      call->writer->End(grpc::Status::OK);
+      Retire(call);  // the engine still runs the request: abort it after this step
+      return;
+    }
     if (!o.finished) {
       call->writer->Send(std::move(msg));
       return;
     }
-    if (!o.status.ok()) return Fail(call, ToGrpcStatus(o.status));
+    if (call->text != nullptr) msg.mutable_text()->append(call->text->Finish());
     msg.set_finish_reason(o.finish_reason == FinishReason::kStop ? v1::FINISH_REASON_STOP
                                                                  : v1::FINISH_REASON_LENGTH);
     msg.mutable_usage()->set_prompt_tokens(o.prompt_tokens);

@@ -7,6 +7,9 @@
 //      checksum is retried once, then DATA_LOSS;
 //   3. streams the first token, then joins the continuous decode batch
 //      (FULL_DECODE_ONLY graphs by default) and streams every token.
+// With a tokenizer, a text prompt is tokenized on the RPC thread, and every
+// message carries its new text (incremental detokenization; stop strings end
+// the output before them).
 // Cancellation, deadlines and failures free every KV block of the request.
 #ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 #define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
@@ -22,12 +25,15 @@
 #include "common/serving/engine_loop.h"
 #include "common/serving/metrics.h"
 #include "common/serving/worker.h"
+#include "common/tokenizer/tokenizer.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
 
 struct DecodeOptions {
   int max_waiting = 256;                      // requests queued for KV blocks
+  int max_stop_strings = 16;                  // SamplingParams.stop entries
+  int max_stop_string_bytes = 256;            // bytes of one stop string
   absl::Duration queue_timeout = absl::Seconds(30);
   absl::Duration prefill_timeout = absl::Seconds(120);
 };
@@ -36,8 +42,11 @@ struct GenerateCall;
 
 class DecodeServiceImpl final : public v1::Decode::CallbackService {
  public:
+  // `tokenizer` (may be null: the model has none, ids only) must outlive the
+  // service; text prompts, text outputs and stop strings need it.
   DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
-                    std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options);
+                    std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options,
+                    const Tokenizer* tokenizer = nullptr);
   ~DecodeServiceImpl() override;
   // Called on the engine thread once the engine is ready.
   void SetEngine(EngineLoop* loop);
@@ -54,12 +63,18 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   void OnFirstToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call, int32_t token);
   // Ends the call with `status` and frees everything it holds (any thread).
   void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status);
+  // Frees the engine state of an ended call, on the engine thread.
+  void Retire(const std::shared_ptr<GenerateCall>& call);
+  // Fills `msg` for `tokens` (text, and the final fields when a stop string
+  // ends the output); true when it did (engine thread).
+  bool AddText(GenerateCall& call, const std::vector<int32_t>& tokens, v1::GenerateResponse* msg);
   void Release(const std::string& id);
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
   std::unique_ptr<v1::Prefill::Stub> prefill_;
   DecodeOptions options_;
+  const Tokenizer* tokenizer_;
   std::atomic<EngineLoop*> loop_{nullptr};
   v1::ModelFingerprint fingerprint_;  // set before the worker is ready
   size_t slot_bytes_ = 0;

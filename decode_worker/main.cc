@@ -1,7 +1,10 @@
 // decode_worker: the Decode gRPC service, Tandem's front door
 // (FULL_DECODE_ONLY graphs by default).
+#include <iostream>
+
 #include "common/base/flags.h"
 #include "common/serving/engine_flags.h"
+#include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "decode_worker/decode_service.h"
 
@@ -29,6 +32,12 @@ int main(int argc, char** argv) {
       code >= 0) {
     return code;
   }
+  // The model's tokenizer, if it has one: text prompts and text outputs.
+  auto tokenizer = tandem::LoadTokenizer(config.model);
+  if (!tokenizer.ok()) {
+    std::cerr << "decode_worker: " << tokenizer.status().message() << std::endl;
+    return 1;
+  }
   decode.queue_timeout = absl::Milliseconds(queue_timeout_ms);
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   grpc::ChannelArguments args;
@@ -41,7 +50,7 @@ int main(int argc, char** argv) {
   auto channel = grpc::CreateCustomChannel(prefill_address, grpc::InsecureChannelCredentials(), args);
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
-  tandem::DecodeServiceImpl service(&state, &metrics, channel, decode);
+  tandem::DecodeServiceImpl service(&state, &metrics, channel, decode, tokenizer->get());
   return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
     // Runs on the engine thread once the engine is ready.
     service.SetEngine(loop);

@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh "$@"
+# The real model the end-to-end tests run (cached after the first download).
+scripts/fetch_model.sh >/dev/null
 ctest --test-dir build --output-on-failure -j"${TANDEM_TEST_JOBS:-2}"

@@ -10,6 +10,8 @@
 #include "common/engine/engine.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/status_convert.h"
+#include "common/serving/text_output.h"
+#include "common/serving/tokenizer_loader.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -21,51 +23,95 @@ int Fail(const absl::Status& s) {
   return 2;
 }
 
-// Prints tokens as they arrive: "1,2,3" on one line.
-class TokenPrinter {
+// Prints the output as it arrives: token ids ("1,2,3" on one line), or text
+// (then the summary line goes to stderr, so stdout is the text alone).
+class OutputPrinter {
  public:
-  void Print(int32_t token) {
-    std::printf(first_ ? "%d" : ",%d", token);
+  explicit OutputPrinter(bool text) : text_(text) {}
+  void Tokens(const std::vector<int32_t>& tokens) {
+    for (int32_t t : tokens) {
+      if (!text_) std::printf(first_ ? "%d" : ",%d", t);
+      first_ = false;
+      ++count_;
+    }
     std::fflush(stdout);
-    first_ = false;
-    ++count_;
   }
-  void End() { std::printf("\n"); }
+  void Text(const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+  void End() {
+    std::printf("\n");
+    std::fflush(stdout);
+  }
   int count() const { return count_; }
+  FILE* summary() const { return text_ ? stderr : stdout; }
 
  private:
+  bool text_;
   bool first_ = true;
   int count_ = 0;
 };
 
-int RunLocal(const EngineConfig& config, const std::vector<int32_t>& prompt,
-             const SamplingParams& params) {
+// What to generate from: ids, or text with the model's tokenizer.
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::string text;  // non-empty: a text prompt
+  std::vector<std::string> stop;
+  bool skip_special_tokens = true;
+};
+
+int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingParams& params) {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t> ids = prompt.ids;
+  if (!prompt.text.empty() || !prompt.stop.empty()) {
+    auto t = LoadTokenizer(config.model);
+    if (!t.ok()) return Fail(t.status());
+    if (*t == nullptr) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--prompt and --stop need a tokenizer; model '", config.model,
+          "' has none (give --prompt-token-ids)")));
+    }
+    tokenizer = std::move(*t);
+    if (!prompt.text.empty()) ids = tokenizer->Encode(prompt.text);
+  }
   auto engine = LlmEngine::Create(config);
   if (!engine.ok()) return Fail(engine.status());
-  if (auto s = (*engine)->AddRequest("local-0", prompt, params); !s.ok()) return Fail(s);
-  TokenPrinter printer;
+  if (auto s = (*engine)->AddRequest("local-0", ids, params); !s.ok()) return Fail(s);
+  std::unique_ptr<TextOutput> text;
+  if (tokenizer) text = std::make_unique<TextOutput>(tokenizer.get(), prompt.skip_special_tokens, prompt.stop);
+  OutputPrinter printer(!prompt.text.empty());
   const auto start = std::chrono::steady_clock::now();
   double ttft = -1;
   FinishReason reason = FinishReason::kNone;
-  while ((*engine)->HasWork()) {
+  bool stopped = false;
+  while ((*engine)->HasWork() && !stopped) {
     auto outputs = (*engine)->Step();
     if (!outputs.ok()) return Fail(outputs.status());
     for (const RequestOutput& o : *outputs) {
       if (!o.status.ok()) return Fail(o.status);
-      for (int32_t t : o.new_tokens) {
-        if (ttft < 0) {
-          ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (ttft < 0 && !o.new_tokens.empty()) {
+        ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      printer.Tokens(o.new_tokens);
+      if (text) {
+        printer.Text(text->Add(o.new_tokens));
+        if (text->stopped()) {
+          stopped = true;
+          reason = FinishReason::kStop;
+          (void)(*engine)->Abort(o.id);
         }
-        printer.Print(t);
       }
       if (o.finished) reason = o.finish_reason;
     }
   }
+  if (text) printer.Text(text->Finish());
   printer.End();
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const RunnerStats& st = (*engine)->runner().stats();
-  std::printf(
+  std::fprintf(
+      printer.summary(),
       "steps: FULL=%lld PIECEWISE=%lld NONE=%lld | mode %s | finish %s | ttft %.1f ms | %.1f "
       "tokens/s\n",
       static_cast<long long>(st.steps[2]), static_cast<long long>(st.steps[1]),
@@ -76,15 +122,21 @@ int RunLocal(const EngineConfig& config, const std::vector<int32_t>& prompt,
   return 0;
 }
 
-int RunRemote(const std::string& address, const std::vector<int32_t>& prompt,
-              const SamplingParams& params, double timeout_s) {
+int RunRemote(const std::string& address, const Prompt& prompt, const SamplingParams& params,
+              double timeout_s) {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = v1::Decode::NewStub(channel);
   v1::GenerateRequest request;
   request.set_request_id(absl::StrCat("cli-", getpid(), "-",
                                       std::chrono::steady_clock::now().time_since_epoch().count()));
-  request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  if (!prompt.text.empty()) {
+    request.set_prompt(prompt.text);
+  } else {
+    request.mutable_prompt_token_ids()->Add(prompt.ids.begin(), prompt.ids.end());
+  }
   v1::SamplingParams* p = request.mutable_sampling();
+  for (const std::string& stop : prompt.stop) p->add_stop(stop);
+  p->mutable_skip_special_tokens()->set_value(prompt.skip_special_tokens);
   p->set_max_tokens(params.max_tokens);
   p->set_temperature(params.temperature);
   p->set_top_p(params.top_p);
@@ -97,16 +149,15 @@ int RunRemote(const std::string& address, const std::vector<int32_t>& prompt,
   const auto start = std::chrono::steady_clock::now();
   auto reader = stub->Generate(&context, request);
   v1::GenerateResponse response;
-  TokenPrinter printer;
+  OutputPrinter printer(!prompt.text.empty());
   double ttft = -1;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   while (reader->Read(&response)) {
-    for (int32_t t : response.token_ids()) {
-      if (ttft < 0) {
-        ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-      printer.Print(t);
+    if (ttft < 0 && response.token_ids_size() > 0) {
+      ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
+    printer.Tokens({response.token_ids().begin(), response.token_ids().end()});
+    if (!prompt.text.empty()) printer.Text(response.text());
     if (response.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) reason = response.finish_reason();
   }
   grpc::Status status = reader->Finish();
@@ -118,9 +169,9 @@ int RunRemote(const std::string& address, const std::vector<int32_t>& prompt,
   }
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("finish %s | ttft %.1f ms | %.1f tokens/s | %d tokens\n",
-              reason == v1::FINISH_REASON_STOP ? "stop" : "length", ttft * 1e3,
-              total > 0 ? printer.count() / total : 0.0, printer.count());
+  std::fprintf(printer.summary(), "finish %s | ttft %.1f ms | %.1f tokens/s | %d tokens\n",
+               reason == v1::FINISH_REASON_STOP ? "stop" : "length", ttft * 1e3,
+               total > 0 ? printer.count() / total : 0.0, printer.count());
   return 0;
 }
 
@@ -139,7 +190,13 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   int top_k = -1;
   flags.Add("local", &local, "run the engine in this process");
   flags.Add("address", &address, "decode worker HOST:PORT (instead of --local)");
-  flags.Add("prompt-token-ids", &prompt_ids, "prompt as token ids, e.g. 1,2,3");
+  flags.Add("prompt-token-ids", &prompt_ids, "prompt as token ids, e.g. 1,2,3 (prints ids)");
+  Prompt prompt;
+  std::string stop;
+  flags.Add("prompt", &prompt.text, "prompt as text (needs the model's tokenizer; prints text)");
+  flags.Add("stop", &stop, "a stop string: the output ends before it (needs a tokenizer)");
+  flags.Add("skip-special-tokens", &prompt.skip_special_tokens,
+            "leave special tokens out of the printed text");
   flags.Add("max-tokens", &max_tokens, "tokens to generate");
   flags.Add("temperature", &temperature, "0 = greedy");
   flags.Add("top-p", &top_p, "nucleus sampling mass, (0, 1]");
@@ -154,8 +211,13 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
     std::cout << flags.Usage();
     return 0;
   }
-  auto prompt = ParseIntList(prompt_ids, "--prompt-token-ids");
-  if (!prompt.ok()) return Fail(prompt.status());
+  auto ids = ParseIntList(prompt_ids, "--prompt-token-ids");
+  if (!ids.ok()) return Fail(ids.status());
+  prompt.ids = std::move(*ids);
+  if (!prompt.text.empty() && !prompt.ids.empty()) {
+    return Fail(absl::InvalidArgumentError("give one of --prompt and --prompt-token-ids"));
+  }
+  if (!stop.empty()) prompt.stop.push_back(stop);
   if (max_tokens < 0) return Fail(absl::InvalidArgumentError("--max-tokens must be >= 1"));
   params.max_tokens = static_cast<uint32_t>(max_tokens);
   params.temperature = static_cast<float>(temperature);
@@ -167,9 +229,53 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   if (local) {
     auto config = engine_flags.ToConfig(flags);
     if (!config.ok()) return Fail(config.status());
-    return RunLocal(*config, *prompt, params);
+    return RunLocal(*config, prompt, params);
   }
-  return RunRemote(address, *prompt, params, timeout_s);
+  return RunRemote(address, prompt, params, timeout_s);
+}
+
+int RunTokenizeCommand(const std::vector<std::string>& args, bool detokenize) {
+  const char* name = detokenize ? "tandem detokenize" : "tandem tokenize";
+  FlagSet flags(name);
+  std::string model = "synthetic", text, ids_text;
+  bool special = true, show_tokens = false;
+  flags.Add("model", &model, "a .gguf file or a Hugging Face directory with tokenizer.json");
+  if (detokenize) {
+    flags.Add("ids", &ids_text, "token ids, e.g. 1,2,3");
+    flags.Add("skip-special-tokens", &special, "leave special tokens out");
+  } else {
+    flags.Add("text", &text, "the text to tokenize");
+    flags.Add("add-special-tokens", &special, "add the post-processor's BOS/EOS");
+    flags.Add("show-tokens", &show_tokens, "print each id with its token string");
+  }
+  auto fail = [name](const absl::Status& s) {
+    std::cerr << name << ": " << s.message() << std::endl;
+    return 2;
+  };
+  auto positional = flags.Parse(args);
+  if (!positional.ok()) return fail(positional.status());
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  auto tok = LoadTokenizer(model);
+  if (!tok.ok()) return fail(tok.status());
+  if (*tok == nullptr) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("model '", model, "' has no tokenizer")));
+  }
+  if (detokenize) {
+    auto ids = ParseIntList(ids_text, "--ids");
+    if (!ids.ok()) return fail(ids.status());
+    std::cout << (*tok)->Decode(*ids, special) << std::endl;
+    return 0;
+  }
+  const std::vector<int32_t> ids = (*tok)->Encode(text, special);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::cout << (i ? "," : "") << ids[i];
+    if (show_tokens) std::cout << "(" << (*tok)->IdToToken(ids[i]) << ")";
+  }
+  std::cout << std::endl;
+  return 0;
 }
 
 }  // namespace tandem

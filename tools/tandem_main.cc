@@ -1,6 +1,7 @@
 // `tandem`: the command-line tool. Subcommands:
 //   plan      graph routing / capture plan for a configuration
-//   generate  tokens for one prompt, local or through a decode worker
+//   generate  text or tokens for one prompt, local or through a decode worker
+//   tokenize / detokenize  the model's tokenizer
 //   bench     step-time benchmarks
 //   health    gRPC health check of a worker
 #include <iostream>
@@ -19,7 +20,9 @@ constexpr char kUsage[] =
     "\n"
     "Commands:\n"
     "  plan      print the CUDA-graph routing and capture plan for a configuration\n"
-    "  generate  generate tokens for a prompt (--local, or --address of a decode worker)\n"
+    "  generate  generate for a prompt (--local, or --address of a decode worker)\n"
+    "  tokenize  text to token ids with the model's tokenizer\n"
+    "  detokenize  token ids to text\n"
     "  bench     benchmarks: 'bench step' (graph replay vs eager step time)\n"
     "  health    exit 0 only when a worker reports SERVING\n"
     "\n"
@@ -36,6 +39,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "plan") return tandem::RunPlanCommand(args);
   if (command == "generate") return tandem::RunGenerateCommand(args);
+  if (command == "tokenize") return tandem::RunTokenizeCommand(args, /*detokenize=*/false);
+  if (command == "detokenize") return tandem::RunTokenizeCommand(args, /*detokenize=*/true);
   if (command == "bench") return tandem::RunBenchCommand(args);
   if (command == "health") return tandem::RunHealthCommand(args);
   std::cerr << "tandem: unknown command '" << command << "' (see tandem --help)" << std::endl;

@@ -261,7 +261,10 @@ GenerateResult Generate(const std::string& address, const v1::GenerateRequest& r
   v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     result.tokens.insert(result.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    result.text += resp.text();
+    result.messages.push_back(resp.text());
     if (resp.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.stop_string = resp.stop_string();
       result.finish_reason = resp.finish_reason();
       result.prompt_tokens = resp.usage().prompt_tokens();
       result.completion_tokens = resp.usage().completion_tokens();

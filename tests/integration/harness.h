@@ -71,6 +71,9 @@ struct GenerateResult {
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
+  std::string text;                   // all messages' text, concatenated
+  std::vector<std::string> messages;  // each message's text
+  std::string stop_string;
 };
 
 v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,

@@ -2,12 +2,13 @@
 """A client not written in C++: Debian's python3-grpcio against the pair.
 
 Stubs are generated from proto/tandem/v1/tandem.proto at test time with
-grpc_tools. Starts a prefill and a decode worker on free loopback ports,
-streams a greedy generation, checks it against `tandem generate --local`
-with --cudagraph-mode=NONE, checks an INVALID_ARGUMENT, and stops both
-workers with SIGTERM (exit code 0).
+grpc_tools. Starts a prefill and a decode worker on free loopback ports with
+SmolLM2 (the GGUF of scripts/fetch_model.sh), sends a chat question as text
+and reads the answer as text, streams a greedy generation from token ids and
+checks it against `tandem generate --local` with --cudagraph-mode=NONE,
+checks an INVALID_ARGUMENT, and stops both workers with SIGTERM (exit code 0).
 
-    /usr/bin/python3 tests/integration/python_client_test.py BIN_DIR SOURCE_DIR
+    /usr/bin/python3 tests/integration/python_client_test.py BIN_DIR SOURCE_DIR MODEL.gguf
 """
 import os
 import signal
@@ -35,12 +36,14 @@ def wait_port(port, timeout=30):
 
 
 def main():
-    bin_dir, source_dir = sys.argv[1], sys.argv[2]
+    bin_dir, source_dir, model = sys.argv[1], sys.argv[2], sys.argv[3]
     from grpc_tools import protoc
     import grpc
 
     out = tempfile.mkdtemp(prefix="tandem_py_")
-    rc = protoc.main(["protoc", f"-I{source_dir}/proto", f"--python_out={out}",
+    # The well-known types (google/protobuf/wrappers.proto) ship with grpc_tools.
+    wkt = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    rc = protoc.main(["protoc", f"-I{source_dir}/proto", f"-I{wkt}", f"--python_out={out}",
                       f"--grpc_python_out={out}", "tandem/v1/tandem.proto"])
     assert rc == 0, "protoc failed"
     sys.path.insert(0, out)
@@ -48,10 +51,12 @@ def main():
 
     pp, dp = free_port(), free_port()
     logs = [open(os.path.join(out, n), "w") for n in ("prefill.log", "decode.log")]
-    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--grpc-address=127.0.0.1:{pp}",
+    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--model={model}",
+                                f"--grpc-address=127.0.0.1:{pp}",
                                 f"--metrics-address=127.0.0.1:{free_port()}"],
                                stdout=logs[0], stderr=subprocess.STDOUT)
-    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--grpc-address=127.0.0.1:{dp}",
+    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--model={model}",
+                               f"--grpc-address=127.0.0.1:{dp}",
                                f"--metrics-address=127.0.0.1:{free_port()}",
                                f"--prefill-address=127.0.0.1:{pp}"],
                               stdout=logs[1], stderr=subprocess.STDOUT)
@@ -68,7 +73,16 @@ def main():
                 raise RuntimeError(f"worker on port {port} never became SERVING")
         channel = grpc.insecure_channel(f"127.0.0.1:{dp}")
         stub = tandem_pb2_grpc.DecodeStub(channel)
-        prompt = [11, 22, 33, 44, 55, 66]
+        question = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                    "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?"
+                    "<|im_end|>\n<|im_start|>assistant\n")
+        text_request = tandem_pb2.GenerateRequest(
+            request_id="python-text", prompt=question,
+            sampling=tandem_pb2.SamplingParams(max_tokens=64))
+        answer = "".join(r.text for r in stub.Generate(text_request, timeout=60))
+        assert answer == "The capital of France is Paris.", answer
+
+        prompt = [504, 3575, 282, 4649, 314]
         request = tandem_pb2.GenerateRequest(
             request_id="python-1", prompt_token_ids=prompt,
             sampling=tandem_pb2.SamplingParams(max_tokens=10, ignore_eos=True))
@@ -79,7 +93,8 @@ def main():
         assert last.finish_reason == tandem_pb2.FINISH_REASON_LENGTH, last
         assert last.usage.prompt_tokens == len(prompt) and last.usage.completion_tokens == 10, last
 
-        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", "--cudagraph-mode=NONE",
+        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}",
+                                "--cudagraph-mode=NONE",
                                 "--ignore-eos", "--max-tokens=10",
                                 "--prompt-token-ids=" + ",".join(map(str, prompt))],
                                capture_output=True, text=True, check=True)
@@ -94,7 +109,7 @@ def main():
         except grpc.RpcError as e:
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
             assert "prompt_token_ids" in e.details(), e.details()
-        print("python client: tokens", tokens)
+        print("python client: answer", repr(answer), "tokens", tokens)
     finally:
         codes = []
         for proc in (decode, prefill):

@@ -1,0 +1,54 @@
+#include "common/serving/text_output.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+TextOutput::TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens,
+                       std::vector<std::string> stop)
+    : detok_(tokenizer, skip_special_tokens), stop_(std::move(stop)) {
+  stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
+  for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
+}
+
+std::string TextOutput::Add(const std::vector<int32_t>& ids) {
+  if (stopped_) return "";
+  pending_ += detok_.Add(ids);
+  return Scan(/*final=*/false);
+}
+
+std::string TextOutput::Finish() {
+  if (stopped_) return "";
+  pending_ += detok_.Finish();
+  return Scan(/*final=*/true);
+}
+
+std::string TextOutput::Scan(bool final) {
+  // Every earlier return held back `hold_` bytes, so a stop string can only
+  // start inside pending_.
+  size_t first = std::string::npos;
+  for (const std::string& s : stop_) {
+    const size_t at = pending_.find(s);
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
+  std::string out;
+  if (first != std::string::npos) {
+    stopped_ = true;
+    out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  size_t cut = final ? pending_.size() : pending_.size() - std::min(pending_.size(), hold_);
+  // Never cut inside a UTF-8 character.
+  while (cut > 0 && cut < pending_.size() && (static_cast<uint8_t>(pending_[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  out = pending_.substr(0, cut);
+  pending_.erase(0, cut);
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,45 @@
+// TextOutput: a request's generated tokens as text, the way the API returns
+// it: incremental detokenization (IncrementalDetokenizer) plus stop strings,
+// matched across token boundaries and left out of the output (vLLM's
+// default, include_stop_str_in_output=false). Text that could still be the
+// start of a stop string is held back until it cannot.
+//
+// Not thread-safe: one per request, used by whoever owns the request.
+#ifndef TANDEM_COMMON_SERVING_TEXT_OUTPUT_H_
+#define TANDEM_COMMON_SERVING_TEXT_OUTPUT_H_
+
+#include <string>
+#include <vector>
+
+#include "common/tokenizer/detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace tandem {
+
+class TextOutput {
+ public:
+  TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop);
+
+  // Adds new token ids; returns the text now final. After a stop string is
+  // found, stopped() is true and the text ends before it.
+  std::string Add(const std::vector<int32_t>& ids);
+  // The held-back text at the end of the stream (empty after a stop).
+  std::string Finish();
+  bool stopped() const { return stopped_; }
+  // The stop string that ended the output ("" when none).
+  const std::string& matched_stop() const { return matched_; }
+
+ private:
+  std::string Scan(bool final);
+
+  IncrementalDetokenizer detok_;
+  std::vector<std::string> stop_;
+  size_t hold_ = 0;      // longest stop string - 1
+  std::string pending_;  // decoded, not yet returned
+  bool stopped_ = false;
+  std::string matched_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_TEXT_OUTPUT_H_

