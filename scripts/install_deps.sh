@@ -8,6 +8,7 @@ PACKAGES=(
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libicu-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
   prometheus python3-grpcio python3-grpc-tools
   docker-compose yamllint python3-yaml curl
 )

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/model/gguf.h"
+#include "common/serving/gguf_vocab.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace tandem {
@@ -17,9 +17,6 @@ namespace tandem {
 // directory without tokenizer.json, a GGUF without tokenizer.ggml.model.
 // INVALID_ARGUMENT names the file and what the tokenizer does not implement.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_spec);
-
-// The tokenizer.ggml.* fields of `file` (model "" when absent).
-absl::StatusOr<GgufVocab> ReadGgufVocab(const GgufFile& file);
 
 }  // namespace tandem
 

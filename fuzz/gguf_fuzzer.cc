@@ -1,0 +1,32 @@
+// GGUF bytes as --model=FILE.gguf meets them: header, metadata, tensor infos,
+// every tensor decoded, the Llama config and the embedded tokenizer built and
+// used. Any input must end in a Status, never a crash, leak or UB.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/model/gguf.h"
+#include "common/model/gguf_weights.h"
+#include "common/serving/gguf_vocab.h"
+#include "common/tokenizer/detokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  auto file = tandem::ParseGgufBytes(data, size, "fuzz.gguf");
+  if (!file.ok()) return 0;
+  std::vector<float> buf;
+  for (const tandem::GgufTensorInfo& t : (*file)->tensors()) {
+    if (t.numel() > (1 << 20)) continue;
+    buf.resize(t.numel());
+    (void)(*file)->ReadF32(t, buf.data());
+  }
+  (void)tandem::LlamaConfigFromGguf(**file);
+  auto vocab = tandem::ReadGgufVocab(**file);
+  if (!vocab.ok() || vocab->model.empty() || vocab->tokens.size() > 4096) return 0;
+  auto tok = tandem::Tokenizer::FromGgufVocab(*vocab, "fuzz.gguf");
+  if (!tok.ok()) return 0;
+  const std::vector<int32_t> ids = (*tok)->Encode("Hello world 123 <s> \xE2\x82\xAC");
+  tandem::IncrementalDetokenizer d(tok->get(), true);
+  for (int32_t id : ids) (void)d.Add({id});
+  (void)d.Finish();
+  return 0;
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Writes the GGUF seed corpus of fuzz/gguf_fuzzer (committed; rerun to change it).
+
+Needs: pip install gguf numpy
+"""
+import os
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "gguf")
+
+
+def llama(path, tokenizer):
+    w = GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    tokens = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(97, 123)] + ["ab", "abc", " a"]
+    if tokenizer == "gpt2":
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("smollm")
+        w.add_token_merges(["a b", "ab c"])
+    else:
+        w.add_tokenizer_model("llama")
+        tokens += ["<0x%02X>" % b for b in range(256)]
+        w.add_token_scores([0.0] * 3 + [-float(i) for i in range(len(tokens) - 3)])
+    w.add_token_list(tokens)
+    w.add_token_types([2, 3, 3] + [6 if t.startswith("<0x") else 1 for t in tokens[3:]])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", rng.standard_normal((len(tokens), 32), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float16))
+    w.add_tensor("blk.0.attn_q.weight", rng.standard_normal((32, 32), dtype=np.float32))
+    # Quantized blocks as raw bytes: Q8_0 (34 B / 32), Q4_0 (18 B), Q4_1 (20 B).
+    w.add_tensor("blk.0.attn_k.weight", rng.integers(0, 255, (16, 34), dtype=np.uint8),
+                 raw_dtype=GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_v.weight", rng.integers(0, 255, (16, 18), dtype=np.uint8),
+                 raw_dtype=GGMLQuantizationType.Q4_0)
+    w.add_tensor("blk.0.attn_output.weight", rng.integers(0, 255, (32, 20), dtype=np.uint8),
+                 raw_dtype=GGMLQuantizationType.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    llama(os.path.join(OUT, "llama_gpt2_vocab.gguf"), "gpt2")
+    llama(os.path.join(OUT, "llama_spm_vocab.gguf"), "llama")
+    with open(os.path.join(OUT, "llama_gpt2_vocab.gguf"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(OUT, "truncated.gguf"), "wb") as f:
+        f.write(data[: len(data) // 3])
+
+
+if __name__ == "__main__":
+    main()
