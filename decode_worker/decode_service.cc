@@ -27,6 +27,9 @@ struct GenerateCall {
   // Text of the output (null without a tokenizer); engine thread only.
   std::unique_ptr<TextOutput> text;
   uint32_t completion_tokens = 0;  // engine thread only
+  // Counted in waiting_for_kv_ (engine thread only): from the first prefill
+  // attempt until the first token or the end of the call.
+  bool awaiting_kv = false;
   std::atomic<bool> done{false};  // ended: later tasks are no-ops
   absl::Mutex mu;
   grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
@@ -161,6 +164,7 @@ void DecodeServiceImpl::SetEngine(EngineLoop* loop) {
   slot_bytes_ = loop->kv_cache().slot_bytes();
   loop->AddStepObserver([this](LlmEngine& engine, const std::vector<RequestOutput>&) {
     RetryPending(engine);
+    metrics_->SetServiceQueues(static_cast<int>(pending_.size()), waiting_for_kv_);
   });
   loop_ = loop;
 }
@@ -185,6 +189,10 @@ void DecodeServiceImpl::Retire(const std::shared_ptr<GenerateCall>& call) {
   loop->Post([this, loop, call](LlmEngine& engine) {
     (void)engine.Abort(call->id);  // frees reserved or running blocks
     loop->RemoveCallback(call->id);
+    if (call->awaiting_kv) {
+      call->awaiting_kv = false;
+      --waiting_for_kv_;
+    }
     pending_.erase(std::remove(pending_.begin(), pending_.end(), call), pending_.end());
     Release(call->id);
   });
@@ -205,18 +213,14 @@ bool DecodeServiceImpl::AddText(GenerateCall& call, const std::vector<int32_t>& 
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto writer = StreamWriter<v1::GenerateResponse>::Create([m = metrics_](const grpc::Status& s) {
-    m->RequestFinished(GrpcCodeName(s.error_code()));
-  });
-  if (grpc::Status s = state_->Admit(); !s.ok()) {
-    writer->End(s);
-    return writer.get();
-  }
+  auto [writer, admitted] = OpenStream<v1::GenerateResponse>(state_, metrics_);
+  if (!admitted) return writer.get();
   auto invalid = [&](std::string message) {
     writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message)));
     return writer.get();
   };
-  if (request->request_id().empty()) return invalid("request_id is empty");
+  auto resolved_id = ResolveRequestId(request->request_id());
+  if (!resolved_id.ok()) return invalid(std::string(resolved_id.status().message()));
   const bool has_text = !request->prompt().empty();
   if (has_text && request->prompt_token_ids_size() > 0) {
     return invalid("give one of prompt (text) and prompt_token_ids, not both");
@@ -238,15 +242,18 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!in_flight_.insert(request->request_id()).second) {
+    if (!in_flight_.insert(*resolved_id).second) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request_id '", request->request_id(),
+                               absl::StrCat("request_id '", EchoClientText(*resolved_id),
                                             "' is already in flight")));
       return writer.get();
     }
   }
   auto call = std::make_shared<GenerateCall>();
-  call->id = request->request_id();
+  call->id = *resolved_id;
+  if (request->request_id().empty()) {
+    TANDEM_LOG(INFO) << "request without an id: assigned " << call->id;
+  }
   if (has_text) {
     call->prompt = tokenizer_->Encode(request->prompt());
   } else {
@@ -267,8 +274,13 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   const auto limit = std::chrono::system_clock::now() +
                      absl::ToChronoSeconds(options_.prefill_timeout);
   call->deadline = std::min(context->deadline(), limit);
-  writer->OnCancelled([this, call] {
-    Fail(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  writer->OnCancelled([this, call, context] {
+    // gRPC reports a passed deadline as a cancel: tell the two apart.
+    if (context->deadline() <= std::chrono::system_clock::now()) {
+      Fail(call, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request's deadline passed"));
+    } else {
+      Fail(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    }
   });
   loop_.load()->Post([this, call](LlmEngine& engine) { Reserve(engine, call); });
   return writer.get();
@@ -279,9 +291,20 @@ void DecodeServiceImpl::Reserve(LlmEngine& engine, const std::shared_ptr<Generat
   if (absl::Status v = engine.Validate(call->prompt, call->params); !v.ok()) {
     return Fail(call, ToGrpcStatus(v));
   }
+  // A request that cannot fit even in an empty cache would wait in vain.
+  const KvCache& kv = engine.kv_cache();
+  const int64_t need_tokens = std::min<int64_t>(
+      static_cast<int64_t>(call->prompt.size()) + call->params.max_tokens, engine.max_model_len());
+  const int64_t need_blocks = (need_tokens + kv.block_size() - 1) / kv.block_size();
+  if (need_blocks > kv.allocator().num_blocks()) {
+    return Fail(call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, absl::StrCat(
+        "prompt_token_ids (", call->prompt.size(), ") + max_tokens (", call->params.max_tokens,
+        ") need ", need_blocks, " KV blocks of ", kv.block_size(),
+        " tokens; the whole cache has ", kv.allocator().num_blocks())));
+  }
   // The prompt's KV plus the slot of the first token.
   absl::Status r = engine.ReserveKv(call->id, static_cast<int64_t>(call->prompt.size()) + 1);
-  if (r.ok()) return StartPrefill(call);
+  if (r.ok()) return BeginKvTransfer(call);
   if (!absl::IsResourceExhausted(r)) return Fail(call, ToGrpcStatus(r));
   if (static_cast<int>(pending_.size()) >= options_.max_waiting) {
     return Fail(call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -303,7 +326,7 @@ void DecodeServiceImpl::RetryPending(LlmEngine& engine) {
     absl::Status r = engine.ReserveKv(call->id, static_cast<int64_t>(call->prompt.size()) + 1);
     if (r.ok()) {
       pending_.pop_front();
-      StartPrefill(call);
+      BeginKvTransfer(call);
       continue;
     }
     if (now - call->queued_at > options_.queue_timeout) {
@@ -320,6 +343,13 @@ void DecodeServiceImpl::RetryPending(LlmEngine& engine) {
   }
 }
 
+void DecodeServiceImpl::BeginKvTransfer(const std::shared_ptr<GenerateCall>& call) {
+  if (call->done.load()) return;
+  call->awaiting_kv = true;
+  ++waiting_for_kv_;
+  StartPrefill(call);
+}
+
 void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call) {
   if (call->done.load()) return;
   call->prefill_started = absl::Now();
@@ -331,12 +361,17 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call) 
 void DecodeServiceImpl::OnFirstToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
                                      int32_t token) {
   if (call->done.load()) return;
+  if (call->awaiting_kv) {  // the KV is here: running from now on
+    call->awaiting_kv = false;
+    --waiting_for_kv_;
+  }
   const SamplingParams& p = call->params;
   const auto& eos = engine.model_config().eos_token_ids;
   const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
                         p.stop_token_ids.end() ||
                     (!p.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end());
   v1::GenerateResponse first;
+  first.set_request_id(call->id);
   first.add_token_ids(token);
   call->last_token = absl::Now();
   metrics_->TimeToFirstToken(absl::ToDoubleSeconds(call->last_token - call->queued_at));

@@ -59,6 +59,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   // All of these run on the engine thread.
   void Reserve(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call);
   void RetryPending(LlmEngine& engine);
+  // Blocks are reserved: count the call as waiting for KV and start a prefill.
+  void BeginKvTransfer(const std::shared_ptr<GenerateCall>& call);
   void StartPrefill(const std::shared_ptr<GenerateCall>& call);
   void OnFirstToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call, int32_t token);
   // Ends the call with `status` and frees everything it holds (any thread).
@@ -79,6 +81,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   v1::ModelFingerprint fingerprint_;  // set before the worker is ready
   size_t slot_bytes_ = 0;
   std::deque<std::shared_ptr<GenerateCall>> pending_;  // engine thread only
+  int waiting_for_kv_ = 0;                             // engine thread only
   absl::Mutex mu_;
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
 };

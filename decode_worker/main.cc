@@ -9,6 +9,7 @@
 #include "decode_worker/decode_service.h"
 
 int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();  // before any thread exists
   tandem::FlagSet flags("decode_worker");
   tandem::EngineFlags engine_flags("FULL_DECODE_ONLY");
   engine_flags.Register(&flags);

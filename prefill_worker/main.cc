@@ -5,6 +5,7 @@
 #include "prefill_worker/prefill_service.h"
 
 int main(int argc, char** argv) {
+  tandem::BlockTerminationSignals();  // before any thread exists
   tandem::FlagSet flags("prefill_worker");
   tandem::EngineFlags engine_flags("PIECEWISE");
   engine_flags.Register(&flags);

@@ -15,24 +15,22 @@ void PrefillServiceImpl::Release(const std::string& id) {
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
-  auto writer = StreamWriter<v1::PrefillResponse>::Create([m = metrics_](const grpc::Status& s) {
-    m->RequestFinished(GrpcCodeName(s.error_code()));
-  });
+  auto [writer, admitted] = OpenStream<v1::PrefillResponse>(state_, metrics_);
+  if (!admitted) return writer.get();
   const absl::Time start = absl::Now();
-  if (grpc::Status s = state_->Admit(); !s.ok()) {
-    writer->End(s);
+  // Room for the "#attempt" suffix the decode worker adds to a client's id.
+  auto resolved_id = ResolveRequestId(request->request_id(), kMaxRequestIdBytes + 16);
+  if (!resolved_id.ok()) {
+    writer->End(ToGrpcStatus(resolved_id.status()));
     return writer.get();
   }
-  const std::string id = request->request_id();
-  if (id.empty()) {
-    writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
-    return writer.get();
-  }
+  const std::string id = *resolved_id;
   {
     absl::MutexLock lock(&mu_);
     if (!in_flight_.insert(id).second) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request_id '", id, "' is already in flight")));
+                               absl::StrCat("request_id '", EchoClientText(id),
+                                            "' is already in flight")));
       return writer.get();
     }
   }

@@ -72,10 +72,17 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                   .Add({});
   waiting_ = &prometheus::BuildGauge()
                   .Name("tandem_requests_waiting")
-                  .Help("Requests waiting for the running batch")
+                  .Help("Requests waiting for the running batch or for KV blocks")
                   .Labels(role_label)
                   .Register(r)
                   .Add({});
+  waiting_for_kv_ = &prometheus::BuildGauge()
+                         .Name("tandem_requests_waiting_for_kv")
+                         .Help("Requests whose prompt KV is being transferred from a prefill "
+                               "worker (decode)")
+                         .Labels(role_label)
+                         .Register(r)
+                         .Add({});
   if (role == "prefill") {
     tokens_ = &prometheus::BuildCounter()
                    .Name("tandem_prompt_tokens_total")
@@ -167,7 +174,8 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   capture_seconds_->Set(s.capture_seconds);
   folded_ = s;
   running_->Set(static_cast<double>(engine.num_running()));
-  waiting_->Set(static_cast<double>(engine.num_waiting()));
+  waiting_->Set(static_cast<double>(engine.num_waiting() + service_waiting_.load()));
+  waiting_for_kv_->Set(static_cast<double>(service_waiting_for_kv_.load()));
   const BlockAllocator& a = engine.kv_cache().allocator();
   kv_usage_->Set(a.usage());
   kv_blocks_->Set(a.num_used());

@@ -9,6 +9,7 @@
 #define TANDEM_COMMON_SERVING_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,15 @@ class WorkerMetrics {
   // Engine-thread refresh: graph counters, steps, replays and ratios, padded
   // tokens, running/waiting, KV cache usage.
   void ObserveEngine(LlmEngine& engine);
+
+  // Requests a service holds outside the engine: waiting for KV blocks, and
+  // waiting for their prompt's KV to arrive. Folded into the gauges by the
+  // next ObserveEngine(), so every admitted request is counted in exactly one
+  // of running / waiting / waiting_for_kv.
+  void SetServiceQueues(int waiting, int waiting_for_kv) {
+    service_waiting_ = waiting;
+    service_waiting_for_kv_ = waiting_for_kv;
+  }
 
   // Services.
   void RequestFinished(const std::string& grpc_code_name);
@@ -65,6 +75,9 @@ class WorkerMetrics {
   prometheus::Counter* padded_tokens_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
+  prometheus::Gauge* waiting_for_kv_;
+  std::atomic<int> service_waiting_{0};
+  std::atomic<int> service_waiting_for_kv_{0};
   prometheus::Counter* tokens_;  // prompt (prefill) or generation (decode)
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;

@@ -2,14 +2,17 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 #include "common/base/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -26,6 +29,33 @@ grpc::Status WorkerState::Admit() const {
                         "the worker is warming up (loading the model, capturing graphs); retry");
   }
   return grpc::Status::OK;
+}
+
+std::string EchoClientText(const std::string& text) {
+  if (text.size() <= kMaxEchoBytes) return text;
+  size_t cut = kMaxEchoBytes;
+  while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(text.substr(0, cut), "... (", text.size(), " bytes)");
+}
+
+absl::StatusOr<std::string> ResolveRequestId(const std::string& id, size_t max_bytes) {
+  if (id.size() > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id has ", id.size(),
+                                                   " bytes; the limit is ", max_bytes));
+  }
+  if (!id.empty()) return id;
+  static std::atomic<uint64_t> counter{0};
+  // Unique within the process and unlikely to collide across restarts.
+  const uint64_t v = absl::ToUnixNanos(absl::Now()) * 6364136223846793005ull + (++counter);
+  return absl::StrFormat("req-%016x", v ^ (static_cast<uint64_t>(getpid()) << 40));
+}
+
+void BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 }
 
 SamplingParams FromProto(const v1::SamplingParams& p) {
@@ -99,24 +129,30 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
               const std::function<void(EngineLoop*)>& on_engine) {
-  // Signals are taken by sigwait() below; block them in every thread.
+  // Signals are taken by sigwait() below; block them in every thread (main()
+  // did so before any thread started; this covers callers that did not).
+  BlockTerminationSignals();
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const pthread_t main_thread = pthread_self();
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.grpc_address, grpc::InsecureServerCredentials(), &port);
+  // gRPC sets SO_REUSEPORT by default: a second worker on a busy port would
+  // bind too and split the connections. A busy port must fail start-up.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxSendMessageSize(8 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     TANDEM_LOG(ERROR) << options.role << " worker: cannot listen on --grpc-address="
-                      << options.grpc_address;
+                      << options.grpc_address << " (the port is in use, or the address is not "
+                      << "one of this host's)";
     return 1;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -155,7 +191,9 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
       TANDEM_LOG(INFO) << options.role << " worker: SERVING";
     } else {
       failed = true;
-      kill(getpid(), SIGTERM);
+      // Wake sigwait() in the main thread only: a signal sent to the process
+      // could land in a thread that never blocked it and kill us with 143.
+      pthread_kill(main_thread, SIGTERM);
     }
   });
 
@@ -167,9 +205,17 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   }
   TANDEM_LOG(INFO) << options.role << " worker: signal " << sig << ", draining (up to "
                    << options.drain_seconds << " s)";
+  // Report NOT_SERVING and refuse new streams first, while the server still
+  // answers health checks; stop accepting only when the open streams are done
+  // or the drain deadline comes (then gRPC cancels what is left).
   state->draining = true;
   health->SetServingStatus(false);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(options.drain_seconds));
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::seconds(options.drain_seconds);
+  while (state->open_streams.load() > 0 && std::chrono::system_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  server->Shutdown(deadline);
   loop.Stop();
   TANDEM_LOG(INFO) << options.role << " worker: stopped";
   return 0;

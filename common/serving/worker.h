@@ -18,18 +18,41 @@
 #include "common/serving/engine_flags.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/metrics.h"
+#include "common/serving/status_convert.h"
+#include "common/serving/stream_writer.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
 
-// State every service of a worker reads: readiness and draining.
+// State every service of a worker reads: readiness, draining, open streams.
 struct WorkerState {
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
+  // Streams admitted and not finished; draining waits for them to end.
+  std::atomic<int> open_streams{0};
   // UNAVAILABLE while warming up or draining, else OK.
   grpc::Status Admit() const;
 };
+
+// Limits on request ids (client input).
+inline constexpr size_t kMaxRequestIdBytes = 256;
+// Error messages quote at most this much of any client input.
+inline constexpr size_t kMaxEchoBytes = 64;
+
+// `text` for an error message: as is up to kMaxEchoBytes, else its first
+// bytes (whole UTF-8 characters) and "... (N bytes)".
+std::string EchoClientText(const std::string& text);
+
+// The request id to use: `id`, or a fresh one ("req-" + 16 hex digits) when
+// empty. INVALID_ARGUMENT when longer than `max_bytes`.
+absl::StatusOr<std::string> ResolveRequestId(const std::string& id,
+                                             size_t max_bytes = kMaxRequestIdBytes);
+
+// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts
+// afterwards. Call first in main(), before anything starts a thread (gRPC
+// channels do), so that only RunWorker's sigwait() ever takes them.
+void BlockTerminationSignals();
 
 struct WorkerOptions {
   std::string role;  // "prefill" or "decode"
@@ -50,6 +73,27 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options);
 int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
                            const EngineFlags& engine_flags, int argc, char** argv,
                            EngineConfig* config);
+
+// A server stream of a worker: its final status is counted in
+// tandem_requests_total and, once admitted, in state->open_streams. Returns
+// the writer and whether it was admitted; when not (warming up, draining), it
+// has already ended with UNAVAILABLE.
+template <typename Msg>
+std::pair<std::shared_ptr<StreamWriter<Msg>>, bool> OpenStream(WorkerState* state,
+                                                               WorkerMetrics* metrics) {
+  auto admitted = std::make_shared<std::atomic<bool>>(false);
+  auto writer = StreamWriter<Msg>::Create([state, metrics, admitted](const grpc::Status& s) {
+    metrics->RequestFinished(GrpcCodeName(s.error_code()));
+    if (admitted->load()) --state->open_streams;
+  });
+  if (grpc::Status s = state->Admit(); !s.ok()) {
+    writer->End(s);
+    return {writer, false};
+  }
+  ++state->open_streams;
+  admitted->store(true);
+  return {writer, true};
+}
 
 // Sampling parameters from the API message (top_p 0 means 1).
 SamplingParams FromProto(const v1::SamplingParams& p);

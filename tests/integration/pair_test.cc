@@ -140,8 +140,8 @@ TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
   auto text = MakeRequest("bad-9", {}, 4);
   text.set_prompt("hello");
   cases.push_back({"text prompt", text, grpc::StatusCode::INVALID_ARGUMENT, "tokenizer"});
-  cases.push_back({"no id", MakeRequest("", {1}, 4), grpc::StatusCode::INVALID_ARGUMENT,
-                   "request_id"});
+  cases.push_back({"id too long", MakeRequest(std::string(257, 'i'), {1}, 4),
+                   grpc::StatusCode::INVALID_ARGUMENT, "request_id has 257 bytes"});
   for (const Case& c : cases) {
     GenerateResult r = Generate(decode_->address(), c.request);
     EXPECT_EQ(r.status.error_code(), c.code) << c.what;

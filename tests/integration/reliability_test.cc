@@ -1,0 +1,222 @@
+// Regression tests for the reliability defects found by abuse testing: a
+// busy gRPC port, start-up failure exit codes, request ids, requests that
+// can never fit, requests waiting for KV counted nowhere, deadlines counted
+// as cancels, and health during drain. Real processes, real gRPC.
+#include <signal.h>
+
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+std::vector<int32_t> Prompt(int n, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;
+  return t;
+}
+
+void Stop(Worker& w) {
+  w.process->Signal(SIGTERM);
+  EXPECT_EQ(w.process->Wait(std::chrono::seconds(20)), 0) << w.process->Log();
+}
+
+// gRPC's default SO_REUSEPORT let a second worker bind a busy port and split
+// the connections; now start-up fails, exit 1, naming the address.
+TEST(ReliabilityTest, BusyGrpcPortFailsStartUp) {
+  Worker first = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1"});
+  const std::string address = first.address();
+  Process second({BinDir() + "/decode_worker", "--grpc-address=" + address,
+                  "--metrics-address=127.0.0.1:0", "--prefill-address=127.0.0.1:1"},
+                 ::testing::TempDir() + "busy_port_" + std::to_string(getpid()) + ".log");
+  EXPECT_EQ(second.Wait(std::chrono::seconds(30)), 1) << second.Log();
+  EXPECT_NE(second.Log().find("cannot listen on --grpc-address=" + address), std::string::npos)
+      << second.Log();
+  Stop(first);
+}
+
+// The failure path raised SIGTERM at the process while gRPC threads had it
+// unblocked: exit 1 or 143 at random. Always 1 now, with the reason.
+TEST(ReliabilityTest, EngineStartUpFailureExitsOneEveryTime) {
+  for (int i = 0; i < 6; ++i) {
+    Process p({BinDir() + "/decode_worker", "--grpc-address=127.0.0.1:0",
+               "--metrics-address=127.0.0.1:0", "--prefill-address=127.0.0.1:1",
+               "--max-model-len=1000000"},
+              ::testing::TempDir() + "fail_start_" + std::to_string(getpid()) + "_" +
+                  std::to_string(i) + ".log");
+    EXPECT_EQ(p.Wait(std::chrono::seconds(30)), 1) << p.Log();
+    EXPECT_NE(p.Log().find("max_model_len"), std::string::npos) << p.Log();
+  }
+}
+
+class ReliabilityPairTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // A model slow enough that a request is still running when the next
+    // one arrives; few capture sizes so start-up stays quick.
+    const std::vector<std::string> common = {"--model=synthetic:smollm2-135m", "--max-num-seqs=8",
+                                             "--max-capture-size=8"};
+    std::vector<std::string> prefill_flags = common, decode_flags = common;
+    decode_flags.insert(decode_flags.end(), {"--num-kv-blocks=64", "--block-size=16"});
+    prefill_ = new Worker(StartWorker("prefill_worker", prefill_flags));
+    decode_flags.push_back("--prefill-address=" + prefill_->address());
+    decode_ = new Worker(StartWorker("decode_worker", decode_flags));
+  }
+  static void TearDownTestSuite() {
+    for (Worker* w : {decode_, prefill_}) {
+      Stop(*w);
+      delete w;
+    }
+  }
+  static Worker* prefill_;
+  static Worker* decode_;
+};
+Worker* ReliabilityPairTest::prefill_ = nullptr;
+Worker* ReliabilityPairTest::decode_ = nullptr;
+
+TEST_F(ReliabilityPairTest, EmptyRequestIdIsAssignedAndReturned) {
+  auto stub = v1::Decode::NewStub(
+      grpc::CreateChannel(decode_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, MakeRequest("", {1, 2, 3}, 3));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));
+  EXPECT_EQ(first.request_id().rfind("req-", 0), 0u) << first.request_id();
+  v1::GenerateResponse more;
+  while (reader->Read(&more)) EXPECT_TRUE(more.request_id().empty());
+  EXPECT_TRUE(reader->Finish().ok());
+  // Two id-less requests get different ids.
+  grpc::ClientContext ctx2;
+  auto reader2 = stub->Generate(&ctx2, MakeRequest("", {1, 2, 3}, 1));
+  v1::GenerateResponse second;
+  ASSERT_TRUE(reader2->Read(&second));
+  EXPECT_NE(second.request_id(), first.request_id());
+  while (reader2->Read(&more)) {
+  }
+  EXPECT_TRUE(reader2->Finish().ok());
+}
+
+TEST_F(ReliabilityPairTest, LongRequestIdsAreRefusedAndNeverEchoedWhole) {
+  GenerateResult g = Generate(decode_->address(), MakeRequest(std::string(9000, 'x'), {1}, 1));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(g.status.error_message().find("request_id has 9000 bytes; the limit is 256"),
+            std::string::npos);
+  EXPECT_LT(g.status.error_message().size(), 200u);
+  // A duplicate of a 256-byte id: the message quotes at most 64 bytes of it.
+  const std::string id(256, 'y');
+  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  GenerateResult dup = Generate(decode_->address(), MakeRequest(id, {1, 2}, 2));
+  t.join();
+  EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_NE(dup.status.error_message().find("... (256 bytes)"), std::string::npos)
+      << dup.status.error_message();
+  EXPECT_LT(dup.status.error_message().size(), 140u);
+}
+
+// It waited the whole queue timeout (30 s) before RESOURCE_EXHAUSTED.
+TEST_F(ReliabilityPairTest, RequestThatCanNeverFitIsRefusedAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  GenerateResult g = Generate(decode_->address(), MakeRequest("huge", Prompt(100, 2), 1500));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(g.status.error_message().find("need 100 KV blocks"), std::string::npos)
+      << g.status.error_message();
+  EXPECT_NE(g.status.error_message().find("the whole cache has 64"), std::string::npos);
+}
+
+// Deadlines were counted as CANCELLED in tandem_requests_total.
+TEST_F(ReliabilityPairTest, DeadlinesAreCountedAsDeadlineExceeded) {
+  const std::map<std::string, std::string> deadline = {{"status", "DEADLINE_EXCEEDED"}};
+  auto count = [&] {
+    return MetricValue(decode_->Metrics(), "tandem_requests_total", deadline).value_or(0);
+  };
+  const double before = count();
+  GenerateResult g = Generate(decode_->address(), MakeRequest("late", Prompt(50, 3), 800),
+                              std::chrono::milliseconds(200));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  double after = before;
+  while (std::chrono::steady_clock::now() < end && after < before + 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    after = count();
+  }
+  EXPECT_EQ(after, before + 1);
+}
+
+// With the prefill worker stopped, requests holding KV blocks were counted
+// neither running nor waiting.
+TEST(ReliabilityTest, RequestsWaitingForKvAreCounted) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                "--prefill-timeout-seconds=60"});
+  // Connected first, then stopped: the streams hang instead of failing to connect.
+  ASSERT_TRUE(Generate(decode.address(), MakeRequest("warm", {1, 2, 3}, 2)).status.ok());
+  prefill.process->Signal(SIGSTOP);
+  std::vector<std::thread> clients;
+  std::vector<GenerateResult> results(3);
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      results[i] = Generate(decode.address(), MakeRequest("kv-" + std::to_string(i), Prompt(40, i), 4));
+    });
+  }
+  double waiting_for_kv = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end && waiting_for_kv < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    waiting_for_kv = decode.Metric("tandem_requests_waiting_for_kv");
+  }
+  EXPECT_EQ(waiting_for_kv, 3);
+  EXPECT_GT(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  EXPECT_EQ(decode.Metric("tandem_requests_running") + decode.Metric("tandem_requests_waiting"), 0);
+  prefill.process->Signal(SIGCONT);
+  for (auto& t : clients) t.join();
+  for (const auto& r : results) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  const auto drained = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < drained &&
+         decode.Metric("tandem_requests_waiting_for_kv") != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(decode.Metric("tandem_requests_waiting_for_kv"), 0);
+  Stop(decode);
+  Stop(prefill);
+}
+
+// A health check on an existing connection got UNAVAILABLE during drain;
+// the worker now reports NOT_SERVING while in-flight streams finish.
+TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
+  Worker prefill = StartWorker("prefill_worker", {"--model=synthetic:smollm2-135m",
+                                                  "--max-capture-size=8"});
+  Worker decode = StartWorker("decode_worker", {"--model=synthetic:smollm2-135m",
+                                                "--max-capture-size=8",
+                                                "--prefill-address=" + prefill.address()});
+  auto channel = grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  GenerateResult long_stream;
+  std::thread t([&] {
+    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 60));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  decode.process->Signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = health->Check(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  // New work is refused; the stream in flight finishes.
+  GenerateResult refused = Generate(decode.address(), MakeRequest("new", {1, 2}, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  t.join();
+  EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
+  EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
+  Stop(prefill);
+}
+
+}  // namespace
+}  // namespace tandem::testing
