@@ -1,16 +1,25 @@
 // The Decode service, Tandem's front door. Generate():
-//   1. validates the request (on the engine thread) and reserves KV blocks for
-//      the prompt, waiting in a bounded queue while the cache is full;
-//   2. pulls the prompt's KV from a prefill worker (tandem.v1.Prefill, over a
+//   1. validates the request and reserves KV blocks for the prompt on the
+//      engine thread, waiting in a bounded queue while the cache is full (a
+//      request that could never fit is refused at once);
+//   2. pulls the prompt's KV from a prefill worker (PrefillClient, over a
 //      round_robin channel) and writes each chunk into its own paged cache as
 //      it arrives; a fingerprint mismatch is FAILED_PRECONDITION, a bad
 //      checksum is retried once, then DATA_LOSS;
 //   3. streams the first token, then joins the continuous decode batch
 //      (FULL_DECODE_ONLY graphs by default) and streams every token.
+// When the cache runs out mid-decode the engine preempts the newest request
+// and hands it back: it waits for blocks again, is re-prefilled (prompt and
+// the tokens generated so far) by a prefill worker and continues; the client
+// sees a pause, never an error.
 // With a tokenizer, a text prompt is tokenized on the RPC thread, and every
 // message carries its new text (incremental detokenization; stop strings end
 // the output before them).
 // Cancellation, deadlines and failures free every KV block of the request.
+//
+// Threads: Generate() runs on a gRPC thread and posts to the engine loop;
+// everything that touches the engine or a call's engine-thread fields runs on
+// the engine thread (see generate_call.h); PrefillClient callbacks post there.
 #ifndef TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 #define TANDEM_DECODE_WORKER_DECODE_SERVICE_H_
 
@@ -26,6 +35,8 @@
 #include "common/serving/metrics.h"
 #include "common/serving/worker.h"
 #include "common/tokenizer/tokenizer.h"
+#include "decode_worker/generate_call.h"
+#include "decode_worker/prefill_client.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
@@ -38,9 +49,7 @@ struct DecodeOptions {
   absl::Duration prefill_timeout = absl::Seconds(120);
 };
 
-struct GenerateCall;
-
-class DecodeServiceImpl final : public v1::Decode::CallbackService {
+class DecodeServiceImpl final : public v1::Decode::CallbackService, private PrefillClient::Host {
  public:
   // `tokenizer` (may be null: the model has none, ids only) must outlive the
   // service; text prompts, text outputs and stop strings need it.
@@ -55,22 +64,37 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
 
  private:
-  friend class PrefillClient;
-  // All of these run on the engine thread.
+  // Engine thread.
   void Reserve(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call);
+  // Reserves blocks for the call's prefill tokens and starts the transfer, or
+  // queues the call until blocks free up.
+  void ReserveOrQueue(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call);
   void RetryPending(LlmEngine& engine);
   // Blocks are reserved: count the call as waiting for KV and start a prefill.
   void BeginKvTransfer(const std::shared_ptr<GenerateCall>& call);
   void StartPrefill(const std::shared_ptr<GenerateCall>& call);
-  void OnFirstToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call, int32_t token);
-  // Ends the call with `status` and frees everything it holds (any thread).
-  void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status);
-  // Frees the engine state of an ended call, on the engine thread.
+  void OnToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call, int32_t token);
+  void OnOutput(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
+                const RequestOutput& o);
+  // Ends the call normally with `msg` as its last message.
+  void Finish(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
+              v1::GenerateResponse msg, v1::FinishReason reason, bool engine_holds_request);
+  // Counts `tokens` and fills `msg`'s text; true when a stop string ended the
+  // output (then `msg` is the final message).
+  bool AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens, v1::GenerateResponse* msg);
+  // Frees the engine state of an ended call (posted to the engine thread).
   void Retire(const std::shared_ptr<GenerateCall>& call);
-  // Fills `msg` for `tokens` (text, and the final fields when a stop string
-  // ends the output); true when it did (engine thread).
-  bool AddText(GenerateCall& call, const std::vector<int32_t>& tokens, v1::GenerateResponse* msg);
   void Release(const std::string& id);
+
+  // PrefillClient::Host (any thread).
+  const v1::ModelFingerprint& fingerprint() const override { return fingerprint_; }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  WorkerMetrics* metrics() override { return metrics_; }
+  void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) override;
+  void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) override;
+  void RetryPrefill(const std::shared_ptr<GenerateCall>& call) override;
+  // Ends the call with `status` and frees everything it holds.
+  void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) override;
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
@@ -78,8 +102,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService {
   DecodeOptions options_;
   const Tokenizer* tokenizer_;
   std::atomic<EngineLoop*> loop_{nullptr};
-  v1::ModelFingerprint fingerprint_;  // set before the worker is ready
-  size_t slot_bytes_ = 0;
+  v1::ModelFingerprint fingerprint_;  // set before the worker is ready, then read-only
+  size_t slot_bytes_ = 0;             // likewise
   std::deque<std::shared_ptr<GenerateCall>> pending_;  // engine thread only
   int waiting_for_kv_ = 0;                             // engine thread only
   absl::Mutex mu_;

@@ -141,9 +141,18 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
 
 absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   std::vector<RequestOutput> out;
-  std::vector<Request*> failed;
-  std::vector<ScheduledChunk> chunks = scheduler_->Schedule(&failed);
+  std::vector<Request*> failed, returned;
+  std::vector<ScheduledChunk> chunks = scheduler_->Schedule(&failed, &returned);
   for (Request* r : failed) Finish(r, FinishReason::kError, &out);
+  for (Request* r : returned) {
+    RequestOutput o;
+    o.id = r->id;
+    o.preempted = true;
+    o.prompt_tokens = static_cast<int>(r->prompt_len);
+    o.completion_tokens = static_cast<int>(r->num_output_tokens());
+    out.push_back(std::move(o));
+    requests_.erase(r->id);
+  }
   if (chunks.empty()) return out;
 
   batch_.clear();
@@ -252,7 +261,8 @@ absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, 
 }
 
 absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
-                                            int32_t first_token, const SamplingParams& params) {
+                                            int32_t first_token, const SamplingParams& params,
+                                            bool return_on_preemption) {
   if (first_token < 0 || first_token >= model_->config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
                                                    " is outside the vocabulary"));
@@ -269,6 +279,7 @@ absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<i
   if (params.temperature > 0.f) r->rng();
   r->tokens.push_back(first_token);
   r->num_computed = r->prompt_len;
+  r->return_on_preemption = return_on_preemption;
   scheduler_->AddWaiting(r);
   return absl::OkStatus();
 }

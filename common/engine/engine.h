@@ -40,6 +40,9 @@ struct RequestOutput {
   absl::Status status;  // non-OK when the request failed
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  // Preempted and out of the engine (a request added with
+  // return_on_preemption): its blocks are freed; the caller recomputes it.
+  bool preempted = false;
 };
 
 // One step's record, for the --cudagraph-metrics style table.
@@ -81,8 +84,11 @@ class LlmEngine {
   // Queues a request whose prompt KV was written with WriteKv() and whose
   // first token was sampled elsewhere; it joins the decode batch. The output
   // of this call's first step is the second token.
+  // With return_on_preemption, a preemption hands the request back (an
+  // output with `preempted`) instead of recomputing it here.
   absl::Status AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
-                                   int32_t first_token, const SamplingParams& params);
+                                   int32_t first_token, const SamplingParams& params,
+                                   bool return_on_preemption = false);
 
   // Runs one scheduling step and the model; returns the outputs of the
   // requests that advanced or finished.
@@ -95,6 +101,7 @@ class LlmEngine {
   const KvCache& kv_cache() const { return *kv_cache_; }
   size_t num_running() const { return scheduler_->num_running(); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
+  int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
   int max_model_len() const { return runner_->max_model_len(); }
   const EngineConfig& config() const { return config_; }
   // Records of the steps since the last call (cleared on read).

@@ -35,6 +35,10 @@ struct Request {
   FinishReason finish = FinishReason::kNone;
   absl::Status error;
   int preemptions = 0;
+  // When preempted, leave the engine and report it (RequestOutput::preempted)
+  // instead of waiting to be recomputed here: the caller has its KV computed
+  // elsewhere (a decode worker re-prefills it on a prefill worker).
+  bool return_on_preemption = false;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_output_tokens() const { return num_tokens() - prompt_len; }

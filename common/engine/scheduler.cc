@@ -7,12 +7,17 @@
 
 namespace tandem {
 
-void Scheduler::Preempt(Request* r) {
+void Scheduler::Preempt(Request* r, std::vector<Request*>* returned) {
   kv_->Free(r->id);
   r->num_computed = 0;
   ++r->preemptions;
+  ++preemptions_;
   running_.erase(std::find(running_.begin(), running_.end(), r));
-  waiting_.push_front(r);
+  if (r->return_on_preemption) {
+    returned->push_back(r);
+  } else {
+    waiting_.push_front(r);
+  }
   TANDEM_LOG(DEBUG) << "preempted request " << r->id << " (KV cache full)";
 }
 
@@ -22,7 +27,8 @@ void Scheduler::Remove(Request* r, bool keep_kv) {
   if (!keep_kv) kv_->Free(r->id);
 }
 
-std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed) {
+std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed,
+                                                std::vector<Request*>* returned) {
   std::vector<ScheduledChunk> out;
   int budget = budget_;
   bool preempted = false;
@@ -42,7 +48,7 @@ std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed) {
     }
     // No block: preempt the latest admitted request that is not yet scheduled.
     Request* victim = running_.back();
-    Preempt(victim);
+    Preempt(victim, returned);
     preempted = true;
     if (victim == r) break;
   }

@@ -76,6 +76,12 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                   .Labels(role_label)
                   .Register(r)
                   .Add({});
+  preemptions_ = &prometheus::BuildCounter()
+                      .Name("tandem_preemptions_total")
+                      .Help("Requests preempted for lack of KV blocks (recomputed, never failed)")
+                      .Labels(role_label)
+                      .Register(r)
+                      .Add({});
   waiting_for_kv_ = &prometheus::BuildGauge()
                          .Name("tandem_requests_waiting_for_kv")
                          .Help("Requests whose prompt KV is being transferred from a prefill "
@@ -173,6 +179,8 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   }
   capture_seconds_->Set(s.capture_seconds);
   folded_ = s;
+  preemptions_->Increment(static_cast<double>(engine.num_preemptions() - folded_preemptions_));
+  folded_preemptions_ = engine.num_preemptions();
   running_->Set(static_cast<double>(engine.num_running()));
   waiting_->Set(static_cast<double>(engine.num_waiting() + service_waiting_.load()));
   waiting_for_kv_->Set(static_cast<double>(service_waiting_for_kv_.load()));

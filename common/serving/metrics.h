@@ -73,6 +73,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* transfer_failures_;
   prometheus::Gauge* capture_seconds_;
   prometheus::Counter* padded_tokens_;
+  prometheus::Counter* preemptions_;
+  int64_t folded_preemptions_ = 0;  // engine thread only
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* waiting_for_kv_;

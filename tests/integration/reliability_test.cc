@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "common/engine/engine.h"
 #include "gtest/gtest.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "tests/integration/harness.h"
@@ -215,6 +216,56 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   t.join();
   EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
   EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
+  Stop(prefill);
+}
+
+// A request that outgrew the cache mid-decode ended with RESOURCE_EXHAUSTED.
+// Now the engine preempts the newest request, the decode worker re-prefills it
+// (prompt + tokens so far) on the prefill worker, and it continues: every
+// stream completes with the tokens of an unpreempted run.
+TEST(ReliabilityTest, PreemptedRequestsAreReprefilledAndComplete) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  // 12 blocks of 16 tokens; each request needs 6 (30 prompt + 60 output).
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                "--num-kv-blocks=12", "--block-size=16",
+                                                "--max-num-seqs=8"});
+  EngineConfig config;
+  config.runner.graph.requested_mode = CudaGraphMode::kNone;
+  auto local = LlmEngine::Create(config).value();
+  SamplingParams p;
+  p.max_tokens = 60;
+  p.ignore_eos = true;
+  constexpr int kRequests = 8;
+  std::vector<std::vector<int32_t>> expected(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(local->AddRequest("e" + std::to_string(i), Prompt(30, 40 + i), p).ok());
+  }
+  while (local->HasWork()) {
+    const std::vector<RequestOutput> outputs = local->Step().value();
+    for (const RequestOutput& o : outputs) {
+      auto& v = expected[std::stoi(o.id.substr(1))];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  std::vector<GenerateResult> results(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      results[i] = Generate(decode.address(),
+                            MakeRequest("pre-" + std::to_string(i), Prompt(30, 40 + i), 60));
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].tokens, expected[i]) << i;
+    EXPECT_EQ(results[i].completion_tokens, 60u);
+    EXPECT_EQ(results[i].prompt_tokens, 30u);
+  }
+  EXPECT_GT(decode.Metric("tandem_preemptions_total"), 0);
+  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  EXPECT_EQ(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  Stop(decode);
   Stop(prefill);
 }
 
