@@ -8,6 +8,52 @@
 
 namespace tandem {
 
+struct PrefillServiceImpl::Transfer {
+  Transfer(const LlmEngine& engine, const std::string& id, int64_t num_tokens, int32_t first_token,
+           bool corrupt)
+      : id(id), exporter(engine, id, num_tokens), first_token(first_token), corrupt(corrupt),
+        start(absl::Now()) {}
+  std::string id;
+  KvExporter exporter;
+  int32_t first_token;
+  bool corrupt;          // testing: flip the checksum of the second chunk
+  int chunks = 0;
+  size_t bytes = 0;
+  absl::Time start;
+  bool finished = false;  // engine thread
+};
+
+void PrefillServiceImpl::SendMore(LlmEngine& engine,
+                                  const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+                                  const std::shared_ptr<Transfer>& t) {
+  if (t->finished) return;
+  auto finish = [&] {
+    t->finished = true;
+    (void)engine.Abort(t->id);  // frees the blocks kept for the export
+    Release(t->id);
+  };
+  if (writer->ended()) return finish();  // cancelled or broken: drop the rest
+  while (!t->exporter.done() && writer->buffered_bytes() < kStreamWindowBytes) {
+    auto msg = t->exporter.Next(engine);
+    if (!msg.ok()) {
+      writer->End(ToGrpcStatus(msg.status()));
+      return finish();
+    }
+    if (t->corrupt && ++t->chunks == 1) {
+      msg->mutable_chunk()->set_crc32c(msg->chunk().crc32c() ^ 1u);
+    }
+    t->bytes += msg->chunk().k().size() + msg->chunk().v().size();
+    writer->Send(*std::move(msg));
+  }
+  if (!t->exporter.done()) return;  // more when the reader has taken these
+  metrics_->KvTransfer(t->bytes, absl::ToDoubleSeconds(absl::Now() - t->start));
+  v1::PrefillResponse done;
+  done.mutable_done()->set_first_token(t->first_token);
+  writer->Send(std::move(done));
+  writer->End(grpc::Status::OK);
+  finish();
+}
+
 void PrefillServiceImpl::Release(const std::string& id) {
   absl::MutexLock lock(&mu_);
   in_flight_.erase(id);
@@ -78,26 +124,18 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
       }
       metrics_->PrefillSeconds(absl::ToDoubleSeconds(absl::Now() - start));
       metrics_->PromptTokens(static_cast<int>(num_tokens));
-      // Copy the KV out, free the blocks, then stream from host memory.
-      const absl::Time export_start = absl::Now();
-      auto messages = ExportKv(engine, id, num_tokens);
-      (void)engine.Abort(id);
-      Release(id);
-      if (!messages.ok()) {
-        writer->End(ToGrpcStatus(messages.status()));
-        return;
-      }
-      if (corrupt_streams_.fetch_sub(1) > 0 && messages->size() > 1) {
-        (*messages)[1].mutable_chunk()->set_crc32c((*messages)[1].chunk().crc32c() ^ 1u);
-      }
-      size_t bytes = 0;
-      for (const auto& m : *messages) bytes += m.chunk().k().size() + m.chunk().v().size();
-      metrics_->KvTransfer(bytes, absl::ToDoubleSeconds(absl::Now() - export_start));
-      for (auto& m : *messages) writer->Send(std::move(m));
-      v1::PrefillResponse done;
-      done.mutable_done()->set_first_token(o.new_tokens.back());
-      writer->Send(std::move(done));
-      writer->End(grpc::Status::OK);
+      // Stream the KV straight from the cache as the reader takes it: at most
+      // kStreamWindowBytes of copies per stream; the blocks are freed when the
+      // last chunk has been made.
+      auto transfer = std::make_shared<Transfer>(engine, id, num_tokens, o.new_tokens.back(),
+                                                 corrupt_streams_.fetch_sub(1) > 0);
+      writer->Send(transfer->exporter.Header());
+      writer->OnDrained([this, writer, transfer] {
+        loop_.load()->Post([this, writer, transfer](LlmEngine& engine) {
+          SendMore(engine, writer, transfer);
+        });
+      });
+      SendMore(engine, writer, transfer);
     });
   });
   return writer.get();

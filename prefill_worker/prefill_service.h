@@ -1,7 +1,10 @@
 // The Prefill service: runs prompts (batched with chunked prefill, PIECEWISE
 // graphs by default), then streams each request's KV (header, per-layer
-// chunks, first token). A request's blocks are freed as soon as its KV is
-// copied out, or when its stream fails or is cancelled.
+// chunks, first token) with flow control: chunks are copied out of the cache
+// as the reader takes them, at most kStreamWindowBytes ahead of it, so a slow
+// reader holds cache blocks (back-pressure on new prefills) but never an
+// unbounded copy. A request's blocks are freed when its last chunk has been
+// made, or when its stream fails or is cancelled.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
@@ -11,6 +14,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/serving/engine_loop.h"
+#include "common/serving/kv_transfer.h"
+#include "common/serving/stream_writer.h"
 #include "common/serving/metrics.h"
 #include "common/serving/worker.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -31,7 +36,15 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
 
+  // KV bytes a stream may have copied out and not yet written (~2 chunks).
+  static constexpr size_t kStreamWindowBytes = 2 * kMaxChunkBytes;
+
  private:
+  struct Transfer;
+  // Makes chunks until the window is full or the KV is out (engine thread).
+  void SendMore(LlmEngine& engine,
+                const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+                const std::shared_ptr<Transfer>& transfer);
   void Release(const std::string& id);
 
   WorkerState* state_;

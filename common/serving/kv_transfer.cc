@@ -46,33 +46,50 @@ int TokensPerChunk(size_t slot_bytes, size_t max_bytes) {
   return static_cast<int>(std::max<size_t>(1, max_bytes / per_token));
 }
 
+KvExporter::KvExporter(const LlmEngine& engine, std::string id, int64_t num_tokens)
+    : id_(std::move(id)),
+      num_tokens_(num_tokens),
+      fingerprint_(MakeFingerprint(engine.model_config(), engine.kv_cache().dtype())),
+      row_(engine.kv_cache().slot_bytes()),
+      per_chunk_(TokensPerChunk(row_)),
+      num_layers_(num_tokens > 0 ? engine.model_config().num_hidden_layers : 0) {}
+
+v1::PrefillResponse KvExporter::Header() const {
+  v1::PrefillResponse header;
+  *header.mutable_header()->mutable_fingerprint() = fingerprint_;
+  header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens_));
+  return header;
+}
+
+absl::StatusOr<v1::PrefillResponse> KvExporter::Next(const LlmEngine& engine) {
+  const int64_t n = std::min<int64_t>(per_chunk_, num_tokens_ - first_);
+  v1::PrefillResponse msg;
+  v1::KvChunk* chunk = msg.mutable_chunk();
+  chunk->set_layer(layer_);
+  chunk->set_first_token(static_cast<uint32_t>(first_));
+  chunk->set_num_tokens(static_cast<uint32_t>(n));
+  std::string* k = chunk->mutable_k();
+  std::string* v = chunk->mutable_v();
+  k->resize(n * row_);
+  v->resize(n * row_);
+  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, first_, n, k->data(), v->data()));
+  chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
+  first_ += n;
+  if (first_ >= num_tokens_) {
+    first_ = 0;
+    ++layer_;
+  }
+  return msg;
+}
+
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
                                                          int64_t num_tokens) {
-  const LlamaConfig& c = engine.model_config();
-  const size_t row = engine.kv_cache().slot_bytes();
-  std::vector<v1::PrefillResponse> out;
-  v1::PrefillResponse header;
-  *header.mutable_header()->mutable_fingerprint() = MakeFingerprint(c, engine.kv_cache().dtype());
-  header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens));
-  out.push_back(std::move(header));
-  const int per_chunk = TokensPerChunk(row);
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-    for (int64_t first = 0; first < num_tokens; first += per_chunk) {
-      const int64_t n = std::min<int64_t>(per_chunk, num_tokens - first);
-      v1::PrefillResponse msg;
-      v1::KvChunk* chunk = msg.mutable_chunk();
-      chunk->set_layer(layer);
-      chunk->set_first_token(static_cast<uint32_t>(first));
-      chunk->set_num_tokens(static_cast<uint32_t>(n));
-      std::string* k = chunk->mutable_k();
-      std::string* v = chunk->mutable_v();
-      k->resize(n * row);
-      v->resize(n * row);
-      RETURN_IF_ERROR(engine.ReadKv(id, layer, first, n, k->data(), v->data()));
-      chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
-      out.push_back(std::move(msg));
-    }
+  KvExporter exporter(engine, id, num_tokens);
+  std::vector<v1::PrefillResponse> out = {exporter.Header()};
+  while (!exporter.done()) {
+    ASSIGN_OR_RETURN(v1::PrefillResponse msg, exporter.Next(engine));
+    out.push_back(std::move(msg));
   }
   return out;
 }

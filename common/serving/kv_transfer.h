@@ -31,7 +31,30 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
 // `slot_bytes`: bytes of one token's K (and of its V) in one layer.
 int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
-// The header and every chunk of request `id`'s first `num_tokens` tokens.
+// Produces request `id`'s first `num_tokens` tokens of KV as a header, then
+// one chunk at a time (layer by layer), so a sender can make chunks as fast as
+// its reader takes them instead of copying the whole KV at once. Engine
+// thread only; the request's blocks must stay allocated until done().
+class KvExporter {
+ public:
+  KvExporter(const LlmEngine& engine, std::string id, int64_t num_tokens);
+  v1::PrefillResponse Header() const;
+  // The next chunk; check done() first.
+  absl::StatusOr<v1::PrefillResponse> Next(const LlmEngine& engine);
+  bool done() const { return layer_ >= num_layers_; }
+
+ private:
+  std::string id_;
+  int64_t num_tokens_;
+  v1::ModelFingerprint fingerprint_;
+  size_t row_;
+  int per_chunk_;
+  int num_layers_;
+  int layer_ = 0;
+  int64_t first_ = 0;
+};
+
+// The header and every chunk at once (tests and benchmarks).
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
                                                          int64_t num_tokens);

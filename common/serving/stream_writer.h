@@ -11,6 +11,7 @@
 #ifndef TANDEM_COMMON_SERVING_STREAM_WRITER_H_
 #define TANDEM_COMMON_SERVING_STREAM_WRITER_H_
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -37,6 +38,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     {
       absl::MutexLock lock(&mu_);
       if (ended_) return;
+      buffered_bytes_ += msg.ByteSizeLong();
       queue_.push_back(std::move(msg));
     }
     Pump();
@@ -50,6 +52,19 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       final_ = status;
     }
     Pump();
+  }
+
+  // Bytes of the messages queued or being written (flow control).
+  size_t buffered_bytes() {
+    absl::MutexLock lock(&mu_);
+    return buffered_bytes_;
+  }
+
+  // Runs `fn` (on a gRPC thread) each time a write completes and leaves
+  // nothing queued: a producer that sends as the reader takes refills here.
+  void OnDrained(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    if (!done_) on_drained_ = std::move(fn);
   }
 
   // Runs `fn` when the client cancels (at once if it already has).
@@ -98,16 +113,22 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   }
 
   void OnWriteDone(bool ok) override {
+    std::function<void()> drained;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      buffered_bytes_ -= std::min(buffered_bytes_, current_.ByteSizeLong());
       if (!ok) {  // the stream is broken: drop the rest and finish
         queue_.clear();
+        buffered_bytes_ = 0;
         ended_ = true;
         if (!final_.has_value()) final_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
+      } else if (queue_.empty() && !ended_) {
+        drained = on_drained_;
       }
     }
     Pump();
+    if (drained) drained();
   }
 
   void OnCancel() override {
@@ -129,6 +150,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       done_ = true;
       cancel = std::move(on_cancel_);
       on_cancel_ = nullptr;
+      on_drained_ = nullptr;
       finish = std::move(on_finish_);
       on_finish_ = nullptr;
     }
@@ -146,6 +168,8 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   bool done_ = false;  // gRPC called OnDone(): callbacks are no longer kept
   std::optional<grpc::Status> final_;
   std::function<void()> on_cancel_;
+  std::function<void()> on_drained_;
+  size_t buffered_bytes_ = 0;
   std::function<void(const grpc::Status&)> on_finish_;
   std::shared_ptr<StreamWriter> self_;
 };

@@ -219,6 +219,50 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   Stop(prefill);
 }
 
+// The prefill worker copied a request's whole KV out on the engine thread and
+// queued it without bound. Now it makes chunks as the reader takes them: a
+// stalled reader leaves the KV in the cache (blocks held, no copy), and the
+// blocks are freed once the reader has taken it all.
+TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096"});
+  // A reader whose transport takes no more than it reads (no BDP growth of
+  // the HTTP/2 window), as a slow client over a real network would be.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
+      prefill.address(), grpc::InsecureChannelCredentials(), args));
+  // 3,000 tokens of the synthetic model: 3 MiB of KV in 4 chunks, more than
+  // the stream's window.
+  v1::PrefillRequest req;
+  req.set_request_id("slow-reader");
+  for (int32_t t : Prompt(3000, 7)) req.add_prompt_token_ids(t);
+  req.mutable_sampling()->set_max_tokens(1);
+  grpc::ClientContext ctx;
+  auto reader = stub->Prefill(&ctx, req);
+  v1::PrefillResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_header());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a stalled reader
+  EXPECT_GT(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  int chunks = 0;
+  bool done = false;
+  while (reader->Read(&msg)) {
+    chunks += msg.has_chunk();
+    done = done || msg.has_done();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(chunks, 4);
+  EXPECT_TRUE(done);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < end &&
+         prefill.Metric("tandem_kv_cache_blocks_in_use") != 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  Stop(prefill);
+}
+
 // A request that outgrew the cache mid-decode ended with RESOURCE_EXHAUSTED.
 // Now the engine preempts the newest request, the decode worker re-prefills it
 // (prompt + tokens so far) on the prefill worker, and it continues: every
