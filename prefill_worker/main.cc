@@ -8,6 +8,10 @@ int main(int argc, char** argv) {
   tandem::BlockTerminationSignals();  // before any thread exists
   tandem::FlagSet flags("prefill_worker");
   tandem::EngineFlags engine_flags("PIECEWISE");
+  // Prompts run in chunks of 512 tokens, and every chunk size has a PIECEWISE
+  // graph (recording graphs costs no forward on the CPU).
+  engine_flags.max_num_batched_tokens = 512;
+  engine_flags.capture_up_to_token_budget = true;
   engine_flags.Register(&flags);
   tandem::WorkerOptions options;
   options.role = "prefill";

@@ -16,6 +16,9 @@ class CpuDevice : public Device {
     for (void* p : allocations_) std::free(p);
   }
   std::string name() const override { return "cpu"; }
+  // Nothing on the CPU is initialised lazily by a first run, and recording
+  // runs no op: a warm-up forward would only cost start-up time.
+  bool warmup_before_capture() const override { return false; }
   Stream* stream() override { return &stream_; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = (bytes + 255) / 256 * 256;

@@ -32,6 +32,9 @@ class Device {
   virtual absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  // Whether an eager run should precede graph capture (vLLM's warm-up: lazy
+  // library and allocator initialisation must not happen inside a capture).
+  virtual bool warmup_before_capture() const { return true; }
 };
 
 // Arena: a bump allocator over one Device allocation, for start-up carving of

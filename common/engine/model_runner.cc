@@ -139,10 +139,14 @@ std::vector<const void*> ModelRunner::InputAddresses() const {
 }
 
 absl::Status ModelRunner::Forward() {
-  const int64_t n = CurrentForwardContext()->descriptor.num_tokens;
+  const ForwardContext* ctx = CurrentForwardContext();
+  const int64_t n = ctx->descriptor.num_tokens;
+  // A start-up PIECEWISE capture pass records the pieces; attention between
+  // them is eager and its output unread, so it is not run at all.
+  const bool skip_attention = ctx->capture_only && ctx->runtime_mode == CudaGraphMode::kPiecewise;
   for (int layer = 0; layer < model_->num_layers(); ++layer) {
     RETURN_IF_ERROR(pieces_[layer]->Run());
-    model_->IssueAttention(layer, n, buffers_, kv_cache_->layer(layer));
+    if (!skip_attention) model_->IssueAttention(layer, n, buffers_, kv_cache_->layer(layer));
   }
   return pieces_.back()->Run();
 }
@@ -187,7 +191,7 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
 }
 
 absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
-                                     const BatchDescriptor& descriptor) {
+                                     const BatchDescriptor& descriptor, bool capture_only) {
   // A FULL graph bakes its attention kernel in: decode-only (one query token
   // per request) exactly when its key is a uniform-decode one with q = 1.
   // Eager attention follows the batch itself.
@@ -197,7 +201,7 @@ absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, Cud
     buffers_.meta.decode_only = std::all_of(
         batch.begin(), batch.end(), [](const ScheduledSeq& s) { return s.num_tokens == 1; });
   }
-  ForwardContextScope scope(mode, descriptor);
+  ForwardContextScope scope(mode, descriptor, capture_only);
   return full_->Run();
 }
 
@@ -313,11 +317,12 @@ absl::Status ModelRunner::CaptureGraphs() {
       std::fill(h_slots_.begin(), h_slots_.begin() + d.num_tokens, -1);
       RETURN_IF_ERROR(ops_->device()->CopyToDevice(buffers_.meta.slot_mapping.data, h_slots_.data(),
                                                    d.num_tokens * 4));
-      if (!warmed_up) {  // one eager run per group, as vLLM's warm-up dummy runs
+      if (!warmed_up && ops_->device()->warmup_before_capture()) {
+        // One eager run per group, as vLLM's warm-up dummy runs.
         RETURN_IF_ERROR(RunForward(batch, CudaGraphMode::kNone, d));
         warmed_up = true;
       }
-      RETURN_IF_ERROR(RunForward(batch, g.mode, d));
+      RETURN_IF_ERROR(RunForward(batch, g.mode, d, /*capture_only=*/true));
     }
     RETURN_IF_ERROR(ops_->device()->stream()->Synchronize());
     TANDEM_LOG(INFO) << "captured " << g.descriptors.size() * graphs_per_desc << " "

@@ -106,8 +106,9 @@ class ModelRunner {
   absl::Status AllocateBuffers();
   absl::Status Forward();  // the FULL wrapper's runnable
   // Runs the forward under `mode` and `descriptor` on inputs already copied.
+  // `capture_only`: a start-up capture pass (graphs recorded, not run).
   absl::Status RunForward(const std::vector<ScheduledSeq>& batch, CudaGraphMode mode,
-                          const BatchDescriptor& descriptor);
+                          const BatchDescriptor& descriptor, bool capture_only = false);
   absl::Status CopyInputs(const std::vector<ScheduledSeq>& batch, int padded_tokens);
   std::vector<const void*> InputAddresses() const;
   int64_t PiecewiseReplays() const;

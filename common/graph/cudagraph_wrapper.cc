@@ -44,28 +44,28 @@ absl::Status CudaGraphWrapper::Run() {
     return runnable_();
   }
   auto it = entries_.find(ctx->descriptor);
-  if (it == entries_.end()) return Capture(ctx->descriptor);
+  if (it == entries_.end()) return Capture(ctx->descriptor, /*run=*/!ctx->capture_only);
   RETURN_IF_ERROR(CheckAddresses(ctx->descriptor, it->second));
   ++replays_;
   return it->second.graph->Replay();
 }
 
-absl::Status CudaGraphWrapper::Capture(const BatchDescriptor& descriptor) {
+absl::Status CudaGraphWrapper::Capture(const BatchDescriptor& descriptor, bool run) {
   Entry entry;
   if (options_.check_input_addresses && input_addresses_) {
     entry.input_addresses = input_addresses_();
   }
   RETURN_IF_ERROR(stream_->BeginCapture());
-  absl::Status run = runnable_();
+  absl::Status recorded = runnable_();
   auto graph = stream_->EndCapture();
-  if (!run.ok()) return run;
+  if (!recorded.ok()) return recorded;
   if (!graph.ok()) return graph.status();
   entry.graph = std::move(graph).value();
   ++captures_;
   TANDEM_LOG(DEBUG) << "captured " << mode_ << " graph '" << name_ << "' for "
                     << descriptor << " (" << entry.graph->num_nodes() << " nodes)";
-  // The capture call must produce the real output, as upstream's does.
-  RETURN_IF_ERROR(entry.graph->Replay());
+  // Outside a start-up capture pass the caller reads the output: produce it.
+  if (run) RETURN_IF_ERROR(entry.graph->Replay());
   entries_.emplace(descriptor, std::move(entry));
   return absl::OkStatus();
 }

@@ -6,7 +6,8 @@
 //   - context mode NONE, or not its own mode: calls the runnable through;
 //   - its mode and a descriptor it has not seen: captures the runnable into a
 //     graph for that descriptor, then replays it once so the call returns the
-//     real output;
+//     real output (not in a start-up capture pass, ForwardContext::capture_only,
+//     whose outputs nobody reads);
 //   - its mode and a seen descriptor: replays the graph.
 // The wrapper trusts the context blindly: the dispatcher decides which graphs
 // exist. Wrappers nest: one FULL wrapper around the whole forward and one
@@ -67,7 +68,9 @@ class CudaGraphWrapper {
     std::unique_ptr<Graph> graph;
     std::vector<const void*> input_addresses;
   };
-  absl::Status Capture(const BatchDescriptor& descriptor);
+  // Records the runnable as a graph; `run` replays it once so this call
+  // produces the real output (not during a start-up capture pass).
+  absl::Status Capture(const BatchDescriptor& descriptor, bool run);
   absl::Status CheckAddresses(const BatchDescriptor& descriptor, const Entry& entry) const;
 
   std::string name_;

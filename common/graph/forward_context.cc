@@ -17,8 +17,8 @@ absl::Status ValidateRuntimeMode(CudaGraphMode mode) {
 }
 
 ForwardContextScope::ForwardContextScope(CudaGraphMode runtime_mode,
-                                         const BatchDescriptor& descriptor)
-    : context_{runtime_mode, descriptor}, previous_(current_context) {
+                                         const BatchDescriptor& descriptor, bool capture_only)
+    : context_{runtime_mode, descriptor, capture_only}, previous_(current_context) {
   TANDEM_CHECK(runtime_mode.valid_runtime_mode())
       << "forward context runtime mode must be NONE, PIECEWISE or FULL, got "
       << runtime_mode;

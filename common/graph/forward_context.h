@@ -17,6 +17,9 @@ namespace tandem {
 struct ForwardContext {
   CudaGraphMode runtime_mode = CudaGraphMode::kNone;
   BatchDescriptor descriptor;
+  // A start-up capture pass on dummy inputs (vLLM's capture runs): wrappers
+  // record their graph and do not run it, since nobody reads the outputs.
+  bool capture_only = false;
 };
 
 // The context of the current thread, or nullptr outside any scope.
@@ -29,7 +32,8 @@ class ForwardContextScope {
  public:
   // `runtime_mode` must be a valid runtime mode (see ValidateRuntimeMode());
   // a composite mode here is a programming error and aborts.
-  ForwardContextScope(CudaGraphMode runtime_mode, const BatchDescriptor& descriptor);
+  ForwardContextScope(CudaGraphMode runtime_mode, const BatchDescriptor& descriptor,
+                      bool capture_only = false);
   ~ForwardContextScope();
   ForwardContextScope(const ForwardContextScope&) = delete;
   ForwardContextScope& operator=(const ForwardContextScope&) = delete;

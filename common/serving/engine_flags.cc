@@ -23,7 +23,10 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("num-kv-blocks", &num_kv_blocks, "KV cache blocks; 0 = fit --kv-cache-mb");
   f->Add("kv-cache-mb", &kv_cache_mb, "KV cache memory when --num-kv-blocks=0");
   f->Add("capture-sizes", &capture_sizes, "graph capture sizes, e.g. 1,2,4,8 (default ladder)");
-  f->Add("max-capture-size", &max_capture_size, "largest size of the default ladder (0 = default)");
+  f->Add("max-capture-size", &max_capture_size,
+         capture_up_to_token_budget
+             ? "largest size of the default ladder (default: --max-num-batched-tokens)"
+             : "largest size of the default ladder (default: min(2 x max-num-seqs, 512))");
   f->Add("blas-threads", &blas_threads, "OpenBLAS threads of the CPU backend");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
@@ -43,7 +46,11 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.runner.max_num_seqs = max_num_seqs;
   c.runner.max_model_len = max_model_len;
   ASSIGN_OR_RETURN(c.runner.graph.capture_sizes, ParseIntList(capture_sizes, "--capture-sizes"));
-  if (flags.IsSet("max-capture-size")) c.runner.graph.max_capture_size = max_capture_size;
+  if (flags.IsSet("max-capture-size")) {
+    c.runner.graph.max_capture_size = max_capture_size;
+  } else if (capture_up_to_token_budget && !flags.IsSet("capture-sizes")) {
+    c.runner.graph.max_capture_size = max_num_batched_tokens;
+  }
   c.runner.check_input_addresses = check_input_addresses;
   return c;
 }

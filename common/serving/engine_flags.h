@@ -24,6 +24,10 @@ struct EngineFlags {
   int64_t kv_cache_mb = 512;
   std::string capture_sizes;
   int max_capture_size = 0;
+  // Without --capture-sizes or --max-capture-size, capture the ladder up to
+  // the token budget, so every (chunked) step has a graph: the prefill
+  // worker's default, where steps are chunks of long prompts.
+  bool capture_up_to_token_budget = false;
   int blas_threads = 1;
   bool check_input_addresses = false;
 

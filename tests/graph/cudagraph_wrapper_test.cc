@@ -56,6 +56,30 @@ TEST(CpuStreamTest, CaptureStateErrors) {
   EXPECT_EQ(stream.BeginCapture().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A start-up capture pass records the graph without running it (its output
+// is never read); a later call with the same key replays it.
+TEST(CudaGraphWrapperTest, CaptureOnlyPassRecordsWithoutRunning) {
+  CpuStream stream;
+  std::vector<float> in = {1, 2}, out(2);
+  Doubler doubler{&stream, &in, &out};
+  CudaGraphWrapper w("piece", M::kPiecewise, &stream, std::ref(doubler));
+  const BatchDescriptor key(2);
+  {
+    ForwardContextScope scope(M::kPiecewise, key, /*capture_only=*/true);
+    ASSERT_TRUE(w.Run().ok());
+  }
+  EXPECT_EQ(w.captures(), 1);
+  EXPECT_EQ(stream.ops_executed(), 0);
+  EXPECT_EQ(out, std::vector<float>(2, 0.f));
+  {
+    ForwardContextScope scope(M::kPiecewise, key);
+    ASSERT_TRUE(w.Run().ok());
+  }
+  EXPECT_EQ(w.replays(), 1);
+  EXPECT_EQ(out, (std::vector<float>{2, 4}));
+  EXPECT_EQ(doubler.host_calls, 1);
+}
+
 TEST(CudaGraphWrapperTest, PassThroughCaptureReplay) {
   CpuStream stream;
   std::vector<float> in = {1, 2}, out(2);

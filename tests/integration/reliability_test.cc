@@ -263,6 +263,27 @@ TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
   Stop(prefill);
 }
 
+// With the old defaults most prefill steps were above the largest capture
+// size (128) and ran eager: the PIECEWISE replay ratio was 0.12. Now prompts
+// run in chunks of the token budget and every chunk size has a graph.
+TEST(ReliabilityTest, PrefillDefaultsReplayPiecewiseForEveryStep) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  for (int n : {7, 300, 1300}) {  // short, mid-size, and chunked into three steps
+    GenerateResult g = Generate(decode.address(), MakeRequest("p" + std::to_string(n), Prompt(n, n), 2));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  }
+  const double steps = prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "PIECEWISE"}}) +
+                       prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "NONE"}}) +
+                       prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}});
+  EXPECT_GE(steps, 5);  // 1 + 1 + 3 chunks (fewer if batched together)
+  EXPECT_EQ(prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "NONE"}}), 0);
+  EXPECT_EQ(prefill.Metric("tandem_cudagraph_replays_total", {{"mode", "PIECEWISE"}}), steps);
+  EXPECT_EQ(prefill.Metric("tandem_cudagraph_replay_ratio", {{"mode", "PIECEWISE"}}), 1.0);
+  Stop(decode);
+  Stop(prefill);
+}
+
 // A request that outgrew the cache mid-decode ended with RESOURCE_EXHAUSTED.
 // Now the engine preempts the newest request, the decode worker re-prefills it
 // (prompt + tokens so far) on the prefill worker, and it continues: every
