@@ -34,14 +34,14 @@ void DecodeServiceImpl::SetEngine(EngineLoop* loop) {
 }
 
 void DecodeServiceImpl::Release(const std::string& id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   in_flight_.erase(id);
 }
 
 void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) {
   if (call->done.exchange(true)) return;
   {
-    absl::MutexLock lock(&call->mu);
+    MutexLock lock(&call->mu);
     if (call->prefill_context != nullptr) call->prefill_context->TryCancel();
   }
   call->writer->End(status);
@@ -127,8 +127,9 @@ void DecodeServiceImpl::Finish(LlmEngine& engine, const std::shared_ptr<Generate
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto [writer, admitted] = OpenStream<v1::GenerateResponse>(state_, metrics_);
-  if (!admitted) return writer.get();
+  auto opened = OpenStream<v1::GenerateResponse>(state_, metrics_);
+  const std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer = opened.first;
+  if (!opened.second) return writer.get();
   auto invalid = [&](std::string message) {
     writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::move(message)));
     return writer.get();
@@ -155,7 +156,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     }
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!in_flight_.insert(*resolved_id).second) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                absl::StrCat("request_id '", EchoClientText(*resolved_id),

@@ -29,7 +29,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "absl/time/time.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/metrics.h"
@@ -106,7 +106,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   size_t slot_bytes_ = 0;             // likewise
   std::deque<std::shared_ptr<GenerateCall>> pending_;  // engine thread only
   int waiting_for_kv_ = 0;                             // engine thread only
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "absl/time/time.h"
 #include "common/engine/sampling.h"
 #include "common/serving/stream_writer.h"
@@ -56,7 +56,7 @@ struct GenerateCall {
 
   // Any thread.
   std::atomic<bool> done{false};  // ended: later tasks are no-ops
-  absl::Mutex mu;
+  Mutex mu;
   grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
 };
 

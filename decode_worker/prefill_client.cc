@@ -25,7 +25,7 @@ void PrefillClient::Start(v1::Prefill::Stub* stub) {
   p->set_top_k(call_->params.top_k);
   p->set_seed(call_->params.seed);
   {
-    absl::MutexLock lock(&call_->mu);
+    MutexLock lock(&call_->mu);
     call_->prefill_context = &context_;
   }
   stub->async()->Prefill(&context_, &request_, this);
@@ -76,7 +76,7 @@ void PrefillClient::OnReadDone(bool ok) {
 
 void PrefillClient::OnDone(const grpc::Status& status) {
   {
-    absl::MutexLock lock(&call_->mu);
+    MutexLock lock(&call_->mu);
     if (call_->prefill_context == &context_) call_->prefill_context = nullptr;
   }
   if (retry_ && !call_->done.load()) {

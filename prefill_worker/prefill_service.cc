@@ -55,14 +55,15 @@ void PrefillServiceImpl::SendMore(LlmEngine& engine,
 }
 
 void PrefillServiceImpl::Release(const std::string& id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   in_flight_.erase(id);
 }
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
-  auto [writer, admitted] = OpenStream<v1::PrefillResponse>(state_, metrics_);
-  if (!admitted) return writer.get();
+  auto opened = OpenStream<v1::PrefillResponse>(state_, metrics_);
+  const std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer = opened.first;
+  if (!opened.second) return writer.get();
   const absl::Time start = absl::Now();
   // Room for the "#attempt" suffix the decode worker adds to a client's id.
   auto resolved_id = ResolveRequestId(request->request_id(), kMaxRequestIdBytes + 16);
@@ -72,7 +73,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
   }
   const std::string id = *resolved_id;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!in_flight_.insert(id).second) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                absl::StrCat("request_id '", EchoClientText(id),

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "common/serving/engine_loop.h"
 #include "common/serving/kv_transfer.h"
 #include "common/serving/stream_writer.h"
@@ -52,7 +52,7 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   int max_waiting_;
   std::atomic<EngineLoop*> loop_{nullptr};
   std::atomic<int> corrupt_streams_{0};
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -15,12 +15,12 @@ EngineLoop::~EngineLoop() {
 }
 
 void EngineLoop::Post(Task task) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
 
 void EngineLoop::Stop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stop_ = true;
 }
 
@@ -43,15 +43,12 @@ void EngineLoop::Run() {
   std::deque<Task> batch;
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!engine_->HasWork()) {
         // Sleep until a task or stop arrives (bounded, to stay responsive).
-        mu_.AwaitWithTimeout(absl::Condition(
-                                 +[](EngineLoop* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-                                   return self->stop_ || !self->tasks_.empty();
-                                 },
-                                 this),
-                             absl::Milliseconds(50));
+        mu_.AwaitWithTimeout(
+            [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); },
+            absl::Milliseconds(50));
       }
       if (stop_) break;
       batch.swap(tasks_);

@@ -21,7 +21,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "common/engine/engine.h"
 
 namespace tandem {
@@ -65,7 +65,7 @@ class EngineLoop {
   std::unique_ptr<LlmEngine> engine_;
   absl::flat_hash_map<std::string, OutputCallback> callbacks_;  // loop thread only
   std::vector<StepObserver> observers_;  // loop thread only
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> ready_{false};

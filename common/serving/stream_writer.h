@@ -17,7 +17,7 @@
 #include <memory>
 #include <optional>
 
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tandem {
@@ -36,7 +36,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
 
   void Send(Msg msg) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (ended_) return;
       buffered_bytes_ += msg.ByteSizeLong();
       queue_.push_back(std::move(msg));
@@ -46,7 +46,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
 
   void End(const grpc::Status& status) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (ended_) return;
       ended_ = true;
       final_ = status;
@@ -56,14 +56,14 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
 
   // Bytes of the messages queued or being written (flow control).
   size_t buffered_bytes() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return buffered_bytes_;
   }
 
   // Runs `fn` (on a gRPC thread) each time a write completes and leaves
   // nothing queued: a producer that sends as the reader takes refills here.
   void OnDrained(std::function<void()> fn) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!done_) on_drained_ = std::move(fn);
   }
 
@@ -71,7 +71,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   void OnCancelled(std::function<void()> fn) {
     bool now = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (cancelled_) {
         now = true;
       } else if (!done_) {
@@ -82,7 +82,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   }
 
   bool ended() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return ended_;
   }
 
@@ -92,8 +92,9 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   // Starts the next write, or Finish(), if nothing is in flight.
   void Pump() {
     enum { kNothing, kWrite, kFinish } action = kNothing;
+    grpc::Status status;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (writing_ || finished_) return;
       if (!queue_.empty()) {
         current_ = std::move(queue_.front());
@@ -102,20 +103,21 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
         action = kWrite;
       } else if (final_.has_value()) {
         finished_ = true;
+        status = *final_;
         action = kFinish;
       }
     }
     if (action == kWrite) this->StartWrite(&current_);
     if (action == kFinish) {
-      if (on_finish_) on_finish_(*final_);
-      this->Finish(*final_);
+      if (on_finish_) on_finish_(status);
+      this->Finish(status);
     }
   }
 
   void OnWriteDone(bool ok) override {
     std::function<void()> drained;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       writing_ = false;
       buffered_bytes_ -= std::min(buffered_bytes_, current_.ByteSizeLong());
       if (!ok) {  // the stream is broken: drop the rest and finish
@@ -134,7 +136,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   void OnCancel() override {
     std::function<void()> fn;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       cancelled_ = true;
       fn = std::move(on_cancel_);
     }
@@ -146,7 +148,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     std::function<void()> cancel;
     std::function<void(const grpc::Status&)> finish;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       done_ = true;
       cancel = std::move(on_cancel_);
       on_cancel_ = nullptr;
@@ -158,18 +160,19 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     // Destroying these locals may destroy `this`: no member access below.
   }
 
-  absl::Mutex mu_;
-  std::deque<Msg> queue_;
-  Msg current_;
-  bool writing_ = false;
-  bool ended_ = false;
-  bool finished_ = false;
-  bool cancelled_ = false;
-  bool done_ = false;  // gRPC called OnDone(): callbacks are no longer kept
-  std::optional<grpc::Status> final_;
-  std::function<void()> on_cancel_;
-  std::function<void()> on_drained_;
-  size_t buffered_bytes_ = 0;
+  Mutex mu_;
+  std::deque<Msg> queue_ ABSL_GUARDED_BY(mu_);
+  Msg current_;  // the write in flight; owned by gRPC between StartWrite and OnWriteDone
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // gRPC called OnDone(): callbacks are no longer kept
+  std::optional<grpc::Status> final_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_drained_ ABSL_GUARDED_BY(mu_);
+  size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set in Create(), read once at Finish().
   std::function<void(const grpc::Status&)> on_finish_;
   std::shared_ptr<StreamWriter> self_;
 };

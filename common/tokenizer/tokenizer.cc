@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/unicode.h"
@@ -216,7 +216,7 @@ struct Tokenizer::Impl {
   std::vector<int32_t> prefix, suffix;
   int32_t vocab_size = 0;
 
-  mutable absl::Mutex cache_mu;
+  mutable Mutex cache_mu;
   mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache ABSL_GUARDED_BY(cache_mu);
 
   void AddAdded(AddedToken t) {
@@ -355,7 +355,7 @@ struct Tokenizer::Impl {
 
   void TokenizeWord(const std::string& word, std::vector<int32_t>* out) const {
     {
-      absl::MutexLock lock(&cache_mu);
+      MutexLock lock(&cache_mu);
       auto it = cache.find(word);
       if (it != cache.end()) {
         out->insert(out->end(), it->second.begin(), it->second.end());
@@ -366,7 +366,7 @@ struct Tokenizer::Impl {
     bpe.Tokenize(word, &ids);
     out->insert(out->end(), ids.begin(), ids.end());
     if (word.size() > 256) return;  // long words are rare; keep the cache small
-    absl::MutexLock lock(&cache_mu);
+    MutexLock lock(&cache_mu);
     if (cache.size() > 200000) cache.clear();
     cache.emplace(word, std::move(ids));
   }
