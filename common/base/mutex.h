@@ -42,8 +42,11 @@ class ABSL_LOCKABLE Mutex {
   }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
 #ifdef TANDEM_TSAN
+    // Await() re-checks its condition on every release. Notify while holding
+    // the lock: a waiter woken by the release could otherwise return and
+    // destroy this Mutex while notify_all() still runs.
+    cv_.notify_all();
     m_.unlock();
-    cv_.notify_all();  // Await() re-checks its condition on every release
 #else
     m_.Unlock();
 #endif

@@ -16,6 +16,10 @@ void SortUnique(std::vector<int>* v) {
 
 int RoundUp(int x, int multiple) { return (x + multiple - 1) / multiple * multiple; }
 
+// The dispatcher's padding table has one entry per token count up to the
+// largest capture size; beyond this a typo would allocate gigabytes.
+constexpr int64_t kMaxCaptureSize = int64_t{1} << 20;
+
 absl::Status CheckPositive(const char* field, int value) {
   if (value >= 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(field, " must be >= 1, got ", value));
@@ -63,6 +67,17 @@ absl::StatusOr<std::vector<int>> ResolveCaptureSizes(const GraphPolicyConfig& co
   }
 
   std::vector<int> sizes;
+  for (int s : config.capture_sizes) {
+    if (s > kMaxCaptureSize && s <= limits.max_num_batched_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("capture_sizes: ", s,
+                                                     " is above the limit ", kMaxCaptureSize));
+    }
+  }
+  if (max_size > kMaxCaptureSize && config.capture_sizes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the largest capture size would be ", max_size, " (max_capture_size, capped at "
+        "max_num_batched_tokens); the limit is ", kMaxCaptureSize));
+  }
   if (!config.capture_sizes.empty()) {
     // Explicit sizes are filtered by the token budget only, not by M.
     for (int s : config.capture_sizes) {

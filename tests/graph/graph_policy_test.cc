@@ -103,6 +103,12 @@ TEST(CaptureSizesTest, Errors) {
   auto s = Sizes(GraphPolicyConfig{}, {0, 8192}).status();
   EXPECT_THAT(std::string(s.message()), HasSubstr("max_num_seqs"));
   EXPECT_FALSE(Sizes(Config(M::kPiecewise, 0)).ok());
+  // A typo must not allocate a padding table of billions of entries.
+  EXPECT_THAT(std::string(Sizes(Config(M::kPiecewise, 1, {}, 2000000000), {256, 2000000000})
+                              .status()
+                              .message()),
+              HasSubstr("the limit is 1048576"));
+  EXPECT_FALSE(Sizes(Config(M::kPiecewise, 1, {1, 2000000000}), {256, 2000000000}).ok());
 }
 
 // Step 3.

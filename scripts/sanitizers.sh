@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The sanitizer jobs CI runs (each in its own build directory):
+#   scripts/sanitizers.sh asan   # whole suite under ASan + UBSan, leaks on
+#   scripts/sanitizers.sh tsan   # concurrency units and the pair under TSan
+# A report fails the job: ASan/UBSan abort the process, TSan exits 66, and a
+# worker's non-zero exit fails the test that stopped it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:?asan or tsan}"
+jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
+common=(-G Ninja -DTANDEM_ENABLE_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF)
+case "$mode" in
+  asan)
+    cmake -S . -B build-asan "${common[@]}" -DTANDEM_SANITIZE=address,undefined >/dev/null
+    cmake --build build-asan -j"$jobs"
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ctest --test-dir build-asan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
+        -E "executables_do_not_link_cuda"
+    ;;
+  tsan)
+    # The project's own locks are std::mutex under TSan (common/base/mutex.h);
+    # tests/tsan.supp silences only frames inside gRPC and Abseil, which Debian
+    # does not build with TSan.
+    targets=(serving_test engine_test reliability_test integration_test prefill_worker decode_worker tandem)
+    cmake -S . -B build-tsan "${common[@]}" -DTANDEM_SANITIZE=thread >/dev/null
+    cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
+    TSAN_OPTIONS="suppressions=$(pwd)/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
+      ctest --test-dir build-tsan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
+        -R "^(StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|Reliability)"
+    ;;
+  *) echo "sanitizers.sh: unknown mode '$mode' (asan or tsan)" >&2; exit 2 ;;
+esac
