@@ -127,7 +127,7 @@ void DecodeServiceImpl::Finish(LlmEngine& engine, const std::shared_ptr<Generate
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  auto opened = OpenStream<v1::GenerateResponse>(state_, metrics_);
+  auto opened = OpenStream<v1::GenerateResponse>(state_, metrics_, context);
   const std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer = opened.first;
   if (!opened.second) return writer.get();
   auto invalid = [&](std::string message) {

@@ -61,7 +61,7 @@ void PrefillServiceImpl::Release(const std::string& id) {
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
-  auto opened = OpenStream<v1::PrefillResponse>(state_, metrics_);
+  auto opened = OpenStream<v1::PrefillResponse>(state_, metrics_, context);
   const std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer = opened.first;
   if (!opened.second) return writer.get();
   const absl::Time start = absl::Now();

@@ -12,6 +12,7 @@
 #define TANDEM_COMMON_SERVING_STREAM_WRITER_H_
 
 #include <algorithm>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -26,11 +27,16 @@ template <typename Msg>
 class StreamWriter : public grpc::ServerWriteReactor<Msg> {
  public:
   // `on_finish` is called once with the final status (metrics).
+  // `deadline`: the call's; a cancel after it ends the stream with
+  // DEADLINE_EXCEEDED rather than CANCELLED.
   static std::shared_ptr<StreamWriter> Create(
-      std::function<void(const grpc::Status&)> on_finish = nullptr) {
+      std::function<void(const grpc::Status&)> on_finish = nullptr,
+      std::chrono::system_clock::time_point deadline =
+          std::chrono::system_clock::time_point::max()) {
     std::shared_ptr<StreamWriter> w(new StreamWriter());
     w->self_ = w;
     w->on_finish_ = std::move(on_finish);
+    w->deadline_ = deadline;
     return w;
   }
 
@@ -141,7 +147,11 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       fn = std::move(on_cancel_);
     }
     if (fn) fn();
-    End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    if (std::chrono::system_clock::now() >= deadline_) {
+      End(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed"));
+    } else {
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+    }
   }
 
   void OnDone() override {
@@ -172,8 +182,9 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_drained_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Set in Create(), read once at Finish().
+  // Set in Create(), then read-only.
   std::function<void(const grpc::Status&)> on_finish_;
+  std::chrono::system_clock::time_point deadline_;
   std::shared_ptr<StreamWriter> self_;
 };
 

@@ -79,13 +79,15 @@ int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
 // the writer and whether it was admitted; when not (warming up, draining), it
 // has already ended with UNAVAILABLE.
 template <typename Msg>
-std::pair<std::shared_ptr<StreamWriter<Msg>>, bool> OpenStream(WorkerState* state,
-                                                               WorkerMetrics* metrics) {
+std::pair<std::shared_ptr<StreamWriter<Msg>>, bool> OpenStream(
+    WorkerState* state, WorkerMetrics* metrics, grpc::CallbackServerContext* context) {
   auto admitted = std::make_shared<std::atomic<bool>>(false);
-  auto writer = StreamWriter<Msg>::Create([state, metrics, admitted](const grpc::Status& s) {
-    metrics->RequestFinished(GrpcCodeName(s.error_code()));
-    if (admitted->load()) --state->open_streams;
-  });
+  auto writer = StreamWriter<Msg>::Create(
+      [state, metrics, admitted](const grpc::Status& s) {
+        metrics->RequestFinished(GrpcCodeName(s.error_code()));
+        if (admitted->load()) --state->open_streams;
+      },
+      context->deadline());
   if (grpc::Status s = state->Admit(); !s.ok()) {
     writer->End(s);
     return {writer, false};

@@ -136,16 +136,27 @@ TEST_F(ReliabilityPairTest, DeadlinesAreCountedAsDeadlineExceeded) {
     return MetricValue(decode_->Metrics(), "tandem_requests_total", deadline).value_or(0);
   };
   const double before = count();
+  // Long enough to reach the server even on a loaded machine, far shorter
+  // than 800 tokens take.
   GenerateResult g = Generate(decode_->address(), MakeRequest("late", Prompt(50, 3), 800),
-                              std::chrono::milliseconds(200));
+                              std::chrono::milliseconds(2000));
   EXPECT_EQ(g.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   double after = before;
   while (std::chrono::steady_clock::now() < end && after < before + 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     after = count();
   }
-  EXPECT_EQ(after, before + 1);
+  EXPECT_EQ(after, before + 1) << [&] {
+    std::string lines;
+    const std::string text = decode_->Metrics();
+    size_t at = 0;
+    while ((at = text.find("tandem_requests_total{", at)) != std::string::npos) {
+      lines += text.substr(at, text.find('\n', at) - at) + "\n";
+      ++at;
+    }
+    return lines;
+  }();
 }
 
 // With the prefill worker stopped, requests holding KV blocks were counted
