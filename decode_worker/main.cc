@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   flags.Add("queue-timeout-ms", &queue_timeout_ms,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
   flags.Add("prefill-timeout-seconds", &prefill_timeout_s, "deadline of one prefill stream");
+  tandem::TlsFiles prefill_tls;  // the client side of the decode -> prefill hop
+  prefill_tls.Register(&flags, "prefill-", /*server=*/false);
   tandem::EngineConfig config;
   if (int code = tandem::ParseWorkerCommandLine("decode_worker", &flags, engine_flags, argc, argv, &config);
       code >= 0) {
@@ -48,7 +50,12 @@ int main(int argc, char** argv) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  auto channel = grpc::CreateCustomChannel(prefill_address, grpc::InsecureChannelCredentials(), args);
+  auto prefill_credentials = tandem::ChannelCredentials(prefill_tls, "prefill-");
+  if (!prefill_credentials.ok()) {
+    std::cerr << "decode_worker: " << prefill_credentials.status().message() << std::endl;
+    return 2;
+  }
+  auto channel = grpc::CreateCustomChannel(prefill_address, *prefill_credentials, args);
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   tandem::DecodeServiceImpl service(&state, &metrics, channel, decode, tokenizer->get());

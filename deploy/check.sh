@@ -15,7 +15,8 @@ trap 'TANDEM_LOCAL_DIR=$WORK/local deploy/local/down.sh; rm -rf "$WORK"' EXIT
 
 docker-compose -f deploy/docker-compose.yml config -q
 docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.gpu.yml config -q
-echo "compose: cpu and gpu variants valid"
+docker-compose -f deploy/docker-compose.yml -f deploy/docker-compose.tls.yml config -q
+echo "compose: cpu, gpu and tls variants valid"
 
 # promtool resolves rule_files relative to the config: check a copy next to the rules.
 sed "s#/etc/prometheus/alerts.yml#alerts.yml#" deploy/prometheus/prometheus.yml \
@@ -26,10 +27,11 @@ promtool check rules deploy/prometheus/alerts.yml
 
 kubectl kustomize deploy/k8s/base >"$WORK/base.yaml"
 kubectl kustomize deploy/k8s/overlays/gpu >"$WORK/gpu.yaml"
+kubectl kustomize deploy/k8s/overlays/tls >"$WORK/tls.yaml"
 grep -q "clusterIP: None" "$WORK/base.yaml"
 grep -q "nvidia.com/gpu: 1" "$WORK/gpu.yaml"
 grep -q -- "DEVICE: cuda" "$WORK/gpu.yaml"
-echo "kustomize: base and gpu overlay render"
+echo "kustomize: base, gpu and tls overlays render"
 
 yamllint -c deploy/.yamllint deploy/
 echo "yamllint: clean"

@@ -11,6 +11,7 @@
 #include "common/serving/engine_flags.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/text_output.h"
+#include "common/serving/tls.h"
 #include "common/serving/tokenizer_loader.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -122,9 +123,11 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
   return 0;
 }
 
-int RunRemote(const std::string& address, const Prompt& prompt, const SamplingParams& params,
-              double timeout_s) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& prompt,
+              const SamplingParams& params, double timeout_s) {
+  auto credentials = ChannelCredentials(tls);
+  if (!credentials.ok()) return Fail(credentials.status());
+  auto channel = grpc::CreateChannel(address, *credentials);
   auto stub = v1::Decode::NewStub(channel);
   v1::GenerateRequest request;
   request.set_request_id(absl::StrCat("cli-", getpid(), "-",
@@ -205,6 +208,8 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("ignore-eos", &params.ignore_eos, "keep generating past EOS");
   double timeout_s = 300;
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
+  TlsFiles tls;
+  tls.Register(&flags, "", /*server=*/false);
   auto positional = flags.Parse(args);
   if (!positional.ok()) return Fail(positional.status());
   if (flags.help_requested()) {
@@ -231,7 +236,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
     if (!config.ok()) return Fail(config.status());
     return RunLocal(*config, prompt, params);
   }
-  return RunRemote(address, prompt, params, timeout_s);
+  return RunRemote(address, tls, prompt, params, timeout_s);
 }
 
 int RunTokenizeCommand(const std::vector<std::string>& args, bool detokenize) {

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/base/flags.h"
+#include "common/serving/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 
@@ -17,6 +18,8 @@ int RunHealthCommand(const std::vector<std::string>& args) {
   flags.Add("address", &address, "worker HOST:PORT");
   flags.Add("service", &service, "service name to check (empty: the whole server)");
   flags.Add("timeout-seconds", &timeout_s, "deadline of the check");
+  TlsFiles tls;
+  tls.Register(&flags, "", /*server=*/false);
   auto positional = flags.Parse(args);
   if (!positional.ok()) {
     std::cerr << "tandem health: " << positional.status().message() << std::endl;
@@ -30,8 +33,12 @@ int RunHealthCommand(const std::vector<std::string>& args) {
     std::cerr << "tandem health: --address is required" << std::endl;
     return 2;
   }
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto credentials = ChannelCredentials(tls);
+  if (!credentials.ok()) {
+    std::cerr << "tandem health: " << credentials.status().message() << std::endl;
+    return 2;
+  }
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, *credentials));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));

@@ -167,8 +167,12 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     batch_.push_back(s);
   }
   ASSIGN_OR_RETURN(StepResult step, runner_->Execute(batch_));
+  // A bounded window of recent steps for the step table: nobody may drain it
+  // (the table is off by default), so it must not grow with uptime.
+  if (records_.size() >= kMaxStepRecords) {
+    records_.erase(records_.begin(), records_.begin() + kMaxStepRecords / 2);
+  }
   records_.push_back({step.runtime_mode, step.num_tokens, step.padded_tokens});
-  if (records_.size() > 100000) records_.erase(records_.begin(), records_.begin() + 50000);
 
   const int vocab = static_cast<int>(model_->config().vocab_size);
   const std::vector<int32_t>& eos = model_->config().eos_token_ids;

@@ -104,7 +104,9 @@ class LlmEngine {
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
   int max_model_len() const { return runner_->max_model_len(); }
   const EngineConfig& config() const { return config_; }
-  // Records of the steps since the last call (cleared on read).
+  // Records of the steps since the last call (cleared on read; the most recent
+  // kMaxStepRecords at most).
+  static constexpr size_t kMaxStepRecords = 4096;
   std::vector<StepRecord> TakeStepRecords();
   // "cpu", or the GPU's index and name for cuda.
   std::string device_name() const { return backend_->device->name(); }

@@ -78,6 +78,7 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {
              "grace period for in-flight streams on SIGTERM");
   flags->Add("cudagraph-metrics-interval", &options->cudagraph_metrics_interval,
              "log a table of recent steps every N seconds (0 = off)");
+  options->tls.Register(flags, "", /*server=*/true);
 }
 
 int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
@@ -140,9 +141,14 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto credentials = ServerCredentials(options.tls);
+  if (!credentials.ok()) {
+    TANDEM_LOG(ERROR) << options.role << " worker: " << credentials.status().message();
+    return 1;
+  }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.grpc_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.grpc_address, *credentials, &port);
   // gRPC sets SO_REUSEPORT by default: a second worker on a busy port would
   // bind too and split the connections. A busy port must fail start-up.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -159,6 +165,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   health->SetServingStatus(false);
   const std::string host = options.grpc_address.substr(0, options.grpc_address.rfind(':'));
   TANDEM_LOG(INFO) << options.role << " worker: gRPC listening on " << host << ":" << port
+                   << (options.tls.cert.empty() ? "" : options.tls.ca.empty() ? " (TLS)" : " (mTLS)")
                    << " (NOT_SERVING until graphs are captured)";
 
   auto metrics_port = metrics->Serve(options.metrics_address);

@@ -20,6 +20,7 @@
 #include "common/serving/metrics.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/stream_writer.h"
+#include "common/serving/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
@@ -62,6 +63,7 @@ struct WorkerOptions {
   // Log a table of recent steps (tokens, padded tokens, runtime mode, count)
   // every N seconds, like vLLM's --cudagraph-metrics; 0 = off.
   int cudagraph_metrics_interval = 0;
+  TlsFiles tls;  // --tls-cert/--tls-key/--tls-ca of the gRPC server
 };
 
 // Registers the flags every worker has (addresses besides gRPC's, draining,

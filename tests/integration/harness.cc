@@ -104,7 +104,8 @@ bool PortAccepts(int port) {
 
 }  // namespace
 
-bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout) {
+bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout,
+                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   const auto end = std::chrono::steady_clock::now() + timeout;
   // Wait for the port first: a gRPC channel that saw "connection refused"
   // backs off before it tries again.
@@ -113,8 +114,8 @@ bool WaitForServing(const std::string& address, std::chrono::milliseconds timeou
     if (std::chrono::steady_clock::now() > end) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+      address, credentials ? credentials : grpc::InsecureChannelCredentials()));
   while (std::chrono::steady_clock::now() < end) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
@@ -213,7 +214,8 @@ int PortAfter(const std::string& log, const std::string& marker) {
 
 }  // namespace
 
-Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags, int grpc_port) {
+Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags, int grpc_port,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials) {
   // Port 0 unless the caller needs a fixed one: the worker binds what the
   // kernel gives it and logs it, so parallel tests never race for a port.
   Worker w;
@@ -236,7 +238,7 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
     }
   }
   const bool serving = w.grpc_port != 0 && w.metrics_port != 0 &&
-                       WaitForServing(w.address(), std::chrono::seconds(60));
+                       WaitForServing(w.address(), std::chrono::seconds(60), credentials);
   EXPECT_TRUE(serving) << binary << " did not become SERVING; log:\n" << w.process->Log();
   return w;
 }

@@ -40,7 +40,9 @@ class Process {
 };
 
 // Polls the standard health service until SERVING or the timeout.
-bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout);
+// `credentials`: null for plaintext.
+bool WaitForServing(const std::string& address, std::chrono::milliseconds timeout,
+                    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 // HTTP GET http://127.0.0.1:port/path; empty on failure.
 std::string HttpGet(int port, const std::string& path);
@@ -63,7 +65,8 @@ struct Worker {
 // Starts `binary` (prefill_worker or decode_worker) with free ports and
 // `flags`; waits until it is SERVING (fails the test otherwise).
 Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags,
-                   int grpc_port = 0);
+                   int grpc_port = 0,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 struct GenerateResult {
   grpc::Status status;
