@@ -243,6 +243,17 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
   return w;
 }
 
+void StopWorker(Worker& w) {
+  w.process->Signal(SIGTERM);
+  EXPECT_EQ(w.process->Wait(std::chrono::seconds(20)), 0) << w.process->Log();
+}
+
+std::vector<int32_t> TestPrompt(int n, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;
+  return t;
+}
+
 v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,
                                 uint32_t max_tokens) {
   v1::GenerateRequest r;

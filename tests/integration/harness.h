@@ -68,6 +68,12 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
                    int grpc_port = 0,
                    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+// SIGTERM, then expects a clean drain: exit 0 within 20 s (the log otherwise).
+void StopWorker(Worker& w);
+
+// A deterministic prompt of `n` token ids below 503 (the synthetic vocabulary).
+std::vector<int32_t> TestPrompt(int n, int seed);
+
 struct GenerateResult {
   grpc::Status status;
   std::vector<int32_t> tokens;

@@ -11,11 +11,7 @@
 namespace tandem::testing {
 namespace {
 
-std::vector<int32_t> Prompt(int n, int seed) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;
-  return t;
-}
+std::vector<int32_t> Prompt(int n, int seed) { return TestPrompt(n, seed); }
 
 // Waits (bounded) until both workers report no KV block in use.
 void ExpectBlocksFreed(const Worker& a, const Worker& b) {
@@ -42,8 +38,7 @@ class PairTest : public ::testing::Test {
   static void TearDownTestSuite() {
     ExpectBlocksFreed(*prefill_, *decode_);
     for (Worker* w : {decode_, prefill_}) {
-      w->process->Signal(SIGTERM);
-      EXPECT_EQ(w->process->Wait(std::chrono::seconds(20)), 0) << w->process->Log();
+      StopWorker(*w);
       delete w;
     }
   }

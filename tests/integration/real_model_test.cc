@@ -99,8 +99,7 @@ class RealModelPairTest : public ::testing::Test {
   static void TearDownTestSuite() {
     for (Worker* w : {decode_, prefill_}) {
       EXPECT_EQ(w->Metric("tandem_kv_cache_blocks_in_use"), 0);
-      w->process->Signal(SIGTERM);
-      EXPECT_EQ(w->process->Wait(std::chrono::seconds(20)), 0) << w->process->Log();
+      StopWorker(*w);
       delete w;
     }
   }

@@ -14,16 +14,9 @@
 namespace tandem::testing {
 namespace {
 
-std::vector<int32_t> Prompt(int n, int seed) {
-  std::vector<int32_t> t(n);
-  for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;
-  return t;
-}
+std::vector<int32_t> Prompt(int n, int seed) { return TestPrompt(n, seed); }
 
-void Stop(Worker& w) {
-  w.process->Signal(SIGTERM);
-  EXPECT_EQ(w.process->Wait(std::chrono::seconds(20)), 0) << w.process->Log();
-}
+
 
 // gRPC's default SO_REUSEPORT let a second worker bind a busy port and split
 // the connections; now start-up fails, exit 1, naming the address.
@@ -36,7 +29,7 @@ TEST(ReliabilityTest, BusyGrpcPortFailsStartUp) {
   EXPECT_EQ(second.Wait(std::chrono::seconds(30)), 1) << second.Log();
   EXPECT_NE(second.Log().find("cannot listen on --grpc-address=" + address), std::string::npos)
       << second.Log();
-  Stop(first);
+  StopWorker(first);
 }
 
 // The failure path raised SIGTERM at the process while gRPC threads had it
@@ -68,7 +61,7 @@ class ReliabilityPairTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     for (Worker* w : {decode_, prefill_}) {
-      Stop(*w);
+      StopWorker(*w);
       delete w;
     }
   }
@@ -193,8 +186,8 @@ TEST(ReliabilityTest, RequestsWaitingForKvAreCounted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(decode.Metric("tandem_requests_waiting_for_kv"), 0);
-  Stop(decode);
-  Stop(prefill);
+  StopWorker(decode);
+  StopWorker(prefill);
 }
 
 // A health check on an existing connection got UNAVAILABLE during drain;
@@ -227,7 +220,7 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   t.join();
   EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
   EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
-  Stop(prefill);
+  StopWorker(prefill);
 }
 
 // The prefill worker copied a request's whole KV out on the engine thread and
@@ -271,7 +264,7 @@ TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
-  Stop(prefill);
+  StopWorker(prefill);
 }
 
 // With the old defaults most prefill steps were above the largest capture
@@ -291,8 +284,8 @@ TEST(ReliabilityTest, PrefillDefaultsReplayPiecewiseForEveryStep) {
   EXPECT_EQ(prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "NONE"}}), 0);
   EXPECT_EQ(prefill.Metric("tandem_cudagraph_replays_total", {{"mode", "PIECEWISE"}}), steps);
   EXPECT_EQ(prefill.Metric("tandem_cudagraph_replay_ratio", {{"mode", "PIECEWISE"}}), 1.0);
-  Stop(decode);
-  Stop(prefill);
+  StopWorker(decode);
+  StopWorker(prefill);
 }
 
 // A request that outgrew the cache mid-decode ended with RESOURCE_EXHAUSTED.
@@ -341,8 +334,8 @@ TEST(ReliabilityTest, PreemptedRequestsAreReprefilledAndComplete) {
   EXPECT_GT(decode.Metric("tandem_preemptions_total"), 0);
   EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
   EXPECT_EQ(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
-  Stop(decode);
-  Stop(prefill);
+  StopWorker(decode);
+  StopWorker(prefill);
 }
 
 }  // namespace

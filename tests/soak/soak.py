@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--json", default="")
+    # Short runs (CI: 1 minute) are dominated by allocator warm-up: they check
+    # errors and blocks, with a looser bound on growth.
+    ap.add_argument("--max-rss-growth", type=float, default=0.02)
     a = ap.parse_args()
 
     from grpc_tools import protoc
@@ -134,7 +137,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
     bad = [c for c in codes if c not in expected]
-    ok = not bad and all(g < 0.02 for g in growth.values()) and not any(blocks.values()) \
+    ok = not bad and all(g < a.max_rss_growth for g in growth.values()) and not any(blocks.values()) \
         and exits == [0, 0]
     print("soak:", "PASS" if ok else f"FAIL (unexpected codes {bad})")
     sys.exit(0 if ok else 1)
