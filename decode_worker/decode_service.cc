@@ -187,13 +187,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   call->writer = writer;
   call->queued_at = absl::Now();
   call->client_deadline = context->deadline();
-  writer->OnCancelled([this, call, context] {
+  writer->OnCancelled([this, call] {
     // gRPC reports a passed deadline as a cancel: tell the two apart.
-    if (context->deadline() <= std::chrono::system_clock::now()) {
-      Fail(call, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the request's deadline passed"));
-    } else {
-      Fail(call, grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-    }
+    Fail(call, StreamWriter<v1::GenerateResponse>::CancelStatus(call->client_deadline));
   });
   loop_.load()->Post([this, call](LlmEngine& engine) { Reserve(engine, call); });
   return writer.get();

@@ -60,6 +60,20 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     Pump();
   }
 
+  // The status of a call cancelled now whose deadline is `deadline`. A client
+  // whose own deadline passes cancels the call at about the moment the
+  // server's deadline (measured from the request's arrival) passes, a little
+  // before or after it: a cancel within kDeadlineSlack of the deadline counts
+  // as DEADLINE_EXCEEDED, an earlier one as CANCELLED.
+  static constexpr std::chrono::milliseconds kDeadlineSlack{1000};
+  static grpc::Status CancelStatus(std::chrono::system_clock::time_point deadline) {
+    if (deadline != std::chrono::system_clock::time_point::max() &&
+        std::chrono::system_clock::now() + kDeadlineSlack >= deadline) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed");
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  }
+
   // Bytes of the messages queued or being written (flow control).
   size_t buffered_bytes() {
     MutexLock lock(&mu_);
@@ -147,11 +161,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       fn = std::move(on_cancel_);
     }
     if (fn) fn();
-    if (std::chrono::system_clock::now() >= deadline_) {
-      End(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed"));
-    } else {
-      End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-    }
+    End(CancelStatus(deadline_));
   }
 
   void OnDone() override {
