@@ -10,7 +10,7 @@ CC=clang CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja >/dev/null
 cmake --build build-fuzz -j"${TANDEM_BUILD_JOBS:-$(nproc)}"
 for target in gguf tokenizer_json kv_stream flags safetensors; do
   work=$(mktemp -d)
-  cp -r "fuzz/corpus/$target/." "$work/"
+  [ -d "fuzz/corpus/$target" ] && cp -r "fuzz/corpus/$target/." "$work/"
   echo "fuzz: $target for ${SECONDS_PER_TARGET}s"
   status=0
   build-fuzz/${target}_fuzzer -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
