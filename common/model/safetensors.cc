@@ -79,9 +79,18 @@ absl::Status SafetensorsCheckpoint::AddFile(const std::string& path) {
     if (name == "__metadata__") continue;
     SafetensorsEntry e;
     e.file = path;
-    e.dtype = v.value("dtype", "");
-    e.shape = v.value("shape", std::vector<int64_t>{});
-    auto offsets = v.value("data_offsets", std::vector<uint64_t>{});
+    // Field types are checked, not assumed: a malformed header is an error,
+    // never an exception (found by the safetensors fuzzer).
+    std::vector<uint64_t> offsets;
+    try {
+      if (!v.is_object()) throw std::invalid_argument("entry is not an object");
+      e.dtype = v.value("dtype", "");
+      e.shape = v.value("shape", std::vector<int64_t>{});
+      offsets = v.value("data_offsets", std::vector<uint64_t>{});
+    } catch (const std::exception& ex) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", name, "' has a malformed entry: ", ex.what()));
+    }
     if (offsets.size() != 2 || offsets[1] < offsets[0]) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' has bad data_offsets"));
     }
@@ -114,7 +123,13 @@ absl::StatusOr<SafetensorsCheckpoint> SafetensorsCheckpoint::Open(const std::str
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": missing 'weight_map'"));
     }
     std::set<std::string> shards;
-    for (auto& [name, file] : j["weight_map"].items()) shards.insert(file.get<std::string>());
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map entry '", name, "' is not a file name"));
+      }
+      shards.insert(file.get<std::string>());
+    }
     for (const auto& shard : shards) {
       if (auto s = c.AddFile(dir + "/" + shard); !s.ok()) return s;
     }

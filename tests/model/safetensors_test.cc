@@ -104,6 +104,27 @@ TEST(SafetensorsTest, ModelLoadNamesMissingTensor) {
       << model.status();
 }
 
+// Found by the safetensors fuzzer: a header field of the wrong JSON type threw
+// out of the parser and killed the process.
+TEST(SafetensorsTest, MalformedHeaderFieldsAreErrorsNotExceptions) {
+  fs::path dir = TempDir("malformed_header");
+  const std::string header = R"({"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}})";
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  const uint64_t len = header.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << header << std::string(4, '\0');
+  out.close();
+  auto ckpt = SafetensorsCheckpoint::Open(dir.string());
+  ASSERT_FALSE(ckpt.ok());
+  EXPECT_NE(ckpt.status().message().find("tensor 'w' has a malformed entry"), std::string::npos)
+      << ckpt.status();
+  fs::remove(dir / "model.safetensors");
+  std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"w": 7}})";
+  auto index = SafetensorsCheckpoint::Open(dir.string());
+  ASSERT_FALSE(index.ok());
+  EXPECT_NE(index.status().message().find("is not a file name"), std::string::npos);
+}
+
 TEST(LlamaConfigTest, ParsesLegacyRopeScaling) {
   auto c = ParseLlamaConfig(R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
