@@ -215,6 +215,7 @@ struct Tokenizer::Impl {
   absl::flat_hash_map<std::string, int32_t> added_by_content;
   std::vector<int32_t> prefix, suffix;
   int32_t vocab_size = 0;
+  bool byte_fallback_decoder = false;  // the decoder has a ByteFallback step
 
   mutable Mutex cache_mu;
   mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache ABSL_GUARDED_BY(cache_mu);
@@ -620,7 +621,11 @@ absl::Status ParsePostProcessor(const Json& j, const std::string& source,
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  for (const DecStep& d : impl_->decoder) {
+    impl_->byte_fallback_decoder |= d.kind == DecStep::kByteFallback;
+  }
+}
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
@@ -859,9 +864,7 @@ int32_t Tokenizer::TokenToId(absl::string_view token) const {
 }
 
 bool Tokenizer::IsByteFallbackToken(int32_t id) const {
-  bool byte_fallback = false;
-  for (const DecStep& d : impl_->decoder) byte_fallback |= d.kind == DecStep::kByteFallback;
-  if (!byte_fallback) return false;
+  if (!impl_->byte_fallback_decoder) return false;
   const std::string& t = impl_->bpe.IdToToken(id);
   return t.size() == 6 && absl::StartsWith(t, "<0x") && t[5] == '>';
 }
