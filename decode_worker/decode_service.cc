@@ -17,7 +17,7 @@ DecodeServiceImpl::DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
                                      DecodeOptions options, const Tokenizer* tokenizer)
     : state_(state),
       metrics_(metrics),
-      prefill_(v1::Prefill::NewStub(prefill_channel)),
+      prefill_(prefill_channel != nullptr ? v1::Prefill::NewStub(prefill_channel) : nullptr),
       options_(options),
       tokenizer_(tokenizer) {}
 
@@ -82,8 +82,45 @@ void DecodeServiceImpl::RetryPrefill(const std::shared_ptr<GenerateCall>& call) 
   });
 }
 
+void DecodeServiceImpl::PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
+                                           const grpc::Status& status) {
+  if (!options_.fallback_local) return Fail(call, status);
+  loop_.load()->Post([this, call, status](LlmEngine& engine) {
+    if (call->done.load()) return;
+    (void)engine.Abort(call->id);  // the blocks reserved for the transfer
+    if (call->awaiting_kv) {
+      call->awaiting_kv = false;
+      --waiting_for_kv_;
+    }
+    TANDEM_LOG(WARNING) << "request " << call->id << ": " << status.error_message()
+                        << "; prefilling locally (--prefill-fallback=local)";
+    PrefillLocally(engine, call, "fallback");
+  });
+}
+
+const char* DecodeServiceImpl::LocalPrefillReason(const GenerateCall& call) const {
+  if (!options_.prefill_remote) return "aggregated";
+  const size_t tokens = call.prompt.size() + call.generated.size();
+  if (tokens <= static_cast<size_t>(options_.local_prefill_max_tokens)) return "short_prompt";
+  return nullptr;
+}
+
+void DecodeServiceImpl::PrefillLocally(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
+                                       const char* reason) {
+  // max_tokens counts from the original prompt, as for a remote prefill.
+  SamplingParams rest = call->params;
+  rest.max_tokens = call->params.max_tokens - static_cast<uint32_t>(call->generated.size());
+  absl::Status added = engine.AddRequest(call->id, call->PrefillTokens(), rest);
+  if (!added.ok()) return Fail(call, ToGrpcStatus(added));
+  metrics_->PrefillLocal(reason);
+  loop_.load()->SetCallback(call->id, [this, call](LlmEngine& engine, const RequestOutput& o) {
+    OnOutput(engine, call, o);
+  });
+}
+
 bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens,
                                   v1::GenerateResponse* msg) {
+  if (call.generated.empty() && !tokens.empty()) msg->set_request_id(call.id);  // first message
   for (int32_t t : tokens) msg->add_token_ids(t);
   call.generated.insert(call.generated.end(), tokens.begin(), tokens.end());
   if (!tokens.empty()) {
@@ -215,6 +252,16 @@ void DecodeServiceImpl::Reserve(LlmEngine& engine, const std::shared_ptr<Generat
 }
 
 void DecodeServiceImpl::ReserveOrQueue(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call) {
+  if (const char* reason = LocalPrefillReason(*call); reason != nullptr) {
+    // The engine's own queue holds it until blocks free up; bounded like ours.
+    const size_t waiting = pending_.size() + engine.num_waiting();
+    if (call->generated.empty() && static_cast<int>(waiting) >= options_.max_waiting) {
+      return Fail(call, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                     absl::StrCat(waiting, " requests already waiting (limit ",
+                                                  options_.max_waiting, ")")));
+    }
+    return PrefillLocally(engine, call, reason);
+  }
   // The prefill tokens' KV plus the slot of the token sampled after them.
   const int64_t tokens = static_cast<int64_t>(call->prompt.size() + call->generated.size()) + 1;
   absl::Status r = engine.ReserveKv(call->id, tokens);
@@ -288,9 +335,7 @@ void DecodeServiceImpl::OnToken(LlmEngine& engine, const std::shared_ptr<Generat
   const SamplingParams& p = call->params;
   // The context the engine continues from: prompt and earlier output.
   std::vector<int32_t> context = call->PrefillTokens();
-  const bool first = call->generated.empty();
   v1::GenerateResponse msg;
-  if (first) msg.set_request_id(call->id);
   const bool stop_string = AddTokens(*call, {token}, &msg);
   const auto& eos = engine.model_config().eos_token_ids;
   const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=

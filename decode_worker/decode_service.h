@@ -15,6 +15,15 @@
 // With a tokenizer, a text prompt is tokenized on the RPC thread, and every
 // message carries its new text (incremental detokenization; stop strings end
 // the output before them).
+// Where prompts are prefilled (DecodeOptions::prefill):
+//   - remote (disaggregated): every prompt on a prefill worker, as above;
+//   - local (aggregated): the decode worker prefills every prompt itself, in
+//     its own engine (mixed batches run eager under FULL_DECODE_ONLY);
+//   - remote with `local_prefill_max_tokens` (conditional): prompts of at most
+//     that many tokens locally, longer ones remotely;
+//   - `fallback_local`: a prompt whose prefill worker is unreachable
+//     (UNAVAILABLE) is prefilled locally instead of failing.
+// Each local prefill is counted in tandem_prefill_local_total{reason}.
 // Cancellation, deadlines and failures free every KV block of the request.
 //
 // Threads: Generate() runs on a gRPC thread and posts to the engine loop;
@@ -42,6 +51,9 @@
 namespace tandem {
 
 struct DecodeOptions {
+  bool prefill_remote = true;                 // false: aggregated, no prefill worker
+  int local_prefill_max_tokens = 0;           // remote: shorter prompts stay local (0 = none)
+  bool fallback_local = false;                // remote: prefill locally when UNAVAILABLE
   int max_waiting = 256;                      // requests queued for KV blocks
   int max_stop_strings = 16;                  // SamplingParams.stop entries
   int max_stop_string_bytes = 256;            // bytes of one stop string
@@ -53,6 +65,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
  public:
   // `tokenizer` (may be null: the model has none, ids only) must outlive the
   // service; text prompts, text outputs and stop strings need it.
+  // `prefill_channel` may be null when options.prefill_remote is false.
   DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
                     std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options,
                     const Tokenizer* tokenizer = nullptr);
@@ -73,6 +86,13 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   // Blocks are reserved: count the call as waiting for KV and start a prefill.
   void BeginKvTransfer(const std::shared_ptr<GenerateCall>& call);
   void StartPrefill(const std::shared_ptr<GenerateCall>& call);
+  // Why the call's prefill tokens should be computed here, or null when a
+  // prefill worker should compute them.
+  const char* LocalPrefillReason(const GenerateCall& call) const;
+  // Queues the call's prefill tokens in this engine; its outputs (the first
+  // token included) come through OnOutput.
+  void PrefillLocally(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
+                      const char* reason);
   void OnToken(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call, int32_t token);
   void OnOutput(LlmEngine& engine, const std::shared_ptr<GenerateCall>& call,
                 const RequestOutput& o);
@@ -93,6 +113,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) override;
   void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) override;
   void RetryPrefill(const std::shared_ptr<GenerateCall>& call) override;
+  void PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
+                          const grpc::Status& status) override;
   // Ends the call with `status` and frees everything it holds.
   void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) override;
 

@@ -2,7 +2,9 @@
 // (FULL_DECODE_ONLY graphs by default).
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
+#include "common/base/logging.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
@@ -17,13 +19,21 @@ int main(int argc, char** argv) {
   options.role = "decode";
   options.grpc_address = "0.0.0.0:50051";
   options.metrics_address = "0.0.0.0:9400";
-  std::string prefill_address = "127.0.0.1:50052";
+  std::string prefill_address;
+  std::string prefill_mode = "auto", prefill_fallback = "none";
   tandem::DecodeOptions decode;
   int queue_timeout_ms = 30000, prefill_timeout_s = 120;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
-            "ipv4:h1:p1,h2:p2 (round_robin over every address)");
+            "ipv4:h1:p1,h2:p2 (round_robin over every address); empty: prefill locally");
+  flags.Add("prefill", &prefill_mode,
+            "where prompts are prefilled: remote (prefill workers), local (this worker: "
+            "aggregated serving) or auto (remote when --prefill-address is set)");
+  flags.Add("local-prefill-max-tokens", &decode.local_prefill_max_tokens,
+            "remote prefill: prompts of at most this many tokens are prefilled here (0 = none)");
+  flags.Add("prefill-fallback", &prefill_fallback,
+            "none, or local: prefill here when no prefill worker is reachable");
   flags.Add("max-waiting", &decode.max_waiting, "requests that may wait for KV blocks");
   flags.Add("queue-timeout-ms", &queue_timeout_ms,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
@@ -34,6 +44,38 @@ int main(int argc, char** argv) {
   if (int code = tandem::ParseWorkerCommandLine("decode_worker", &flags, engine_flags, argc, argv, &config);
       code >= 0) {
     return code;
+  }
+  if (prefill_mode == "auto") prefill_mode = prefill_address.empty() ? "local" : "remote";
+  if (prefill_mode != "remote" && prefill_mode != "local") {
+    std::cerr << "decode_worker: --prefill='" << prefill_mode
+              << "': expected remote, local or auto" << std::endl;
+    return 2;
+  }
+  if (prefill_mode == "remote" && prefill_address.empty()) {
+    std::cerr << "decode_worker: --prefill=remote needs --prefill-address" << std::endl;
+    return 2;
+  }
+  if (prefill_fallback != "none" && prefill_fallback != "local") {
+    std::cerr << "decode_worker: --prefill-fallback='" << prefill_fallback
+              << "': expected none or local" << std::endl;
+    return 2;
+  }
+  if (decode.local_prefill_max_tokens < 0) {
+    std::cerr << "decode_worker: --local-prefill-max-tokens=" << decode.local_prefill_max_tokens
+              << " must be >= 0" << std::endl;
+    return 2;
+  }
+  decode.prefill_remote = prefill_mode == "remote";
+  decode.fallback_local = prefill_fallback == "local";
+  if (decode.prefill_remote) {
+    TANDEM_LOG(INFO) << "prefill: remote (" << prefill_address << ")"
+                     << (decode.local_prefill_max_tokens > 0
+                             ? absl::StrCat(", prompts of <= ", decode.local_prefill_max_tokens,
+                                            " tokens locally")
+                             : "")
+                     << (decode.fallback_local ? ", local when unreachable" : "");
+  } else {
+    TANDEM_LOG(INFO) << "prefill: local (aggregated: this worker prefills every prompt)";
   }
   // The model's tokenizer, if it has one: text prompts and text outputs.
   auto tokenizer = tandem::LoadTokenizer(config.model);
@@ -55,7 +97,10 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << prefill_credentials.status().message() << std::endl;
     return 2;
   }
-  auto channel = grpc::CreateCustomChannel(prefill_address, *prefill_credentials, args);
+  std::shared_ptr<grpc::Channel> channel;
+  if (decode.prefill_remote) {
+    channel = grpc::CreateCustomChannel(prefill_address, *prefill_credentials, args);
+  }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   tandem::DecodeServiceImpl service(&state, &metrics, channel, decode, tokenizer->get());

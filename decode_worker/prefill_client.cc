@@ -85,10 +85,14 @@ void PrefillClient::OnDone(const grpc::Status& status) {
     grpc::Status s = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
                                                 "prefill stream ended without a first token")
                                  : status;
-    host_->metrics()->KvTransferFailure(
-        s.error_code() == grpc::StatusCode::UNAVAILABLE ? "unavailable" : "other");
-    host_->Fail(call_, grpc::Status(s.error_code(),
-                                    absl::StrCat("prefill worker: ", s.error_message())));
+    const bool unavailable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    host_->metrics()->KvTransferFailure(unavailable ? "unavailable" : "other");
+    grpc::Status failed(s.error_code(), absl::StrCat("prefill worker: ", s.error_message()));
+    if (unavailable) {
+      host_->PrefillUnavailable(call_, failed);
+    } else {
+      host_->Fail(call_, failed);
+    }
   }
   delete this;
 }

@@ -35,6 +35,9 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
     virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) = 0;
     // A corrupt chunk on the first attempt: start the transfer again.
     virtual void RetryPrefill(const std::shared_ptr<GenerateCall>& call) = 0;
+    // No prefill worker could be reached (UNAVAILABLE).
+    virtual void PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
+                                    const grpc::Status& status) = 0;
     virtual void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) = 0;
   };
 

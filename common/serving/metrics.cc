@@ -121,6 +121,15 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                 .Labels(role_label)
                 .Register(r)
                 .Add({}, LatencyBuckets());
+    prefill_local_ = &prometheus::BuildCounter()
+                          .Name("tandem_prefill_local_total")
+                          .Help("Prompts the decode worker prefilled itself, by reason "
+                                "(aggregated, short_prompt, fallback)")
+                          .Labels(role_label)
+                          .Register(r);
+    for (const char* reason : {"aggregated", "short_prompt", "fallback"}) {
+      prefill_local_->Add({{"reason", reason}});
+    }
     e2e_ = &prometheus::BuildHistogram()
                 .Name("tandem_e2e_request_latency_seconds")
                 .Help("Time from Generate to the last token")
@@ -212,6 +221,10 @@ void WorkerMetrics::KvTransfer(size_t bytes, double seconds) {
 }
 void WorkerMetrics::KvTransferFailure(const std::string& reason) {
   transfer_failures_->Add({{"reason", reason}}).Increment();
+}
+
+void WorkerMetrics::PrefillLocal(const std::string& reason) {
+  if (prefill_local_) prefill_local_->Add({{"reason", reason}}).Increment();
 }
 
 absl::StatusOr<int> WorkerMetrics::Serve(const std::string& address) {

@@ -55,6 +55,9 @@ class WorkerMetrics {
   void PrefillSeconds(double s);
   void KvTransfer(size_t bytes, double seconds);
   void KvTransferFailure(const std::string& reason);
+  // A decode worker prefilled a prompt itself: "aggregated", "short_prompt"
+  // or "fallback".
+  void PrefillLocal(const std::string& reason);
 
   // Serves /metrics on `address` (HOST:PORT, port 0 = any). Returns the bound
   // port, or an error naming the address.
@@ -71,6 +74,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* ratio_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* transfer_failures_;
+  prometheus::Family<prometheus::Counter>* prefill_local_ = nullptr;  // decode role
   prometheus::Gauge* capture_seconds_;
   prometheus::Counter* padded_tokens_;
   prometheus::Counter* preemptions_;
