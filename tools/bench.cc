@@ -132,13 +132,14 @@ int RunStep(const std::vector<std::string>& args) {
 
 int RunBenchCommand(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help") {
-    std::cout << "Usage: tandem bench step|kv [flags]   (see tandem bench step --help)\n";
+    std::cout << "Usage: tandem bench step|kv|serve [flags]   (see tandem bench serve --help)\n";
     return args.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "step") return RunStep(rest);
   if (args[0] == "kv") return RunKvBench(rest);
-  std::cerr << "tandem bench: unknown benchmark '" << args[0] << "' (step, kv)" << std::endl;
+  if (args[0] == "serve") return RunServeBench(rest);
+  std::cerr << "tandem bench: unknown benchmark '" << args[0] << "' (step, kv, serve)" << std::endl;
   return 2;
 }
 

@@ -1,5 +1,6 @@
 // `tandem bench step`: median step time, graph replay against eager, for
-// decode batches and prefill token counts; `tandem bench kv`: KV transfer.
+// decode batches and prefill token counts; `tandem bench kv`: KV transfer;
+// `tandem bench serve`: a load generator against a decode worker.
 #ifndef TANDEM_TOOLS_BENCH_H_
 #define TANDEM_TOOLS_BENCH_H_
 
@@ -11,6 +12,8 @@ namespace tandem {
 int RunBenchCommand(const std::vector<std::string>& args);
 // `tandem bench kv`: KV-stream goodput against a raw loopback socket.
 int RunKvBench(const std::vector<std::string>& args);
+// `tandem bench serve`: load against a decode worker (tools/bench_serve.cc).
+int RunServeBench(const std::vector<std::string>& args);
 
 }  // namespace tandem
 

@@ -23,7 +23,8 @@ constexpr char kUsage[] =
     "  generate  generate for a prompt (--local, or --address of a decode worker)\n"
     "  tokenize  text to token ids with the model's tokenizer\n"
     "  detokenize  token ids to text\n"
-    "  bench     benchmarks: 'bench step' (graph replay vs eager step time)\n"
+    "  bench     benchmarks: 'bench step' (graph replay vs eager step time), 'bench kv',\n"
+    "            'bench serve' (load against a decode worker, vllm bench serve's report)\n"
     "  health    exit 0 only when a worker reports SERVING\n"
     "\n"
     "Run 'tandem <command> --help' for the flags of a command.\n";

@@ -131,64 +131,7 @@ bool WaitForServing(const std::string& address, std::chrono::milliseconds timeou
 }
 
 std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  // Read until the body announced by Content-Length is complete (the server
-  // may keep the connection open).
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  size_t body = std::string::npos, length = std::string::npos;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) {
-    out.append(buf, n);
-    if (body == std::string::npos && (body = out.find("\r\n\r\n")) != std::string::npos) {
-      body += 4;
-      std::string headers = out.substr(0, body);
-      for (char& c : headers) c = static_cast<char>(std::tolower(c));
-      const size_t at = headers.find("content-length:");
-      if (at != std::string::npos) length = std::strtoul(headers.c_str() + at + 15, nullptr, 10);
-    }
-    if (body != std::string::npos && length != std::string::npos && out.size() >= body + length) break;
-  }
-  close(fd);
-  return body == std::string::npos ? "" : out.substr(body);
-}
-
-std::optional<double> MetricValue(const std::string& text, const std::string& name,
-                                  const std::map<std::string, std::string>& labels) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t name_end = line.find_first_of("{ ");
-    if (name_end == absl::string_view::npos || line.substr(0, name_end) != name) continue;
-    std::map<std::string, std::string> got;
-    absl::string_view rest = line.substr(name_end);
-    if (!rest.empty() && rest[0] == '{') {
-      const size_t close = rest.find('}');
-      for (absl::string_view kv : absl::StrSplit(rest.substr(1, close - 1), ',', absl::SkipEmpty())) {
-        const size_t eq = kv.find('=');
-        got[std::string(kv.substr(0, eq))] =
-            std::string(absl::StripSuffix(absl::StripPrefix(kv.substr(eq + 1), "\""), "\""));
-      }
-      rest = rest.substr(close + 1);
-    }
-    bool match = true;
-    for (const auto& [k, v] : labels) match = match && got.count(k) && got[k] == v;
-    if (!match) continue;
-    double value = 0;
-    if (absl::SimpleAtod(absl::StripAsciiWhitespace(rest), &value)) return value;
-  }
-  return std::nullopt;
+  return tandem::HttpGet("127.0.0.1", port, path);
 }
 
 double Worker::Metric(const std::string& name, const std::map<std::string, std::string>& labels) const {

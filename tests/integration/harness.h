@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/serving/prometheus_scrape.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -47,10 +48,7 @@ bool WaitForServing(const std::string& address, std::chrono::milliseconds timeou
 // HTTP GET http://127.0.0.1:port/path; empty on failure.
 std::string HttpGet(int port, const std::string& path);
 
-// The value of the first sample of `name` whose labels include `labels`, from
-// Prometheus text format; nullopt when absent.
-std::optional<double> MetricValue(const std::string& text, const std::string& name,
-                                  const std::map<std::string, std::string>& labels = {});
+using ::tandem::MetricValue;  // Prometheus text lookup
 
 // One worker process with its addresses.
 struct Worker {

@@ -1,0 +1,115 @@
+// `tandem bench serve` against a real pair for a few seconds: every request
+// accounted for, timings sane, the decode worker's counters read.
+#include <algorithm>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+class BenchServeTest : public ::testing::Test {
+ protected:
+  // Runs the benchmark; returns its exit code (log in *log).
+  static int Bench(const std::vector<std::string>& flags, std::string* log) {
+    std::vector<std::string> argv = {BinDir() + "/tandem", "bench", "serve"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string path = ::testing::TempDir() + "/bench_serve.log";
+    Process p(argv, path);
+    const int code = p.Wait(std::chrono::seconds(120));
+    *log = p.Log();
+    return code;
+  }
+};
+
+TEST_F(BenchServeTest, MixedWorkloadAgainstThePair) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                "--local-prefill-max-tokens=16"});
+  const std::string json_path = ::testing::TempDir() + "/bench_serve.json";
+  std::string log;
+  const int code =
+      Bench({"--address=" + decode.address(),
+             "--metrics-address=127.0.0.1:" + std::to_string(decode.metrics_port),
+             "--num-prompts=24", "--request-rate=40", "--seed=3", "--vocab-size=503",
+             "--mix=chat=12/6:0.7,doc=200/3:0.3", "--slo=ttft:60000", "--json=" + json_path,
+             "--label=test"},
+            &log);
+  ASSERT_EQ(code, 0) << log;
+  // Not a terminal: plain progress lines, then the report.
+  EXPECT_NE(log.find("progress: 24/24 requests, 0 failed"), std::string::npos) << log;
+  EXPECT_NE(log.find("Serving Benchmark Result"), std::string::npos) << log;
+  EXPECT_NE(log.find("Median TTFT (ms):"), std::string::npos) << log;
+
+  std::ifstream in(json_path);
+  ASSERT_TRUE(in) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["label"], "test");
+  const auto& s = j["summary"];
+  EXPECT_EQ(s["completed"], 24);
+  EXPECT_EQ(s["failed"], 0);
+  EXPECT_DOUBLE_EQ(s["request_goodput"].get<double>(), s["request_throughput"].get<double>());
+  ASSERT_EQ(j["requests"].size(), 24u);
+  int64_t input = 0, output = 0, chats = 0;
+  for (const auto& r : j["requests"]) {
+    EXPECT_EQ(r["status"], "OK") << r["error"];
+    const bool chat = r["class"] == "chat";
+    chats += chat;
+    // ignore_eos: exactly max_tokens, one ITL gap fewer than tokens.
+    EXPECT_EQ(r["output_tokens"], chat ? 6 : 3);
+    EXPECT_EQ(r["itl_s"].size(), r["output_tokens"].get<size_t>() - 1);
+    EXPECT_GT(r["ttft_s"].get<double>(), 0);
+    EXPECT_GE(r["e2e_s"].get<double>(), r["ttft_s"].get<double>());
+    input += r["input_tokens"].get<int64_t>();
+    output += r["output_tokens"].get<int64_t>();
+  }
+  EXPECT_GT(chats, 0);
+  EXPECT_LT(chats, 24);
+  EXPECT_EQ(s["total_input_tokens"], input);
+  EXPECT_EQ(s["total_output_tokens"], output);
+  EXPECT_EQ(j["by_class"]["chat"]["completed"], chats);
+  // The worker's view of the same run: short prompts local, long ones over
+  // the wire, the decode steps FULL.
+  const auto& w = j["worker_metrics_delta"];
+  EXPECT_EQ(w["tandem_prefill_local_total{reason=short_prompt}"], chats);
+  EXPECT_GT(w["tandem_kv_transfer_bytes_total"].get<double>(), 0);
+  EXPECT_GT(w["tandem_forward_steps_total{runtime_mode=FULL}"].get<double>(), 0);
+  EXPECT_EQ(w["tandem_generation_tokens_total"], output);
+  EXPECT_GT(w["full_replay_ratio"].get<double>(), 0);
+  EXPECT_EQ(decode.Metric("tandem_requests_total", {{"status", "OK"}}), 24);
+}
+
+TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
+  Worker decode = StartWorker("decode_worker", {});
+  std::string log;
+  // Text prompts need a tokenizer; the synthetic model has none: every
+  // request fails, and the report says how.
+  const std::string prompts = ::testing::TempDir() + "/prompts.txt";
+  std::ofstream(prompts) << "Hello there\nWhat is 2+2?\n";
+  ASSERT_EQ(Bench({"--address=" + decode.address(), "--dataset=prompts",
+                   "--prompts-file=" + prompts, "--num-prompts=3", "--output-len=2"},
+                  &log),
+            0)
+      << log;
+  std::string compact = log;
+  compact.erase(std::remove(compact.begin(), compact.end(), ' '), compact.end());
+  EXPECT_NE(compact.find("Failedrequests(INVALID_ARGUMENT):3\n"), std::string::npos) << log;
+  EXPECT_NE(compact.find("Successfulrequests:0\n"), std::string::npos) << log;
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--request-rate=0"}, {"--request-rate=fast"}, {"--burstiness=0"},
+        {"--mix=chat=1/1"}, {"--slo=ttft"}, {"--dataset=prompts"}, {"--dataset=other"},
+        {"--range-ratio=1"}, {"--num-prompts=0"}}) {
+    std::vector<std::string> flags = {"--address=" + decode.address(), "--vocab-size=503"};
+    flags.insert(flags.end(), bad.begin(), bad.end());
+    EXPECT_EQ(Bench(flags, &log), 2) << bad[0] << "\n" << log;
+    EXPECT_NE(log.find(bad[0].substr(0, bad[0].find('='))), std::string::npos) << log;
+  }
+  // The random dataset needs a vocabulary.
+  EXPECT_EQ(Bench({"--address=" + decode.address()}, &log), 2);
+  EXPECT_NE(log.find("--vocab-size"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace tandem::testing
