@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
+#include "common/base/thread_pool.h"
 #include "common/engine/engine.h"
 #include "common/serving/engine_flags.h"
 
@@ -89,10 +90,10 @@ int RunStep(const std::vector<std::string>& args) {
   ModelRunner& runner = (*engine)->runner();
   KvCache& kv = (*engine)->kv_cache();
 
-  std::printf("model %s | device %s | dtype %s | mode %s | blas threads %d | median of %d\n",
+  std::printf("model %s | device %s | dtype %s | mode %s | threads %d | median of %d\n",
               config->model.c_str(), (*engine)->device_name().c_str(),
               std::string(DTypeName(kv.dtype())).c_str(),
-              std::string(runner.resolved_mode().name()).c_str(), config->backend.blas_threads,
+              std::string(runner.resolved_mode().name()).c_str(), config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus(),
               iters);
   std::printf("%-8s %7s %6s %-10s %10s %10s %8s\n", "step", "tokens", "batch", "graph", "graph_ms",
               "eager_ms", "speedup");

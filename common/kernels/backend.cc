@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
           "use --dtype=f32 or auto)"));
     }
     backend->device = CreateCpuDevice();
-    backend->ops = CreateCpuOps(backend->device.get(), options.blas_threads);
+    backend->ops = CreateCpuOps(backend->device.get(), options.threads);
     return backend;
   }
   auto create = LoadCudaModule();

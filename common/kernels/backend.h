@@ -28,7 +28,7 @@ struct BackendOptions {
   std::string device = "cpu";  // cpu | cuda
   // f32 | bf16 | f16 | auto (f32 on cpu, bf16 on cuda).
   std::string dtype = "auto";
-  int blas_threads = 1;  // cpu: OpenBLAS threads
+  int threads = 0;  // cpu: threads of every op (0: every CPU this process may use)
 };
 
 struct Backend {

@@ -95,9 +95,9 @@ class Ops {
                               const Tensor& out) = 0;
 };
 
-// CPU ops on the device's CpuStream, matmuls through OpenBLAS with
-// `blas_threads` threads (<= 0: leave OpenBLAS's default).
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int blas_threads);
+// CPU ops on the device's CpuStream, each split over a pool of `threads`
+// threads (<= 0: every CPU this process may use).
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads);
 
 }  // namespace tandem
 

@@ -27,7 +27,10 @@ void EngineFlags::Register(FlagSet* f) {
          capture_up_to_token_budget
              ? "largest size of the default ladder (default: --max-num-batched-tokens)"
              : "largest size of the default ladder (default: min(2 x max-num-seqs, 512))");
-  f->Add("blas-threads", &blas_threads, "OpenBLAS threads of the CPU backend");
+  f->Add("threads", &threads,
+         "CPU backend: threads every op is split over (0 = every CPU this process may use, "
+         "as taskset/cgroups allow)");
+  f->Add("blas-threads", &threads, "the old name of --threads");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
 }
@@ -37,7 +40,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.model = model;
   c.backend.device = device;
   c.backend.dtype = dtype;
-  c.backend.blas_threads = blas_threads;
+  c.backend.threads = threads;
   c.block_size = block_size;
   c.num_kv_blocks = num_kv_blocks;
   c.kv_cache_bytes = kv_cache_mb << 20;

@@ -28,7 +28,7 @@ struct EngineFlags {
   // the token budget, so every (chunked) step has a graph: the prefill
   // worker's default, where steps are chunks of long prompts.
   bool capture_up_to_token_budget = false;
-  int blas_threads = 1;
+  int threads = 0;
   bool check_input_addresses = false;
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}

@@ -1,5 +1,9 @@
 // CPU implementation of Ops: each op is a closure over its tensors, launched
-// on the CpuStream (run now, or recorded while capturing).
+// on the CpuStream (run now, or recorded while capturing). Every op splits its
+// work over one ThreadPool (--threads), in eager steps and graph replays
+// alike: matmuls by output columns (each thread's slice through OpenBLAS at
+// one thread, or the AVX-512 small-batch kernel for decode-sized batches),
+// attention by (query token, head), the row-wise ops by rows.
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,6 +13,8 @@
 
 #include "common/backend/cpu/cpu_stream.h"
 #include "common/base/logging.h"
+#include "common/base/thread_pool.h"
+#include "common/kernels/cpu/cpu_kernels.h"
 #include "common/kernels/ops.h"
 
 namespace tandem {
@@ -16,9 +22,15 @@ namespace {
 
 class CpuOps : public Ops {
  public:
-  CpuOps(Device* device, int blas_threads)
-      : device_(device), stream_(static_cast<CpuStream*>(device->stream())) {
-    if (blas_threads > 0) openblas_set_num_threads(blas_threads);
+  CpuOps(Device* device, int threads)
+      : device_(device),
+        stream_(static_cast<CpuStream*>(device->stream())),
+        pool_(std::make_unique<ThreadPool>(threads > 0 ? threads : ThreadPool::AvailableCpus())) {
+    // Parallelism is the pool's: each thread's sgemm runs on that thread.
+    openblas_set_num_threads(1);
+    TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
+                     << (cpu::HasAvx512() ? "AVX-512 kernels" : "portable kernels")
+                     << " + OpenBLAS sgemm";
   }
 
   Device* device() override { return device_; }
@@ -49,8 +61,11 @@ class CpuOps : public Ops {
     const float* xs = x.f32();
     const float* w = weight.f32();
     float* o = out.f32();
+    ThreadPool* pool = pool_.get();
     stream_->Launch([=] {
-      for (int64_t i = 0; i < n; ++i) NormRow(xs + i * h, w, eps, h, o + i * h);
+      pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) NormRow(xs + i * h, w, eps, h, o + i * h);
+      });
     });
   }
 
@@ -62,13 +77,16 @@ class CpuOps : public Ops {
     float* r = residual.f32();
     const float* w = weight.f32();
     float* o = out.f32();
+    ThreadPool* pool = pool_.get();
     stream_->Launch([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        float* ri = r + i * h;
-        const float* xi = xs + i * h;
-        for (int64_t j = 0; j < h; ++j) ri[j] += xi[j];
-        NormRow(ri, w, eps, h, o + i * h);
-      }
+      pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          float* ri = r + i * h;
+          const float* xi = xs + i * h;
+          for (int64_t j = 0; j < h; ++j) ri[j] += xi[j];
+          NormRow(ri, w, eps, h, o + i * h);
+        }
+      });
     });
   }
 
@@ -81,21 +99,24 @@ class CpuOps : public Ops {
     const int32_t* pos = positions.i32();
     const float* freq = inv_freq.f32();
     float* base = qkv.f32();
+    ThreadPool* pool = pool_.get();
     stream_->Launch([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        const float p = static_cast<float>(pos[i]);
-        float* r = base + i * row;
-        for (int f = 0; f < half; ++f) {
-          const float angle = p * freq[f];
-          const float c = std::cos(angle), s = std::sin(angle);
-          for (int h = 0; h < heads; ++h) {
-            float* x = r + h * hd;
-            const float a = x[f], b = x[f + half];
-            x[f] = a * c - b * s;
-            x[f + half] = b * c + a * s;
+      pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float p = static_cast<float>(pos[i]);
+          float* r = base + i * row;
+          for (int f = 0; f < half; ++f) {
+            const float angle = p * freq[f];
+            const float c = std::cos(angle), s = std::sin(angle);
+            for (int h = 0; h < heads; ++h) {
+              float* x = r + h * hd;
+              const float a = x[f], b = x[f + half];
+              x[f] = a * c - b * s;
+              x[f + half] = b * c + a * s;
+            }
           }
         }
-      }
+      });
     });
   }
 
@@ -107,10 +128,19 @@ class CpuOps : public Ops {
     const float* a = x.f32();
     const float* b = w.f32();
     float* c = out.f32();
+    ThreadPool* pool = pool_.get();
+    const bool small = cpu::HasAvx512() && n <= cpu::kSmallMatmulMaxRows;
     stream_->Launch([=] {
       if (n == 0) return;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, big_n, k, 1.f, a, k, b, k, 0.f,
-                  c, big_n);
+      // Slices of output columns, 16 at least (64 bytes of each output row).
+      pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
+        if (small) {
+          cpu::SmallMatmul(a, k, n, b, k, j0, j1, c, big_n);
+        } else {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, j1 - j0, k, 1.f, a, k,
+                      b + j0 * k, k, 0.f, c + j0, big_n);
+        }
+      });
     });
   }
 
@@ -119,15 +149,18 @@ class CpuOps : public Ops {
     TANDEM_CHECK(gate_up.dim(1) == 2 * inter);
     const float* g = gate_up.f32();
     float* o = out.f32();
+    ThreadPool* pool = pool_.get();
     stream_->Launch([=] {
-      for (int64_t i = 0; i < n; ++i) {
-        const float* gi = g + i * 2 * inter;
-        float* oi = o + i * inter;
-        for (int64_t j = 0; j < inter; ++j) {
-          const float x = gi[j];
-          oi[j] = x / (1.f + std::exp(-x)) * gi[inter + j];
+      pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const float* gi = g + i * 2 * inter;
+          float* oi = o + i * inter;
+          for (int64_t j = 0; j < inter; ++j) {
+            const float x = gi[j];
+            oi[j] = x / (1.f + std::exp(-x)) * gi[inter + j];
+          }
         }
-      }
+      });
     });
   }
 
@@ -159,6 +192,7 @@ class CpuOps : public Ops {
     const int bs = meta.block_size;
     const float scale = shape.scale;
     float* o = out.f32();
+    ThreadPool* pool = pool_.get();
     stream_->Launch([=] {
       const int64_t kv_row = static_cast<int64_t>(nkv) * hd;
       // 1. Write this step's k and v into their slots.
@@ -169,51 +203,52 @@ class CpuOps : public Ops {
         std::memcpy(kc + slot * kv_row, k, sizeof(float) * kv_row);
         std::memcpy(vc + slot * kv_row, k + kv_row, sizeof(float) * kv_row);
       }
-      // 2. Attention per request, per query token, per head.
-      std::memset(o, 0, sizeof(float) * n * nh * hd);
-      thread_local std::vector<float> scores;
-      const int group = nh / nkv;
+      // 2. Attention per (query token, head), spread over the pool. Rows
+      // past the last request's tokens are padding and stay zero.
       const int32_t num_reqs = num_reqs_p[0];
-      for (int32_t r = 0; r < num_reqs; ++r) {
-        const int32_t q_begin = qsl[r], q_end = qsl[r + 1];
-        const int32_t seq_len = seq_lens[r];
-        const int32_t q_len = q_end - q_begin;
-        const int32_t* table = tables + r * table_width;
-        if (static_cast<int32_t>(scores.size()) < seq_len) scores.resize(seq_len);
-        for (int32_t t = q_begin; t < q_end && t < n; ++t) {
-          const int32_t ctx = seq_len - q_len + (t - q_begin) + 1;  // causal
-          for (int h = 0; h < nh; ++h) {
-            const float* q = q_base + t * row + h * hd;
-            const int kvh = h / group;
-            float max_score = -INFINITY;
-            for (int32_t j = 0; j < ctx; ++j) {
-              const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-              const float* k = kc + slot * kv_row + kvh * hd;
-              float dot = 0.f;
-              for (int d = 0; d < hd; ++d) dot += q[d] * k[d];
-              scores[j] = dot * scale;
-              max_score = std::max(max_score, scores[j]);
-            }
-            float sum = 0.f;
-            for (int32_t j = 0; j < ctx; ++j) {
-              scores[j] = std::exp(scores[j] - max_score);
-              sum += scores[j];
-            }
-            float* oh = o + t * nh * hd + h * hd;
-            const float inv = 1.f / sum;
-            for (int32_t j = 0; j < ctx; ++j) {
-              const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-              const float* v = vc + slot * kv_row + kvh * hd;
-              const float p = scores[j] * inv;
-              for (int d = 0; d < hd; ++d) oh[d] += p * v[d];
-            }
+      const int64_t real = std::min<int64_t>(n, qsl[num_reqs]);
+      std::memset(o + real * nh * hd, 0, sizeof(float) * (n - real) * nh * hd);
+      const int group = nh / nkv;
+      pool->ParallelFor(real * nh, 4, [=](int64_t item_begin, int64_t item_end) {
+        thread_local std::vector<float> scores;
+        int32_t r = 0;
+        for (int64_t item = item_begin; item < item_end; ++item) {
+          const int32_t t = static_cast<int32_t>(item / nh);
+          const int h = static_cast<int>(item % nh);
+          while (qsl[r + 1] <= t) ++r;  // items are in token order
+          const int32_t q_len = qsl[r + 1] - qsl[r];
+          const int32_t ctx = seq_lens[r] - q_len + (t - qsl[r]) + 1;  // causal
+          const int32_t* table = tables + r * table_width;
+          if (static_cast<int32_t>(scores.size()) < ctx) scores.resize(ctx);
+          const float* q = q_base + t * row + h * hd;
+          const int kvh = h / group;
+          float max_score = -INFINITY;
+          for (int32_t j = 0; j < ctx; ++j) {
+            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+            scores[j] = cpu::Dot(q, kc + slot * kv_row + kvh * hd, hd) * scale;
+            max_score = std::max(max_score, scores[j]);
+          }
+          float sum = 0.f;
+          for (int32_t j = 0; j < ctx; ++j) {
+            scores[j] = std::exp(scores[j] - max_score);
+            sum += scores[j];
+          }
+          float* oh = o + t * nh * hd + h * hd;
+          std::memset(oh, 0, sizeof(float) * hd);
+          const float inv = 1.f / sum;
+          for (int32_t j = 0; j < ctx; ++j) {
+            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+            cpu::Axpy(scores[j] * inv, vc + slot * kv_row + kvh * hd, oh, hd);
           }
         }
-      }
+      });
     });
   }
 
  private:
+  // Row-wise ops split only when each thread gets this many rows.
+  static constexpr int64_t kMinRows = 4;
+
   static void NormRow(const float* x, const float* w, float eps, int64_t h, float* out) {
     float sum = 0.f;
     for (int64_t j = 0; j < h; ++j) sum += x[j] * x[j];
@@ -223,12 +258,13 @@ class CpuOps : public Ops {
 
   Device* device_;
   CpuStream* stream_;
+  std::unique_ptr<ThreadPool> pool_;
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int blas_threads) {
-  return std::make_unique<CpuOps>(cpu_device, blas_threads);
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads) {
+  return std::make_unique<CpuOps>(cpu_device, threads);
 }
 
 }  // namespace tandem

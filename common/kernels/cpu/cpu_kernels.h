@@ -1,0 +1,36 @@
+// Hand-written CPU kernels for the shapes OpenBLAS handles badly, chosen at
+// run time by what the CPU supports (AVX-512F here; elsewhere the callers keep
+// OpenBLAS and the portable loops).
+//
+// Why not OpenBLAS for these: sgemm packs the whole weight matrix before
+// multiplying, which for a decode step of 1-32 rows costs more than the
+// multiply itself (62% of a batch-1 decode profile); a row-streaming kernel
+// reads each weight once per step for every row of the batch. Attention dot
+// products of one head (64-128 floats) are too short for any BLAS call.
+#ifndef TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_
+#define TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_
+
+#include <cstdint>
+
+namespace tandem::cpu {
+
+// Whether the AVX-512 kernels below may run on this CPU.
+bool HasAvx512();
+
+// The largest row count SmallMatmul is used for (above it, sgemm's packing
+// pays for itself).
+constexpr int64_t kSmallMatmulMaxRows = 32;
+
+// out[i, j] = dot(x[i, :K], w[j, :K]) for i < n, j in [j_begin, j_end);
+// x rows `ldx` apart, out rows `ldo` apart. AVX-512 only.
+void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
+                 int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+
+// dot(a, b) over n floats; y += alpha * x over n floats (AVX-512 when
+// available, else scalar).
+float Dot(const float* a, const float* b, int64_t n);
+void Axpy(float alpha, const float* x, float* y, int64_t n);
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_

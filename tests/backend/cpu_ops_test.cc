@@ -1,0 +1,262 @@
+// The CPU ops against plain double-precision loops, at 1, 2 and 3 threads:
+// the AVX-512 small-batch matmul and the sgemm path on both sides of their
+// threshold, odd sizes (vector tails), paged attention over a mixed batch
+// (a prefill chunk after cached context, a decode, a fresh prompt, padding),
+// and the row-wise ops. Also the pool they all run on.
+#include <atomic>
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <thread>
+#include <random>
+#include <vector>
+
+#include "common/base/thread_pool.h"
+#include "common/kernels/backend.h"
+#include "common/kernels/cpu/cpu_kernels.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(ThreadPoolTest, EveryIndexRunsOnceWhateverTheSplit) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 3, 7, 64, 1001}) {
+      for (int64_t min_chunk : {1, 4, 100}) {
+        std::vector<std::atomic<int>> hits(n);
+        pool.ParallelFor(n, min_chunk, [&](int64_t b, int64_t e) {
+          EXPECT_LE(0, b);
+          EXPECT_LT(b, e);
+          EXPECT_LE(e, n);
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ManyShortJobsBackToBackAndAfterSleeping) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  for (int round = 0; round < 20000; ++round) {
+    pool.ParallelFor(6, 1, [&](int64_t b, int64_t e) { sum.fetch_add(e - b); });
+  }
+  EXPECT_EQ(sum.load(), 6 * 20000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // workers go to sleep
+  pool.ParallelFor(6, 1, [&](int64_t b, int64_t e) { sum.fetch_add(e - b); });
+  EXPECT_EQ(sum.load(), 6 * 20001);
+  EXPECT_GE(ThreadPool::AvailableCpus(), 1);
+}
+
+class CpuOpsTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    BackendOptions o;
+    o.device = "cpu";
+    o.threads = GetParam();
+    backend_ = CreateBackend(o).value();
+    arena_ = Arena::Create(backend_->device.get(), size_t{64} << 20, "test").value();
+  }
+  Ops& ops() { return *backend_->ops; }
+  Tensor Random(std::initializer_list<int64_t> dims, float lo = -1, float hi = 1) {
+    Tensor t = arena_->Allocate(DType::kF32, dims).value();
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = d(rng_);
+    return t;
+  }
+  Tensor Ints(std::initializer_list<int64_t> dims, const std::vector<int32_t>& v) {
+    Tensor t = arena_->Allocate(DType::kI32, dims).value();
+    EXPECT_EQ(t.numel(), static_cast<int64_t>(v.size()));
+    std::copy(v.begin(), v.end(), t.i32());
+    return t;
+  }
+  // |got - want| <= tol * (1 + scale) for each element.
+  static void ExpectNear(const float* got, const std::vector<double>& want,
+                         const std::vector<double>& scale, double tol, const std::string& what) {
+    int bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!(std::fabs(got[i] - want[i]) <= tol * (1 + scale[i]))) {
+        if (++bad <= 3) ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+      }
+    }
+    EXPECT_EQ(bad, 0) << what;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Arena> arena_;
+  std::mt19937 rng_{42};
+};
+
+TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
+  for (auto [big_n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 19}, {64, 576}, {100, 33}}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33, 70}) {
+      Tensor x = Random({n, k}), w = Random({big_n, k});
+      Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
+      ops().Matmul(x, w, out);
+      std::vector<double> want(n * big_n), scale(n * big_n);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < big_n; ++j) {
+          double s = 0, a = 0;
+          for (int64_t d = 0; d < k; ++d) {
+            s += double(x.f32()[i * k + d]) * w.f32()[j * k + d];
+            a += std::fabs(double(x.f32()[i * k + d]) * w.f32()[j * k + d]);
+          }
+          want[i * big_n + j] = s;
+          scale[i * big_n + j] = a;
+        }
+      }
+      ExpectNear(out.f32(), want, scale, 1e-6,
+                 "matmul n=" + std::to_string(n) + " N=" + std::to_string(big_n) +
+                     " K=" + std::to_string(k));
+    }
+  }
+}
+
+TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
+  for (int64_t n : {1, 37}) {
+    const int64_t h = 40;
+    Tensor x = Random({n, h}), res = Random({n, h}), w = Random({h}, 0.5f, 1.5f);
+    std::vector<float> res0(res.f32(), res.f32() + n * h);
+    Tensor out = arena_->Allocate(DType::kF32, {n, h}).value();
+    Tensor out2 = arena_->Allocate(DType::kF32, {n, h}).value();
+    ops().RmsNorm(x, w, 1e-5f, out);
+    ops().AddRmsNorm(x, res, w, 1e-5f, out2);
+    std::vector<double> want(n * h), want2(n * h), ones(n * h, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      double ss = 0, ss2 = 0;
+      for (int64_t j = 0; j < h; ++j) {
+        ss += double(x.f32()[i * h + j]) * x.f32()[i * h + j];
+        const double r = double(x.f32()[i * h + j]) + res0[i * h + j];
+        ss2 += r * r;
+      }
+      for (int64_t j = 0; j < h; ++j) {
+        want[i * h + j] = x.f32()[i * h + j] / std::sqrt(ss / h + 1e-5) * w.f32()[j];
+        const double r = double(x.f32()[i * h + j]) + res0[i * h + j];
+        want2[i * h + j] = r / std::sqrt(ss2 / h + 1e-5) * w.f32()[j];
+        EXPECT_NEAR(res.f32()[i * h + j], r, 1e-6);  // the residual carries the sum
+      }
+    }
+    ExpectNear(out.f32(), want, ones, 1e-5, "rmsnorm");
+    ExpectNear(out2.f32(), want2, ones, 1e-5, "add_rmsnorm");
+
+    const int64_t inter = 24;
+    Tensor gu = Random({n, 2 * inter}, -4, 4);
+    Tensor act = arena_->Allocate(DType::kF32, {n, inter}).value();
+    ops().SiluMul(gu, act);
+    std::vector<double> want_act(n * inter), ones_act(n * inter, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < inter; ++j) {
+        const double g = gu.f32()[i * 2 * inter + j], u = gu.f32()[i * 2 * inter + inter + j];
+        want_act[i * inter + j] = g / (1 + std::exp(-g)) * u;
+      }
+    }
+    ExpectNear(act.f32(), want_act, ones_act, 1e-5, "silu_mul");
+
+    AttentionShape shape{2, 1, 8, 1.f};
+    const int64_t row = (2 + 2 * 1) * 8;
+    Tensor qkv = Random({n, row});
+    std::vector<float> before(qkv.f32(), qkv.f32() + n * row);
+    std::vector<int32_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(i * 97 % 5000);
+    Tensor positions = Ints({n}, pos);
+    Tensor inv_freq = arena_->Allocate(DType::kF32, {4}).value();
+    for (int f = 0; f < 4; ++f) inv_freq.f32()[f] = std::pow(10000.f, -2.f * f / 8);
+    ops().Rope(positions, qkv, inv_freq, shape);
+    std::vector<double> want_rope(before.begin(), before.end()), ones_rope(n * row, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int head = 0; head < 3; ++head) {  // 2 q heads, 1 k head; v untouched
+        for (int f = 0; f < 4; ++f) {
+          const double angle = double(pos[i]) * inv_freq.f32()[f];
+          const double a = before[i * row + head * 8 + f], b = before[i * row + head * 8 + f + 4];
+          want_rope[i * row + head * 8 + f] = a * std::cos(angle) - b * std::sin(angle);
+          want_rope[i * row + head * 8 + f + 4] = b * std::cos(angle) + a * std::sin(angle);
+        }
+      }
+    }
+    ExpectNear(qkv.f32(), want_rope, ones_rope, 2e-3, "rope");  // f32 angles up to 5000 rad
+  }
+}
+
+TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
+  for (int hd : {24, 64}) {
+    const int nh = 4, nkv = 2, bs = 4, num_blocks = 40, max_seqs = 4, width = 12;
+    const AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
+    // r0: 5 new tokens after 7 cached; r1: 1 decode token after 40; r2: 3
+    // tokens of a fresh prompt; then 2 padding rows.
+    const std::vector<int32_t> q_len = {5, 1, 3}, cached = {7, 40, 0};
+    const int64_t n = 5 + 1 + 3 + 2, row = (nh + 2 * nkv) * hd, kv_row = nkv * hd;
+    std::vector<int32_t> blocks(num_blocks);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng_);
+    std::vector<int32_t> tables(max_seqs * width, 0), qsl(max_seqs + 1, 9), seq(max_seqs, 0),
+        slots(n, -1);
+    int used = 0;
+    qsl[0] = 0;
+    for (int r = 0; r < 3; ++r) {
+      seq[r] = cached[r] + q_len[r];
+      for (int b = 0; b * bs < seq[r]; ++b) tables[r * width + b] = blocks[used++];
+      qsl[r + 1] = qsl[r] + q_len[r];
+      for (int t = 0; t < q_len[r]; ++t) {
+        const int pos = cached[r] + t;
+        slots[qsl[r] + t] = tables[r * width + pos / bs] * bs + pos % bs;
+      }
+    }
+    AttentionMetadata meta;
+    meta.num_reqs = Ints({1}, {3});
+    meta.query_start_loc = Ints({max_seqs + 1}, qsl);
+    meta.seq_lens = Ints({max_seqs}, seq);
+    meta.block_tables = Ints({max_seqs, width}, tables);
+    meta.slot_mapping = Ints({n}, slots);
+    meta.block_size = bs;
+    KvLayer cache{Random({num_blocks, bs, nkv, hd}), Random({num_blocks, bs, nkv, hd})};
+    Tensor qkv = Random({n, row});
+    Tensor out = Random({n, nh * hd});  // garbage that must be overwritten
+    ops().PagedAttention(qkv, cache, meta, shape, out);
+
+    // The new tokens' k and v are in their slots.
+    for (int64_t i = 0; i < 9; ++i) {
+      for (int64_t d = 0; d < kv_row; ++d) {
+        ASSERT_EQ(cache.k.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + d]);
+        ASSERT_EQ(cache.v.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + kv_row + d]);
+      }
+    }
+    std::vector<double> want(n * nh * hd, 0.0), ones(n * nh * hd, 1.0);
+    for (int r = 0; r < 3; ++r) {
+      for (int t = 0; t < q_len[r]; ++t) {
+        const int64_t tok = qsl[r] + t;
+        const int ctx = cached[r] + t + 1;
+        for (int h = 0; h < nh; ++h) {
+          const float* q = qkv.f32() + tok * row + h * hd;
+          const int kvh = h / (nh / nkv);
+          std::vector<double> p(ctx);
+          double mx = -1e300, sum = 0;
+          for (int j = 0; j < ctx; ++j) {
+            const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
+            double dot = 0;
+            for (int d = 0; d < hd; ++d) dot += double(q[d]) * cache.k.f32()[slot * kv_row + kvh * hd + d];
+            p[j] = dot * shape.scale;
+            mx = std::max(mx, p[j]);
+          }
+          for (double& v : p) sum += (v = std::exp(v - mx));
+          for (int j = 0; j < ctx; ++j) {
+            const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
+            for (int d = 0; d < hd; ++d) {
+              want[tok * nh * hd + h * hd + d] +=
+                  p[j] / sum * cache.v.f32()[slot * kv_row + kvh * hd + d];
+            }
+          }
+        }
+      }
+    }
+    ExpectNear(out.f32(), want, ones, 1e-5, "attention hd=" + std::to_string(hd));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuOpsTest, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "t" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace tandem
