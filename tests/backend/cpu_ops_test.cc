@@ -51,6 +51,42 @@ TEST(ThreadPoolTest, ManyShortJobsBackToBackAndAfterSleeping) {
   EXPECT_GE(ThreadPool::AvailableCpus(), 1);
 }
 
+TEST(CpuKernelsTest, ExpWithinTwoUlpOfLibm) {
+  for (float x = -110.f; x < 89.f; x += 0.0137f) {
+    const float want = std::exp(x), got = cpu::ExpForTest(x);
+    if (std::isinf(want)) {
+      EXPECT_TRUE(std::isinf(got)) << x;
+      continue;
+    }
+    if (want < 1e-37f) {  // near or below the smallest normal: tiny, never negative
+      EXPECT_GE(got, 0.f) << x;
+      EXPECT_LE(got, 1.1e-37f) << x;
+      continue;
+    }
+    ASSERT_LE(std::fabs(got - want), 2.5e-7f * want) << "exp(" << x << ")";
+  }
+  EXPECT_EQ(cpu::ExpForTest(-1000.f), 0.f);
+}
+
+TEST(CpuKernelsTest, SoftmaxAndSiluOddLengths) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(-30, 30);
+  for (int n : {1, 15, 16, 17, 100}) {
+    std::vector<float> x(n), gate(n), up(n), out(n);
+    for (int i = 0; i < n; ++i) x[i] = d(rng), gate[i] = d(rng), up[i] = d(rng);
+    std::vector<float> p = x;
+    cpu::Softmax(p.data(), n);
+    double mx = *std::max_element(x.begin(), x.end()), sum = 0;
+    for (float v : x) sum += std::exp(double(v) - mx);
+    for (int i = 0; i < n; ++i) EXPECT_NEAR(p[i], std::exp(double(x[i]) - mx) / sum, 1e-6) << n;
+    cpu::SiluMul(gate.data(), up.data(), out.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double want = gate[i] / (1 + std::exp(-double(gate[i]))) * up[i];
+      EXPECT_NEAR(out[i], want, 1e-5 * (1 + std::fabs(want))) << n;
+    }
+  }
+}
+
 class CpuOpsTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -182,20 +218,22 @@ TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
 
 TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
   for (int hd : {24, 64}) {
-    const int nh = 4, nkv = 2, bs = 4, num_blocks = 40, max_seqs = 4, width = 12;
+    const int nh = 4, nkv = 2, bs = 4, num_blocks = 100, max_seqs = 5, width = 24;
     const AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
-    // r0: 5 new tokens after 7 cached; r1: 1 decode token after 40; r2: 3
-    // tokens of a fresh prompt; then 2 padding rows.
-    const std::vector<int32_t> q_len = {5, 1, 3}, cached = {7, 40, 0};
-    const int64_t n = 5 + 1 + 3 + 2, row = (nh + 2 * nkv) * hd, kv_row = nkv * hd;
+    // r0: a 70-token prefill chunk after 13 cached (sgemm path, two query
+    // tiles); r1: 1 decode token after 40; r2: 3 tokens of a fresh prompt;
+    // r3: 9 of another (sgemm path); then 2 padding rows.
+    const std::vector<int32_t> q_len = {70, 1, 3, 9}, cached = {13, 40, 0, 0};
+    const int num_real = 4;
+    const int64_t n = 70 + 1 + 3 + 9 + 2, row = (nh + 2 * nkv) * hd, kv_row = nkv * hd;
     std::vector<int32_t> blocks(num_blocks);
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), rng_);
-    std::vector<int32_t> tables(max_seqs * width, 0), qsl(max_seqs + 1, 9), seq(max_seqs, 0),
+    std::vector<int32_t> tables(max_seqs * width, 0), qsl(max_seqs + 1, 83), seq(max_seqs, 0),
         slots(n, -1);
     int used = 0;
     qsl[0] = 0;
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < num_real; ++r) {
       seq[r] = cached[r] + q_len[r];
       for (int b = 0; b * bs < seq[r]; ++b) tables[r * width + b] = blocks[used++];
       qsl[r + 1] = qsl[r] + q_len[r];
@@ -205,7 +243,7 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
       }
     }
     AttentionMetadata meta;
-    meta.num_reqs = Ints({1}, {3});
+    meta.num_reqs = Ints({1}, {num_real});
     meta.query_start_loc = Ints({max_seqs + 1}, qsl);
     meta.seq_lens = Ints({max_seqs}, seq);
     meta.block_tables = Ints({max_seqs, width}, tables);
@@ -217,14 +255,14 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     ops().PagedAttention(qkv, cache, meta, shape, out);
 
     // The new tokens' k and v are in their slots.
-    for (int64_t i = 0; i < 9; ++i) {
+    for (int64_t i = 0; i < 83; ++i) {
       for (int64_t d = 0; d < kv_row; ++d) {
         ASSERT_EQ(cache.k.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + d]);
         ASSERT_EQ(cache.v.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + kv_row + d]);
       }
     }
     std::vector<double> want(n * nh * hd, 0.0), ones(n * nh * hd, 1.0);
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < num_real; ++r) {
       for (int t = 0; t < q_len[r]; ++t) {
         const int64_t tok = qsl[r] + t;
         const int ctx = cached[r] + t + 1;

@@ -2,6 +2,14 @@
 
 #include <immintrin.h>
 
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as a merge operand
+// and then warn about it in every caller (GCC bug 105593): not our code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <cmath>
+
 namespace tandem::cpu {
 namespace {
 
@@ -20,6 +28,20 @@ TANDEM_AVX512 inline float ReduceAdd(__m512 v) {
   __m128 s = _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, t, 0);
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// max/min with every lane selected (the unmasked intrinsics trip the same
+// GCC 12 warning).
+TANDEM_AVX512 inline __m512 Max(__m512 a, __m512 b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
+TANDEM_AVX512 inline __m512 Min(__m512 a, __m512 b) { return _mm512_mask_min_ps(a, 0xFFFF, a, b); }
+
+TANDEM_AVX512 inline float ReduceMax(__m512 v) {
+  __m512 t = Max(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = Max(t, _mm512_mask_shuffle_f32x4(t, 0xFFFF, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 s = _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, t, 0);
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
 
@@ -123,7 +145,93 @@ TANDEM_AVX512 void AxpyAvx512(float alpha, const float* x, float* y, int64_t n) 
   }
 }
 
+// exp of 16 lanes: x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf
+// polynomial, times 2^n by scalef (which also flushes large negative x to 0).
+TANDEM_AVX512 inline __m512 Exp(__m512 x) {
+  // Below -110 the result is 0 (scalef underflows); above 89, infinity.
+  x = Min(Max(x, _mm512_set1_ps(-110.0f)), _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, n);
+}
+
+TANDEM_AVX512 void SoftmaxAvx512(float* x, int64_t n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) mx = Max(mx, _mm512_loadu_ps(x + i));
+  float max_score = ReduceMax(mx);
+  for (int64_t j = i; j < n; ++j) max_score = std::max(max_score, x[j]);
+  const __m512 m = _mm512_set1_ps(max_score);
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 k = TailMask(n - i);
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+    _mm512_mask_storeu_ps(x + i, k, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / ReduceAdd(sum));
+  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  if (i < n) {
+    const __mmask16 k = TailMask(n - i);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
+  }
+}
+
+TANDEM_AVX512 void SiluMulAvx512(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, Exp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __mmask16 k = TailMask(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, Exp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(k, up + i)));
+  }
+}
+
+TANDEM_AVX512 float ExpAvx512(float x) {
+  float out[16];
+  _mm512_storeu_ps(out, Exp(_mm512_set1_ps(x)));
+  return out[0];
+}
+
 }  // namespace
+
+void Softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  if (HasAvx512()) return SoftmaxAvx512(x, n);
+  float max_score = x[0];
+  for (int64_t i = 1; i < n; ++i) max_score = std::max(max_score, x[i]);
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max_score));
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+  if (HasAvx512()) return SiluMulAvx512(gate, up, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+float ExpForTest(float x) { return HasAvx512() ? ExpAvx512(x) : std::exp(x); }
 
 float Dot(const float* a, const float* b, int64_t n) {
   if (HasAvx512()) return DotAvx512(a, b, n);

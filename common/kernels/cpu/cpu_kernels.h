@@ -31,6 +31,16 @@ void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t
 float Dot(const float* a, const float* b, int64_t n);
 void Axpy(float alpha, const float* x, float* y, int64_t n);
 
+// x[:n] = softmax(x[:n]), in place.
+void Softmax(float* x, int64_t n);
+// out[i] = silu(gate[i]) * up[i] for i < n.
+void SiluMul(const float* gate, const float* up, float* out, int64_t n);
+
+// exp(x) as the AVX-512 kernels compute it (a degree-6 polynomial on
+// [-ln2/2, ln2/2] and an exact power of two: within 2 ulp of expf), exposed
+// for tests; the scalar fallback is std::exp.
+float ExpForTest(float x);
+
 }  // namespace tandem::cpu
 
 #endif  // TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_

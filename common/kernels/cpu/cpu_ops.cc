@@ -155,10 +155,7 @@ class CpuOps : public Ops {
         for (int64_t i = b; i < e; ++i) {
           const float* gi = g + i * 2 * inter;
           float* oi = o + i * inter;
-          for (int64_t j = 0; j < inter; ++j) {
-            const float x = gi[j];
-            oi[j] = x / (1.f + std::exp(-x)) * gi[inter + j];
-          }
+          cpu::SiluMul(gi, gi + inter, oi, inter);
         }
       });
     });
@@ -193,7 +190,8 @@ class CpuOps : public Ops {
     const float scale = shape.scale;
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
-    stream_->Launch([=] {
+    // The op's own list of query tiles, reused by every run (eager or replay).
+    stream_->Launch([=, tiles = std::vector<QueryTile>()]() mutable {
       const int64_t kv_row = static_cast<int64_t>(nkv) * hd;
       // 1. Write this step's k and v into their slots.
       for (int64_t i = 0; i < n; ++i) {
@@ -203,12 +201,61 @@ class CpuOps : public Ops {
         std::memcpy(kc + slot * kv_row, k, sizeof(float) * kv_row);
         std::memcpy(vc + slot * kv_row, k + kv_row, sizeof(float) * kv_row);
       }
-      // 2. Attention per (query token, head), spread over the pool. Rows
-      // past the last request's tokens are padding and stay zero.
+      // 2. Attention. Rows past the last request's tokens are padding and
+      // stay zero.
       const int32_t num_reqs = num_reqs_p[0];
       const int64_t real = std::min<int64_t>(n, qsl[num_reqs]);
       std::memset(o + real * nh * hd, 0, sizeof(float) * (n - real) * nh * hd);
       const int group = nh / nkv;
+      // 2a. Requests with many query tokens (prefill chunks): per (request,
+      // head, tile of queries), scores and outputs as two sgemms over the
+      // request's K and V gathered from their blocks.
+      tiles.clear();
+      for (int32_t r = 0; r < num_reqs; ++r) {
+        if (qsl[r + 1] - qsl[r] < kGemmMinQueries) continue;
+        for (int h = 0; h < nh; ++h) {
+          for (int32_t t = qsl[r]; t < qsl[r + 1]; t += kQueryTile) {
+            tiles.push_back({r, h, t, std::min(qsl[r + 1], t + kQueryTile)});
+          }
+        }
+      }
+      pool->ParallelFor(static_cast<int64_t>(tiles.size()), 1, [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> k_rows, v_rows, scores;
+        for (int64_t i = b; i < e; ++i) {
+          const QueryTile& qt = tiles[i];
+          const int32_t q_begin = qsl[qt.r], q_len = qsl[qt.r + 1] - q_begin;
+          const int32_t cached = seq_lens[qt.r] - q_len;
+          const int32_t ctx = cached + (qt.t_end - q_begin);  // the last query's context
+          const int32_t rows = qt.t_end - qt.t_begin;
+          const int kvh = qt.h / group;
+          const int32_t* table = tables + qt.r * table_width;
+          if (static_cast<int64_t>(k_rows.size()) < int64_t{ctx} * hd) {
+            k_rows.resize(int64_t{ctx} * hd);
+            v_rows.resize(int64_t{ctx} * hd);
+          }
+          if (static_cast<int64_t>(scores.size()) < int64_t{rows} * ctx) {
+            scores.resize(int64_t{rows} * ctx);
+          }
+          for (int32_t j = 0; j < ctx; ++j) {
+            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+            std::memcpy(&k_rows[int64_t{j} * hd], kc + slot * kv_row + kvh * hd, sizeof(float) * hd);
+            std::memcpy(&v_rows[int64_t{j} * hd], vc + slot * kv_row + kvh * hd, sizeof(float) * hd);
+          }
+          const float* q = q_base + int64_t{qt.t_begin} * row + qt.h * hd;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, row,
+                      k_rows.data(), hd, 0.f, scores.data(), ctx);
+          for (int32_t qi = 0; qi < rows; ++qi) {
+            float* srow = &scores[int64_t{qi} * ctx];
+            const int32_t visible = cached + (qt.t_begin - q_begin) + qi + 1;  // causal
+            cpu::Softmax(srow, visible);
+            std::fill(srow + visible, srow + ctx, 0.f);
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
+                      scores.data(), ctx, v_rows.data(), hd, 0.f,
+                      o + int64_t{qt.t_begin} * nh * hd + qt.h * hd, nh * hd);
+        }
+      });
+      // 2b. The other tokens (decodes, short chunks): per (token, head).
       pool->ParallelFor(real * nh, 4, [=](int64_t item_begin, int64_t item_end) {
         thread_local std::vector<float> scores;
         int32_t r = 0;
@@ -217,28 +264,22 @@ class CpuOps : public Ops {
           const int h = static_cast<int>(item % nh);
           while (qsl[r + 1] <= t) ++r;  // items are in token order
           const int32_t q_len = qsl[r + 1] - qsl[r];
+          if (q_len >= kGemmMinQueries) continue;  // done in 2a
           const int32_t ctx = seq_lens[r] - q_len + (t - qsl[r]) + 1;  // causal
           const int32_t* table = tables + r * table_width;
           if (static_cast<int32_t>(scores.size()) < ctx) scores.resize(ctx);
           const float* q = q_base + t * row + h * hd;
           const int kvh = h / group;
-          float max_score = -INFINITY;
           for (int32_t j = 0; j < ctx; ++j) {
             const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
             scores[j] = cpu::Dot(q, kc + slot * kv_row + kvh * hd, hd) * scale;
-            max_score = std::max(max_score, scores[j]);
           }
-          float sum = 0.f;
-          for (int32_t j = 0; j < ctx; ++j) {
-            scores[j] = std::exp(scores[j] - max_score);
-            sum += scores[j];
-          }
+          cpu::Softmax(scores.data(), ctx);
           float* oh = o + t * nh * hd + h * hd;
           std::memset(oh, 0, sizeof(float) * hd);
-          const float inv = 1.f / sum;
           for (int32_t j = 0; j < ctx; ++j) {
             const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-            cpu::Axpy(scores[j] * inv, vc + slot * kv_row + kvh * hd, oh, hd);
+            cpu::Axpy(scores[j], vc + slot * kv_row + kvh * hd, oh, hd);
           }
         }
       });
@@ -248,6 +289,15 @@ class CpuOps : public Ops {
  private:
   // Row-wise ops split only when each thread gets this many rows.
   static constexpr int64_t kMinRows = 4;
+  // Attention of a request with at least kGemmMinQueries query tokens runs
+  // as sgemms over tiles of kQueryTile queries.
+  static constexpr int32_t kGemmMinQueries = 8;
+  static constexpr int32_t kQueryTile = 64;
+  struct QueryTile {
+    int32_t r;
+    int h;
+    int32_t t_begin, t_end;
+  };
 
   static void NormRow(const float* x, const float* w, float eps, int64_t h, float* out) {
     float sum = 0.f;
