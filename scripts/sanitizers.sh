@@ -22,12 +22,12 @@ case "$mode" in
     # The project's own locks are std::mutex under TSan (common/base/mutex.h);
     # tests/tsan.supp silences only frames inside gRPC and Abseil, which Debian
     # does not build with TSan.
-    targets=(serving_test engine_test reliability_test integration_test prefill_worker decode_worker tandem)
+    targets=(backend_test serving_test engine_test reliability_test integration_test prefill_worker decode_worker tandem)
     cmake -S . -B build-tsan "${common[@]}" -DTANDEM_SANITIZE=thread >/dev/null
     cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
     TSAN_OPTIONS="suppressions=$(pwd)/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
       ctest --test-dir build-tsan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
-        -R "^(StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|Reliability)"
+        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability)"
     ;;
   *) echo "sanitizers.sh: unknown mode '$mode' (asan or tsan)" >&2; exit 2 ;;
 esac

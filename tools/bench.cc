@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
 #include "common/base/thread_pool.h"
+#include "absl/strings/str_format.h"
 #include "common/engine/engine.h"
+#include "common/kernels/cpu/cpu_kernels.h"
 #include "common/serving/engine_flags.h"
 
 namespace tandem {
@@ -41,6 +43,44 @@ absl::StatusOr<Timing> TimeStep(ModelRunner& runner, const std::vector<Scheduled
   std::sort(ms.begin(), ms.end());
   t.median_ms = ms[ms.size() / 2];
   return t;
+}
+
+// The floor of a memory-bound decode step: the median time to read the
+// weights a decode step streams (StreamedWeights) once, with `threads`
+// threads over 1 MiB spans, as the CPU kernels read them.
+struct ReadProbe {
+  double bytes = 0;
+  double median_ms = 0;
+};
+ReadProbe MeasureWeightRead(const LlamaModel& model, int threads, int iters) {
+  struct Span {
+    const float* p;
+    int64_t n;
+  };
+  std::vector<Span> spans;
+  ReadProbe probe;
+  for (const Tensor& t : model.StreamedWeights()) {
+    const int64_t n = static_cast<int64_t>(t.nbytes() / sizeof(float));
+    probe.bytes += static_cast<double>(t.nbytes());
+    for (int64_t i = 0; i < n; i += int64_t{1} << 18) {
+      spans.push_back({t.f32() + i, std::min<int64_t>(int64_t{1} << 18, n - i)});
+    }
+  }
+  ThreadPool pool(threads);
+  std::vector<float> sums(spans.size());
+  std::vector<double> ms;
+  for (int it = 0; it < iters + 1; ++it) {
+    const auto start = std::chrono::steady_clock::now();
+    pool.ParallelFor(static_cast<int64_t>(spans.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) sums[i] = cpu::Dot(spans[i].p, spans[i].p, spans[i].n);
+    });
+    const double took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (it > 0) ms.push_back(took);  // the first run warms the TLB
+  }
+  std::sort(ms.begin(), ms.end());
+  probe.median_ms = ms[ms.size() / 2];
+  return probe;
 }
 
 int RunStep(const std::vector<std::string>& args) {
@@ -90,13 +130,21 @@ int RunStep(const std::vector<std::string>& args) {
   ModelRunner& runner = (*engine)->runner();
   KvCache& kv = (*engine)->kv_cache();
 
+  const int threads =
+      config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus();
   std::printf("model %s | device %s | dtype %s | mode %s | threads %d | median of %d\n",
               config->model.c_str(), (*engine)->device_name().c_str(),
               std::string(DTypeName(kv.dtype())).c_str(),
-              std::string(runner.resolved_mode().name()).c_str(), config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus(),
-              iters);
-  std::printf("%-8s %7s %6s %-10s %10s %10s %8s\n", "step", "tokens", "batch", "graph", "graph_ms",
-              "eager_ms", "speedup");
+              std::string(runner.resolved_mode().name()).c_str(), threads, iters);
+  ReadProbe probe;
+  if (config->backend.device == "cpu") {
+    probe = MeasureWeightRead(runner.model(), threads, std::max(iters, 5));
+    std::printf("read probe: a decode step streams %.1f MB of weights; reading them once takes "
+                "%.3f ms (%.1f GB/s, %d threads)\n",
+                probe.bytes / 1e6, probe.median_ms, probe.bytes / probe.median_ms / 1e6, threads);
+  }
+  std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s\n", "step", "tokens", "batch", "graph",
+              "graph_ms", "eager_ms", "speedup", "x_probe");
   std::vector<int32_t> tokens(std::max(max_prefill, max_batch), 7);
   auto report = [&](const char* kind, int n_tokens, int batch,
                     const std::vector<ScheduledSeq>& seqs) -> absl::Status {
@@ -104,9 +152,13 @@ int RunStep(const std::vector<std::string>& args) {
     if (!graph.ok()) return graph.status();
     auto eager = TimeStep(runner, seqs, true, iters);
     if (!eager.ok()) return eager.status();
-    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx\n", kind, n_tokens, batch,
+    const bool decode = std::string(kind) == "decode";
+    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx %8s\n", kind, n_tokens, batch,
                 std::string(graph->mode.name()).c_str(), graph->median_ms, eager->median_ms,
-                eager->median_ms / graph->median_ms);
+                eager->median_ms / graph->median_ms,
+                decode && probe.median_ms > 0
+                    ? absl::StrFormat("%.2fx", graph->median_ms / probe.median_ms).c_str()
+                    : "-");
     std::fflush(stdout);
     return absl::OkStatus();
   };

@@ -20,11 +20,11 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-build/bin}
 MODEL=${MODEL:-$(scripts/fetch_model.sh)}
 OUT=${OUT:-docs/serve}
-RATES=${RATES:-"0.25 0.5 0.75 1.0"}
+RATES=${RATES:-"0.5 1 2 3"}
 SECONDS_PER_RATE=${SECONDS_PER_RATE:-60}   # requests per run = rate x this (at least 16)
 MIX=${MIX:-"chat=64/32:0.85,doc=512/8:0.15"}
 LOCAL_MAX=${LOCAL_MAX:-128}                # conditional: prompts up to this stay local
-ITL_RUN_RATE=${ITL_RUN_RATE:-0.5}          # the rate whose ITL-over-time is plotted
+ITL_RUN_RATE=${ITL_RUN_RATE:-2}          # the rate whose ITL-over-time is plotted
 SEED=${SEED:-1}
 NCPU=$(nproc)
 if [ "$NCPU" -lt 2 ]; then echo "run.sh: needs at least 2 cores to pin two workers" >&2; exit 2; fi
@@ -57,17 +57,17 @@ start_setup() {
   DECODE=127.0.0.1:$dp; METRICS=127.0.0.1:$dm
   case $name in
     aggregated)
-      taskset -c "$ALL" "$BIN/decode_worker" --model="$MODEL" --blas-threads="$NCPU" \
+      taskset -c "$ALL" "$BIN/decode_worker" --model="$MODEL" --threads="$NCPU" \
         --grpc-address="$DECODE" --metrics-address="$METRICS" >"$LOGS/$name.decode.log" 2>&1 &
       PIDS+=($!) ;;
     disaggregated|conditional)
       pp=$(free_port); pm=$(free_port)
-      taskset -c "$PREFILL_CPUS" "$BIN/prefill_worker" --model="$MODEL" --blas-threads="$HALF" \
+      taskset -c "$PREFILL_CPUS" "$BIN/prefill_worker" --model="$MODEL" --threads="$HALF" \
         --grpc-address=127.0.0.1:$pp --metrics-address=127.0.0.1:$pm >"$LOGS/$name.prefill.log" 2>&1 &
       PIDS+=($!)
       local extra=()
       [ "$name" = conditional ] && extra=(--local-prefill-max-tokens="$LOCAL_MAX")
-      taskset -c "$DECODE_CPUS" "$BIN/decode_worker" --model="$MODEL" --blas-threads="$((NCPU - HALF))" \
+      taskset -c "$DECODE_CPUS" "$BIN/decode_worker" --model="$MODEL" --threads="$((NCPU - HALF))" \
         --prefill-address=127.0.0.1:$pp --grpc-address="$DECODE" --metrics-address="$METRICS" \
         "${extra[@]}" >"$LOGS/$name.decode.log" 2>&1 &
       PIDS+=($!)

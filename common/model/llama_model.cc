@@ -110,6 +110,18 @@ AttentionShape LlamaModel::attention_shape() const {
           1.0f / std::sqrt(static_cast<float>(config_.head_dim))};
 }
 
+std::vector<Tensor> LlamaModel::StreamedWeights() const {
+  std::vector<Tensor> out;
+  for (const Layer& l : layers_) {
+    for (const Tensor* t : {&l.input_norm, &l.qkv, &l.o, &l.post_norm, &l.gate_up, &l.down}) {
+      out.push_back(*t);
+    }
+  }
+  out.push_back(final_norm_);
+  out.push_back(lm_head_);
+  return out;
+}
+
 size_t LlamaModel::KvBytesPerBlock(int block_size) const {
   return static_cast<size_t>(block_size) * config_.num_key_value_heads * config_.head_dim *
          DTypeSize(ops_->dtype()) * 2 * config_.num_hidden_layers;

@@ -78,6 +78,11 @@ class LlamaModel {
   // Bytes of one KV block (all layers, K and V) for `block_size` tokens.
   size_t KvBytesPerBlock(int block_size) const;
 
+  // The weights every decode step reads in full: each layer's, the final
+  // norm and the lm_head (embedding rows are gathered, not streamed), as
+  // tensors of the model's arena. `tandem bench step` times reading them.
+  std::vector<Tensor> StreamedWeights() const;
+
  private:
   struct Layer {
     Tensor input_norm, qkv, o, post_norm, gate_up, down;
