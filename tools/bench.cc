@@ -95,12 +95,7 @@ int RunStep(const std::vector<std::string>& args) {
   flags.Add("prefill-tokens", &prefill_tokens, "prefill token counts");
   flags.Add("context", &context, "tokens already cached per decoding request");
   flags.Add("iters", &iters, "timed runs per figure (median reported)");
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return Fail(positional.status());
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   auto batches = ParseIntList(batch_sizes, "--batch-sizes");
   if (!batches.ok()) return Fail(batches.status());
   auto prefills = ParseIntList(prefill_tokens, "--prefill-tokens");

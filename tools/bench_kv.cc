@@ -95,12 +95,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   flags.Add("prompt-tokens", &prompt_tokens, "prompt length whose KV is transferred");
   flags.Add("iters", &iters, "transfers measured (median reported)");
   flags.Add("prefill-binary", &prefill_binary, "prefill_worker to start (default: next to tandem)");
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return Fail(std::string(positional.status().message()));
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   if (prefill_binary.empty()) {
     char self[4096] = {};
     const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);

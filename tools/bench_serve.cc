@@ -246,12 +246,7 @@ int RunServeBench(const std::vector<std::string>& args) {
   flags.Add("timeout-seconds", &o.timeout_s, "deadline of each request");
   TlsFiles tls;
   tls.Register(&flags, "", /*server=*/false);
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return Fail(positional.status());
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   double rate = 0;
   if (rate_text == "inf") {
     rate = std::numeric_limits<double>::infinity();

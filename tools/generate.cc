@@ -210,12 +210,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
   TlsFiles tls;
   tls.Register(&flags, "", /*server=*/false);
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return Fail(positional.status());
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   auto ids = ParseIntList(prompt_ids, "--prompt-token-ids");
   if (!ids.ok()) return Fail(ids.status());
   prompt.ids = std::move(*ids);
@@ -257,12 +252,7 @@ int RunTokenizeCommand(const std::vector<std::string>& args, bool detokenize) {
     std::cerr << name << ": " << s.message() << std::endl;
     return 2;
   };
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return fail(positional.status());
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   auto tok = LoadTokenizer(model);
   if (!tok.ok()) return fail(tok.status());
   if (*tok == nullptr) {

@@ -20,15 +20,7 @@ int RunHealthCommand(const std::vector<std::string>& args) {
   flags.Add("timeout-seconds", &timeout_s, "deadline of the check");
   TlsFiles tls;
   tls.Register(&flags, "", /*server=*/false);
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) {
-    std::cerr << "tandem health: " << positional.status().message() << std::endl;
-    return 2;
-  }
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   if (address.empty()) {
     std::cerr << "tandem health: --address is required" << std::endl;
     return 2;

@@ -189,16 +189,7 @@ int RunPlanCommand(const std::vector<std::string>& args) {
     std::cerr << "tandem plan: " << s.message() << std::endl;
     return 2;
   };
-  auto positional = flags.Parse(args);
-  if (!positional.ok()) return fail(positional.status());
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional->empty()) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument '", positional->front(), "'")));
-  }
+  if (auto code = ParseCommandLine(&flags, args)) return *code;
   if (format != "text" && format != "json") {
     return fail(absl::InvalidArgumentError(
         absl::StrCat("--format must be text or json, got '", format, "'")));

@@ -1,6 +1,7 @@
 #include "common/base/flags.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -156,6 +157,23 @@ absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text,
     out.push_back(value);
   }
   return out;
+}
+
+std::optional<int> ParseCommandLine(FlagSet* flags, const std::vector<std::string>& args) {
+  auto positional = flags->Parse(args);
+  if (positional.ok() && !positional->empty()) {
+    positional = absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional->front(), "' (flags are --name=value)"));
+  }
+  if (!positional.ok()) {
+    std::cerr << flags->program() << ": " << positional.status().message() << std::endl;
+    return 2;
+  }
+  if (flags->help_requested()) {
+    std::cout << flags->Usage();
+    return 0;
+  }
+  return std::nullopt;
 }
 
 }  // namespace tandem

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ class FlagSet {
       const std::vector<std::string>& args);
 
   bool help_requested() const { return help_requested_; }
+  const std::string& program() const { return program_; }
   // True when the flag was given on the command line (not left at default).
   bool IsSet(const std::string& name) const;
   std::string Usage() const;
@@ -60,6 +62,11 @@ class FlagSet {
   std::map<std::string, bool> set_;
   bool help_requested_ = false;
 };
+
+// For a command-line tool: parses `args`, which must all be flags. Returns
+// the exit code to stop with - 0 after printing the usage for --help, 2 after
+// printing "<program>: <error>" to stderr - or nullopt to go on.
+std::optional<int> ParseCommandLine(FlagSet* flags, const std::vector<std::string>& args);
 
 // Parses "1,2,3" into integers; INVALID_ARGUMENT names `what` and the bad item.
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text,
