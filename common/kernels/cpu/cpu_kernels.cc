@@ -19,31 +19,35 @@ TANDEM_AVX512 inline __mmask16 TailMask(int64_t left) {
   return static_cast<__mmask16>((1u << left) - 1u);
 }
 
-// The sum of a vector's 16 lanes. (GCC 12's _mm512_reduce_add_ps trips its
-// own -Wuninitialized on an intrinsic's undefined operand, so the masked
-// forms with explicit operands.)
-TANDEM_AVX512 inline float ReduceAdd(__m512 v) {
-  __m512 t = _mm512_add_ps(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm512_add_ps(t, _mm512_mask_shuffle_f32x4(t, 0xFFFF, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-  __m128 s = _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, t, 0);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // max/min with every lane selected (the unmasked intrinsics trip the same
 // GCC 12 warning).
 TANDEM_AVX512 inline __m512 Max(__m512 a, __m512 b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
 TANDEM_AVX512 inline __m512 Min(__m512 a, __m512 b) { return _mm512_mask_min_ps(a, 0xFFFF, a, b); }
 
-TANDEM_AVX512 inline float ReduceMax(__m512 v) {
-  __m512 t = Max(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = Max(t, _mm512_mask_shuffle_f32x4(t, 0xFFFF, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+template <bool kMax>
+TANDEM_AVX512 inline __m512 Combine(__m512 a, __m512 b) {
+  if constexpr (kMax) return Max(a, b);
+  return _mm512_add_ps(a, b);
+}
+template <bool kMax>
+TANDEM_AVX512 inline __m128 Combine(__m128 a, __m128 b) {
+  if constexpr (kMax) return _mm_max_ps(a, b);
+  return _mm_add_ps(a, b);
+}
+
+// The sum (or the max) of a vector's 16 lanes, halving it four times.
+// (_mm512_reduce_add_ps trips GCC 12's warning; these are the masked forms.)
+template <bool kMax>
+TANDEM_AVX512 inline float Reduce(__m512 v) {
+  __m512 t = Combine<kMax>(v, _mm512_mask_shuffle_f32x4(v, 0xFFFF, v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = Combine<kMax>(t, _mm512_mask_shuffle_f32x4(t, 0xFFFF, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
   __m128 s = _mm512_mask_extractf32x4_ps(_mm_setzero_ps(), 0xF, t, 0);
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  s = Combine<kMax>(s, _mm_movehl_ps(s, s));
+  s = Combine<kMax>(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+TANDEM_AVX512 inline float ReduceAdd(__m512 v) { return Reduce<false>(v); }
+TANDEM_AVX512 inline float ReduceMax(__m512 v) { return Reduce<true>(v); }
 
 // An R x C tile: R rows of x against C rows of w. Each w vector is loaded
 // once per k-step and used by R rows; the accumulators stay in registers.
