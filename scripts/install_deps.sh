@@ -11,6 +11,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   prometheus python3-grpcio python3-grpc-tools
   docker-compose yamllint python3-yaml curl openssl
+  gnuplot-nox  # benchmarks/serve/run.sh draws its plots with it
 )
 # kubectl (for `kubectl kustomize`) ships with this project's machine image;
 # elsewhere Debian's kubernetes-client provides it.
