@@ -184,10 +184,12 @@ TEST(PairFailureTest, PrefillUnreachableIsUnavailable) {
 }
 
 TEST(PairFailureTest, KilledPrefillIsUnavailableThenRecovers) {
-  Worker prefill = StartWorker("prefill_worker", {});
+  // SmolLM2's shapes: a 2000-token prefill takes seconds, not milliseconds,
+  // however fast the kernels get, so the kill lands while it runs.
+  const std::string model = "--model=synthetic:smollm2-135m";
+  Worker prefill = StartWorker("prefill_worker", {model});
   const int port = prefill.grpc_port;
-  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
-  // A long prompt keeps the prefill busy for a while (attention is quadratic).
+  Worker decode = StartWorker("decode_worker", {model, "--prefill-address=" + prefill.address()});
   GenerateResult r;
   std::thread t([&] { r = Generate(decode.address(), MakeRequest("killed", Prompt(2000, 7), 4)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
@@ -195,7 +197,7 @@ TEST(PairFailureTest, KilledPrefillIsUnavailableThenRecovers) {
   t.join();
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
   EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
-  Worker restarted = StartWorker("prefill_worker", {}, port);
+  Worker restarted = StartWorker("prefill_worker", {model}, port);
   GenerateResult ok;
   for (int attempt = 0; attempt < 20; ++attempt) {  // the channel reconnects with backoff
     ok = Generate(decode.address(), MakeRequest("after-restart-" + std::to_string(attempt), {1, 2, 3}, 4));
@@ -249,14 +251,15 @@ TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
                                                   "--max-num-seqs=2", "--max-capture-size=8"});
   Worker decode = StartWorker(
       "decode_worker", {"--model=synthetic:smollm2-135m", "--max-num-seqs=2",
-                        "--num-kv-blocks=8", "--block-size=16", "--queue-timeout-ms=200",
+                        "--num-kv-blocks=8", "--block-size=64", "--queue-timeout-ms=200",
                         "--prefill-address=" + prefill.address()});
-  // 100 prompt tokens reserve 7 of the 8 blocks at once; 27 more fill the 8th.
+  // 400 prompt tokens reserve 7 of the 8 blocks at once; 111 more fill the
+  // 8th (about a second of decode steps, however fast they get).
   GenerateResult holder;
-  std::thread t([&] { holder = Generate(decode.address(), MakeRequest("holder", Prompt(100, 1), 27)); });
+  std::thread t([&] { holder = Generate(decode.address(), MakeRequest("holder", Prompt(400, 1), 111)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(150));
   const auto start = std::chrono::steady_clock::now();
-  GenerateResult waiter = Generate(decode.address(), MakeRequest("waiter", Prompt(60, 2), 4));
+  GenerateResult waiter = Generate(decode.address(), MakeRequest("waiter", Prompt(200, 2), 4));
   const auto waited = std::chrono::steady_clock::now() - start;
   t.join();
   EXPECT_TRUE(holder.status.ok()) << holder.status.error_message();

@@ -101,7 +101,8 @@ TEST_F(ReliabilityPairTest, LongRequestIdsAreRefusedAndNeverEchoedWhole) {
   EXPECT_LT(g.status.error_message().size(), 200u);
   // A duplicate of a 256-byte id: the message quotes at most 64 bytes of it.
   const std::string id(256, 'y');
-  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 20)); });
+  // 200 tokens: in flight for well over the 300 ms below, however fast decode gets.
+  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 200)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   GenerateResult dup = Generate(decode_->address(), MakeRequest(id, {1, 2}, 2));
   t.join();
@@ -196,13 +197,15 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   Worker prefill = StartWorker("prefill_worker", {"--model=synthetic:smollm2-135m",
                                                   "--max-capture-size=8"});
   Worker decode = StartWorker("decode_worker", {"--model=synthetic:smollm2-135m",
-                                                "--max-capture-size=8",
+                                                "--max-capture-size=8", "--drain-seconds=120",
                                                 "--prefill-address=" + prefill.address()});
   auto channel = grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
   GenerateResult long_stream;
+  // Long enough (seconds even with fast kernels) to be in flight at SIGTERM.
   std::thread t([&] {
-    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 60));
+    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 400),
+                           std::chrono::seconds(150));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   decode.process->Signal(SIGTERM);
@@ -219,6 +222,7 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   t.join();
   EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
+  EXPECT_EQ(long_stream.tokens.size(), 400u);
   EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
   StopWorker(prefill);
 }
