@@ -38,9 +38,12 @@ int FreePort() {
 }
 
 Process::Process(std::vector<std::string> argv, std::string log_path) : log_path_(std::move(log_path)) {
+  // Truncated here, before the child exists: a stale log of the same name
+  // (an earlier test process with the same pid) must never be read as this
+  // one's, e.g. for the port it listens on.
+  const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   pid_ = fork();
   if (pid_ == 0) {
-    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
     std::vector<char*> args;
@@ -49,6 +52,7 @@ Process::Process(std::vector<std::string> argv, std::string log_path) : log_path
     execv(args[0], args.data());
     _exit(127);
   }
+  if (fd >= 0) close(fd);
 }
 
 Process::~Process() {
