@@ -56,9 +56,11 @@ TANDEM_AVX512 inline float ReduceMax(__m512 v) { return Reduce<true>(v); }
 
 // An R x C tile: R rows of x against C rows of w. Each w vector is loaded
 // once per k-step and used by R rows; the accumulators stay in registers.
-template <int R, int C>
+// With `next` (the next C weight rows), also prefetches them into L1, one
+// cache line of each per step: they arrive while this tile computes.
+template <int R, int C, bool kPrefetch = false>
 TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int64_t K,
-                               float* out, int64_t ldo) {
+                               float* out, int64_t ldo, const float* next = nullptr) {
   // Fully unrolled (R and C are constants), so that the accumulators live in
   // registers.
   __m512 acc[R][C];
@@ -68,6 +70,12 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int6
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + c * K + k), _MM_HINT_T0);
+      }
+    }
     __m512 wv[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * K + k);
@@ -97,10 +105,23 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int6
 }
 
 // Rows of x in groups of 4 (then 2, 1) against one group of C weight rows.
+// The first group prefetches the next C weight rows (`next`, null at the end).
 template <int C>
 TANDEM_AVX512 inline void Columns(const float* x, int64_t ldx, int64_t n, const float* w,
-                                  int64_t K, float* out, int64_t ldo) {
+                                  int64_t K, float* out, int64_t ldo, const float* next) {
   int64_t i = 0;
+  if (next != nullptr) {
+    if (n >= 4) {
+      Tile<4, C, true>(x, ldx, w, K, out, ldo, next);
+      i = 4;
+    } else if (n >= 2) {
+      Tile<2, C, true>(x, ldx, w, K, out, ldo, next);
+      i = 2;
+    } else {
+      Tile<1, C, true>(x, ldx, w, K, out, ldo, next);
+      i = 1;
+    }
+  }
   for (; i + 4 <= n; i += 4) Tile<4, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
   for (; i + 2 <= n; i += 2) Tile<2, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
   for (; i < n; ++i) Tile<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
@@ -118,8 +139,11 @@ TANDEM_AVX512 void SmallMatmul(const float* x, int64_t ldx, int64_t n, const flo
   // 4 weight rows at a time: the same x rows are reused from L1 while the
   // weights stream from memory once.
   int64_t j = j_begin;
-  for (; j + 4 <= j_end; j += 4) Columns<4>(x, ldx, n, w + j * K, K, out + j, ldo);
-  for (; j < j_end; ++j) Columns<1>(x, ldx, n, w + j * K, K, out + j, ldo);
+  for (; j + 4 <= j_end; j += 4) {
+    const float* next = j + 8 <= j_end ? w + (j + 4) * K : nullptr;
+    Columns<4>(x, ldx, n, w + j * K, K, out + j, ldo, next);
+  }
+  for (; j < j_end; ++j) Columns<1>(x, ldx, n, w + j * K, K, out + j, ldo, nullptr);
 }
 
 namespace {
