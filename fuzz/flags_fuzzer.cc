@@ -1,6 +1,7 @@
 // Engine flags as both workers and the CLI parse them, then the graph policy
 // resolved from the result: NUL-separated arguments. Any command line must end
 // in a Status (a usage error), never a crash, a hang or a huge allocation.
+// Each argument is also read as `tandem bench serve`'s --mix and --slo.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -9,6 +10,7 @@
 #include "common/base/flags.h"
 #include "common/graph/graph_policy.h"
 #include "common/serving/engine_flags.h"
+#include "tools/serve_stats.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> args;
@@ -22,6 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (!cur.empty()) args.push_back(cur);
+  for (const std::string& a : args) {
+    (void)tandem::ParseMix(a);
+    (void)tandem::ParseSlo(a);
+  }
   tandem::FlagSet flags("fuzz");
   tandem::EngineFlags engine_flags("PIECEWISE");
   engine_flags.Register(&flags);
