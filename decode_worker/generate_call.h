@@ -2,13 +2,13 @@
 //
 // Who owns what (the threading contract):
 //  - set in Generate() before the call is shared, immutable after: id,
-//    prompt, params, writer, client_deadline, queued_at;
-//  - the engine thread only: everything under "engine thread" below (tasks
-//    posted to the engine loop, engine output callbacks, step observers);
+//    prompt, params, local_reason, writer, client_deadline, queued_at;
+//  - the engine loop thread only: the fields under "engine thread" (they are
+//    touched only from the request's output callback);
 //  - any thread: `done` (atomic) and `prefill_context` (under `mu`);
 //  - a PrefillClient gets copies of what it needs when the engine thread
-//    starts it, keeps its own transfer state, and posts back to the engine
-//    thread; it never writes these fields.
+//    starts it, keeps its own transfer state, and reaches the engine only
+//    through the EngineClient; it never writes these fields.
 #ifndef TANDEM_DECODE_WORKER_GENERATE_CALL_H_
 #define TANDEM_DECODE_WORKER_GENERATE_CALL_H_
 
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "common/base/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/mutex.h"
 #include "common/engine/sampling.h"
 #include "common/serving/stream_writer.h"
 #include "common/serving/text_output.h"
@@ -34,6 +34,9 @@ struct GenerateCall {
   std::string id;
   std::vector<int32_t> prompt;
   SamplingParams params;
+  // Why this worker prefills the prompt itself ("aggregated",
+  // "short_prompt"), or null when a prefill worker does.
+  const char* local_reason = nullptr;
   std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
   std::chrono::system_clock::time_point client_deadline;
   absl::Time queued_at;  // Generate() arrival
@@ -42,20 +45,10 @@ struct GenerateCall {
   std::vector<int32_t> generated;      // every token streamed so far
   std::unique_ptr<TextOutput> text;    // null without a tokenizer
   absl::Time last_token;
-  int attempt = 0;                     // prefill attempts of the current KV transfer
-  bool awaiting_kv = false;            // counted in the service's waiting_for_kv_
-  int preemptions = 0;
-
-  // The tokens a prefill must compute: the prompt, then what was generated
-  // before a preemption (engine thread).
-  std::vector<int32_t> PrefillTokens() const {
-    std::vector<int32_t> t = prompt;
-    t.insert(t.end(), generated.begin(), generated.end());
-    return t;
-  }
+  int prefills = 0;                    // remote prefills started (1 + re-prefills)
 
   // Any thread.
-  std::atomic<bool> done{false};  // ended: later tasks are no-ops
+  std::atomic<bool> done{false};  // ended: later outputs are ignored
   Mutex mu;
   grpc::ClientContext* prefill_context ABSL_GUARDED_BY(mu) = nullptr;
 };

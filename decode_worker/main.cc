@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << tokenizer.status().message() << std::endl;
     return 1;
   }
-  decode.queue_timeout = absl::Milliseconds(queue_timeout_ms);
+  config.waiting_timeout = absl::Milliseconds(queue_timeout_ms);
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   grpc::ChannelArguments args;
   args.SetLoadBalancingPolicyName("round_robin");
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   tandem::DecodeServiceImpl service(&state, &metrics, channel, decode, tokenizer->get());
-  return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineLoop* loop) {
+  return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineClient* client) {
     // Runs on the engine thread once the engine is ready.
-    service.SetEngine(loop);
+    service.SetEngine(client);
   });
 }

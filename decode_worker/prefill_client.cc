@@ -7,17 +7,17 @@
 
 namespace tandem {
 
-PrefillClient::PrefillClient(Host* host, std::shared_ptr<GenerateCall> call,
-                             std::vector<int32_t> tokens, int attempt,
-                             std::chrono::system_clock::time_point deadline)
-    : host_(host), call_(std::move(call)), tokens_(std::move(tokens)), attempt_(attempt) {
-  context_.set_deadline(deadline);
+PrefillClient::PrefillClient(Host* host, v1::Prefill::Stub* stub,
+                             std::shared_ptr<GenerateCall> call, Args args)
+    : host_(host), stub_(stub), call_(std::move(call)), args_(std::move(args)) {
+  context_.set_deadline(args_.deadline);
 }
 
-void PrefillClient::Start(v1::Prefill::Stub* stub) {
+void PrefillClient::Start() {
   started_ = absl::Now();
-  request_.set_request_id(absl::StrCat(call_->id, "#", call_->preemptions, ".", attempt_));
-  request_.mutable_prompt_token_ids()->Add(tokens_.begin(), tokens_.end());
+  request_.set_request_id(absl::StrCat(call_->id, "#", args_.prefill, ".", args_.attempt));
+  request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
+  request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
   v1::SamplingParams* p = request_.mutable_sampling();
   p->set_max_tokens(1);
   p->set_temperature(call_->params.temperature);
@@ -28,7 +28,7 @@ void PrefillClient::Start(v1::Prefill::Stub* stub) {
     MutexLock lock(&call_->mu);
     call_->prefill_context = &context_;
   }
-  stub->async()->Prefill(&context_, &request_, this);
+  stub_->async()->Prefill(&context_, &request_, this);
   StartRead(&response_);
   StartCall();
 }
@@ -41,10 +41,12 @@ void PrefillClient::OnReadDone(bool ok) {
   }
   if (response_.has_header()) {
     absl::Status s = CheckFingerprint(response_.header().fingerprint(), host_->fingerprint());
-    if (s.ok() && response_.header().num_tokens() != tokens_.size()) {
-      s = absl::InternalError(absl::StrCat("prefill worker sent KV for ",
-                                           response_.header().num_tokens(), " tokens, expected ",
-                                           tokens_.size()));
+    if (s.ok() && (response_.header().num_tokens() != args_.tokens.size() ||
+                   response_.header().first_token() != args_.num_cached)) {
+      s = absl::InternalError(absl::StrCat(
+          "prefill worker sent KV for tokens [", response_.header().first_token(), ", ",
+          response_.header().num_tokens(), "), expected [", args_.num_cached, ", ",
+          args_.tokens.size(), ")"));
     }
     if (!s.ok()) {
       host_->metrics()->KvTransferFailure("fingerprint_mismatch");
@@ -53,7 +55,7 @@ void PrefillClient::OnReadDone(bool ok) {
   } else if (response_.has_chunk()) {
     absl::Status s = VerifyChunk(response_.chunk(), host_->slot_bytes());
     if (absl::IsDataLoss(s)) host_->metrics()->KvTransferFailure("data_loss");
-    if (absl::IsDataLoss(s) && attempt_ == 0) {
+    if (absl::IsDataLoss(s) && args_.attempt == 0) {
       TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
       retry_ = true;
       context_.TryCancel();
@@ -80,7 +82,10 @@ void PrefillClient::OnDone(const grpc::Status& status) {
     if (call_->prefill_context == &context_) call_->prefill_context = nullptr;
   }
   if (retry_ && !call_->done.load()) {
-    host_->RetryPrefill(call_);
+    // Everything the retry needs is this stream's own: no engine-thread state.
+    Args again = args_;
+    ++again.attempt;
+    (new PrefillClient(host_, stub_, call_, std::move(again)))->Start();
   } else if (!abandoned_ && !got_done_ && !call_->done.load()) {
     grpc::Status s = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
                                                 "prefill stream ended without a first token")

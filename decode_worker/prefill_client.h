@@ -1,14 +1,17 @@
 // PrefillClient: one tandem.v1.Prefill stream of the decode worker. It sends
-// the call's prefill tokens, checks the header's fingerprint and every
-// chunk's checksum, and hands chunks and the sampled token to its Host, which
-// moves them to the engine thread. Runs on gRPC's reactor threads; its
-// transfer state (bytes, timing, retry) is its own.
+// the tokens whose KV the decode side lacks (with how many leading tokens it
+// already holds), checks the header's fingerprint and range and every chunk's
+// checksum, and hands chunks and the sampled token to its Host. A corrupt
+// chunk on the first attempt starts one more stream with the same tokens.
+// Runs on gRPC's reactor threads; its transfer state (bytes, timing, retry)
+// is its own, and it reads only the call's immutable fields.
 //
-// Lifetime: created and started on the engine thread; deletes itself in
-// OnDone.
+// Lifetime: created and started on the engine thread (or by the stream it
+// retries); deletes itself in OnDone.
 #ifndef TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 #define TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -33,19 +36,23 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
     virtual void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) = 0;
     // The KV is complete; `token` was sampled after the last prefill token.
     virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) = 0;
-    // A corrupt chunk on the first attempt: start the transfer again.
-    virtual void RetryPrefill(const std::shared_ptr<GenerateCall>& call) = 0;
     // No prefill worker could be reached (UNAVAILABLE).
     virtual void PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
                                     const grpc::Status& status) = 0;
     virtual void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) = 0;
   };
 
-  // `tokens` and `attempt` are copied from the call on the engine thread.
-  PrefillClient(Host* host, std::shared_ptr<GenerateCall> call, std::vector<int32_t> tokens,
-                int attempt, std::chrono::system_clock::time_point deadline);
+  struct Args {
+    std::vector<int32_t> tokens;  // prompt and output so far
+    int64_t num_cached = 0;       // leading tokens whose KV the decode side holds
+    int prefill = 0;              // the call's prefill number (request id suffix)
+    int attempt = 0;
+    std::chrono::system_clock::time_point deadline;
+  };
+  PrefillClient(Host* host, v1::Prefill::Stub* stub, std::shared_ptr<GenerateCall> call,
+                Args args);
 
-  void Start(v1::Prefill::Stub* stub);
+  void Start();
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
@@ -53,9 +60,9 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
   void Abandon(const grpc::Status& status);
 
   Host* host_;
+  v1::Prefill::Stub* stub_;
   std::shared_ptr<GenerateCall> call_;
-  const std::vector<int32_t> tokens_;
-  const int attempt_;
+  const Args args_;
   grpc::ClientContext context_;
   v1::PrefillRequest request_;
   v1::PrefillResponse response_;

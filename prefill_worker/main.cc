@@ -33,5 +33,5 @@ int main(int argc, char** argv) {
   tandem::PrefillServiceImpl service(&state, &metrics, max_waiting);
   service.CorruptNextStreams(corrupt_streams);
   return tandem::RunWorker(options, config, &state, &metrics, {&service},
-                           [&](tandem::EngineLoop* loop) { service.SetEngine(loop); });
+                           [&](tandem::EngineClient* client) { service.SetEngine(client); });
 }

@@ -8,50 +8,62 @@
 
 namespace tandem {
 
+// One request's KV export. Engine thread only, after creation.
 struct PrefillServiceImpl::Transfer {
-  Transfer(const LlmEngine& engine, const std::string& id, int64_t num_tokens, int32_t first_token,
+  Transfer(std::shared_ptr<KvExporter> exporter, const std::string& id, int32_t first_token,
            bool corrupt)
-      : id(id), exporter(engine, id, num_tokens), first_token(first_token), corrupt(corrupt),
+      : id(id), exporter(std::move(exporter)), first_token(first_token), corrupt(corrupt),
         start(absl::Now()) {}
   std::string id;
-  KvExporter exporter;
+  std::shared_ptr<KvExporter> exporter;
   int32_t first_token;
-  bool corrupt;          // testing: flip the checksum of the second chunk
+  bool corrupt;          // testing: flip the checksum of the first chunk
   int chunks = 0;
   size_t bytes = 0;
   absl::Time start;
-  bool finished = false;  // engine thread
+  bool finished = false;
 };
 
-void PrefillServiceImpl::SendMore(LlmEngine& engine,
-                                  const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+void PrefillServiceImpl::EndTransfer(Transfer& t) {
+  if (t.finished) return;
+  t.finished = true;
+  client_.load()->Cancel(t.id);  // releases the blocks kept for the export
+  Release(t.id);
+}
+
+void PrefillServiceImpl::SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
                                   const std::shared_ptr<Transfer>& t) {
+  const size_t buffered = writer->buffered_bytes();
+  const size_t window = buffered < kStreamWindowBytes ? kStreamWindowBytes - buffered : 1;
+  client_.load()->ExportKv(t->exporter, window,
+                           [this, writer, t](absl::StatusOr<std::vector<v1::PrefillResponse>> m) {
+                             Sent(writer, t, std::move(m));
+                           });
+}
+
+void PrefillServiceImpl::Sent(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+                              const std::shared_ptr<Transfer>& t,
+                              absl::StatusOr<std::vector<v1::PrefillResponse>> msgs) {
   if (t->finished) return;
-  auto finish = [&] {
-    t->finished = true;
-    (void)engine.Abort(t->id);  // frees the blocks kept for the export
-    Release(t->id);
-  };
-  if (writer->ended()) return finish();  // cancelled or broken: drop the rest
-  while (!t->exporter.done() && writer->buffered_bytes() < kStreamWindowBytes) {
-    auto msg = t->exporter.Next(engine);
-    if (!msg.ok()) {
-      writer->End(ToGrpcStatus(msg.status()));
-      return finish();
-    }
-    if (t->corrupt && ++t->chunks == 1) {
-      msg->mutable_chunk()->set_crc32c(msg->chunk().crc32c() ^ 1u);
-    }
-    t->bytes += msg->chunk().k().size() + msg->chunk().v().size();
-    writer->Send(*std::move(msg));
+  if (writer->ended()) return EndTransfer(*t);  // cancelled or broken: drop the rest
+  if (!msgs.ok()) {
+    writer->End(ToGrpcStatus(msgs.status()));
+    return EndTransfer(*t);
   }
-  if (!t->exporter.done()) return;  // more when the reader has taken these
+  for (v1::PrefillResponse& msg : *msgs) {
+    if (t->corrupt && ++t->chunks == 1) {
+      msg.mutable_chunk()->set_crc32c(msg.chunk().crc32c() ^ 1u);
+    }
+    t->bytes += msg.chunk().k().size() + msg.chunk().v().size();
+    writer->Send(std::move(msg));
+  }
+  if (!t->exporter->done()) return;  // more when the reader has taken these
   metrics_->KvTransfer(t->bytes, absl::ToDoubleSeconds(absl::Now() - t->start));
   v1::PrefillResponse done;
   done.mutable_done()->set_first_token(t->first_token);
   writer->Send(std::move(done));
   writer->End(grpc::Status::OK);
-  finish();
+  EndTransfer(*t);
 }
 
 void PrefillServiceImpl::Release(const std::string& id) {
@@ -72,6 +84,15 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     return writer.get();
   }
   const std::string id = *resolved_id;
+  const int64_t num_tokens = request->prompt_token_ids_size();
+  const int64_t cached = request->num_cached_tokens();
+  if (num_tokens > 0 && cached >= num_tokens) {
+    writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("num_cached_tokens (", cached,
+                                          ") must be below the prompt's ", num_tokens,
+                                          " tokens: the last one is computed to sample")));
+    return writer.get();
+  }
   {
     MutexLock lock(&mu_);
     if (!in_flight_.insert(id).second) {
@@ -81,63 +102,40 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
       return writer.get();
     }
   }
-  std::vector<int32_t> prompt(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
-  SamplingParams params = FromProto(request->sampling());
-  params.max_tokens = 1;  // the prefill worker samples only the first token
-  EngineLoop* loop = loop_.load();
-  writer->OnCancelled([this, loop, id] {
-    loop->Post([this, loop, id](LlmEngine& engine) {
-      (void)engine.Abort(id);  // frees its blocks wherever it is
-      loop->RemoveCallback(id);
-      Release(id);
-    });
+  EngineClient* client = client_.load();
+  EngineClient::Submission s;
+  s.id = id;
+  s.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  s.params = FromProto(request->sampling());
+  s.params.max_tokens = 1;  // the prefill worker samples only the first token
+  s.kind = RequestKind::kPrefillOnly;
+  s.max_waiting = max_waiting_;
+  writer->OnCancelled([this, client, id] {
+    client->Cancel(id);  // frees its blocks wherever it is
+    Release(id);
   });
-  const int max_waiting = max_waiting_;
-  loop->Post([this, loop, writer, id, prompt = std::move(prompt), params, max_waiting,
-              start](LlmEngine& engine) mutable {
-    if (writer->ended()) {  // cancelled before it reached the engine
+  client->Submit(std::move(s), [this, client, writer, id, num_tokens, cached,
+                                start](const RequestOutput& o) {
+    if (!o.finished) return;
+    if (!o.status.ok() || o.new_tokens.empty()) {
+      client->Cancel(id);
       Release(id);
+      writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
       return;
     }
-    if (static_cast<int>(engine.num_waiting()) >= max_waiting) {
-      Release(id);
-      writer->End(grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("prefill queue is full: ", engine.num_waiting(), " requests waiting (limit ",
-                       max_waiting, ")")));
-      return;
-    }
-    const int64_t num_tokens = static_cast<int64_t>(prompt.size());
-    absl::Status added = engine.AddRequest(id, std::move(prompt), params, RequestKind::kPrefillOnly);
-    if (!added.ok()) {
-      Release(id);
-      writer->End(ToGrpcStatus(added));
-      return;
-    }
-    loop->SetCallback(id, [this, writer, id, num_tokens, start](LlmEngine& engine,
-                                                                const RequestOutput& o) {
-      if (!o.finished) return;
-      if (!o.status.ok() || o.new_tokens.empty()) {
-        (void)engine.Abort(id);
-        Release(id);
-        writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
-        return;
-      }
-      metrics_->PrefillSeconds(absl::ToDoubleSeconds(absl::Now() - start));
-      metrics_->PromptTokens(static_cast<int>(num_tokens));
-      // Stream the KV straight from the cache as the reader takes it: at most
-      // kStreamWindowBytes of copies per stream; the blocks are freed when the
-      // last chunk has been made.
-      auto transfer = std::make_shared<Transfer>(engine, id, num_tokens, o.new_tokens.back(),
-                                                 corrupt_streams_.fetch_sub(1) > 0);
-      writer->Send(transfer->exporter.Header());
-      writer->OnDrained([this, writer, transfer] {
-        loop_.load()->Post([this, writer, transfer](LlmEngine& engine) {
-          SendMore(engine, writer, transfer);
-        });
-      });
-      SendMore(engine, writer, transfer);
-    });
+    metrics_->PrefillSeconds(absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->PromptTokens(static_cast<int>(num_tokens));
+    // Stream the KV straight from the cache as the reader takes it: at most
+    // kStreamWindowBytes of copies per stream; the blocks are released when
+    // the last chunk has been made.
+    auto exporter = std::make_shared<KvExporter>(id, cached, num_tokens, client->fingerprint(),
+                                                 client->slot_bytes(),
+                                                 client->model_config().num_hidden_layers);
+    auto transfer = std::make_shared<Transfer>(exporter, id, o.new_tokens.back(),
+                                               corrupt_streams_.fetch_sub(1) > 0);
+    writer->Send(exporter->Header());
+    writer->OnDrained([this, writer, transfer] { SendMore(writer, transfer); });
+    SendMore(writer, transfer);
   });
   return writer.get();
 }

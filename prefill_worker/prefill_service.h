@@ -1,10 +1,15 @@
 // The Prefill service: runs prompts (batched with chunked prefill, PIECEWISE
-// graphs by default), then streams each request's KV (header, per-layer
-// chunks, first token) with flow control: chunks are copied out of the cache
-// as the reader takes them, at most kStreamWindowBytes ahead of it, so a slow
-// reader holds cache blocks (back-pressure on new prefills) but never an
-// unbounded copy. A request's blocks are freed when its last chunk has been
-// made, or when its stream fails or is cancelled.
+// graphs by default, reusing its prefix cache), then streams each request's
+// KV from the caller's num_cached_tokens on (header, per-layer chunks, first
+// token) with flow control: chunks are copied out of the cache as the reader
+// takes them, at most kStreamWindowBytes ahead of it, so a slow reader holds
+// cache blocks (back-pressure on new prefills) but never an unbounded copy.
+// A request's blocks are released when its last chunk has been made, or when
+// its stream fails or is cancelled (full blocks stay cached for reuse).
+//
+// Threads: Prefill() runs on a gRPC thread and submits to the EngineClient;
+// engine outputs and KV windows arrive on the engine loop thread, the only
+// thread that touches a Transfer.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
@@ -13,7 +18,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "common/base/mutex.h"
-#include "common/serving/engine_loop.h"
+#include "common/serving/engine_client.h"
 #include "common/serving/kv_transfer.h"
 #include "common/serving/stream_writer.h"
 #include "common/serving/metrics.h"
@@ -28,7 +33,7 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   // RESOURCE_EXHAUSTED.
   PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics, int max_waiting)
       : state_(state), metrics_(metrics), max_waiting_(max_waiting) {}
-  void SetEngine(EngineLoop* loop) { loop_ = loop; }
+  void SetEngine(EngineClient* client) { client_ = client; }
   // Fault injection for tests: corrupt the checksum of one chunk in each of
   // the next `n` streams.
   void CorruptNextStreams(int n) { corrupt_streams_ = n; }
@@ -41,16 +46,22 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
 
  private:
   struct Transfer;
-  // Makes chunks until the window is full or the KV is out (engine thread).
-  void SendMore(LlmEngine& engine,
-                const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+  // Asks for the chunks that fit the stream's window (any thread); they are
+  // sent from the engine thread.
+  void SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
                 const std::shared_ptr<Transfer>& transfer);
+  // Engine thread: sends `msgs`, and the first token once the KV is out.
+  void Sent(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+            const std::shared_ptr<Transfer>& transfer,
+            absl::StatusOr<std::vector<v1::PrefillResponse>> msgs);
+  // Engine thread: the transfer is over; releases the request's blocks.
+  void EndTransfer(Transfer& transfer);
   void Release(const std::string& id);
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
   int max_waiting_;
-  std::atomic<EngineLoop*> loop_{nullptr};
+  std::atomic<EngineClient*> client_{nullptr};
   std::atomic<int> corrupt_streams_{0};
   Mutex mu_;
   absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);

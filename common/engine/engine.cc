@@ -19,11 +19,10 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   const LlamaConfig& mc = e->model_->config();
   if (config.block_size < 1 || config.block_size > 1024) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--block-size must be in [1, 1024], got ", config.block_size));
+        absl::StrCat("block_size must be in [1, 1024], got ", config.block_size));
   }
-  int max_model_len = config.runner.max_model_len > 0
-                          ? config.runner.max_model_len
-                          : static_cast<int>(std::min<int64_t>(mc.max_position_embeddings, 8192));
+  const int max_model_len = config.runner.max_model_len > 0 ? config.runner.max_model_len
+                                                            : mc.DefaultMaxModelLen();
   int num_blocks = config.num_kv_blocks;
   if (num_blocks <= 0) {
     const int64_t per_seq = (max_model_len + config.block_size - 1) / config.block_size;
@@ -35,11 +34,12 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   ASSIGN_OR_RETURN(e->kv_cache_, KvCache::Create(e->backend_->device.get(), ops->dtype(),
                                                  mc.num_hidden_layers, num_blocks,
                                                  config.block_size, mc.num_key_value_heads,
-                                                 mc.head_dim));
+                                                 mc.head_dim, config.enable_prefix_caching));
   TANDEM_LOG(INFO) << "KV cache: " << num_blocks << " blocks of " << config.block_size
                    << " tokens ("
                    << (e->model_->KvBytesPerBlock(config.block_size) * num_blocks) / (1 << 20)
-                   << " MiB)";
+                   << " MiB), prefix caching "
+                   << (config.enable_prefix_caching ? "on" : "off");
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(config.runner, e->model_.get(),
                                                    e->kv_cache_.get(), ops));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                    << e->runner_->dispatcher().max_capture_size();
   RETURN_IF_ERROR(e->runner_->CaptureGraphs());
   e->scheduler_ = std::make_unique<Scheduler>(config.runner.max_num_batched_tokens,
-                                              config.runner.max_num_seqs, e->kv_cache_.get());
+                                              config.runner.max_num_seqs, e->kv_cache_.get(),
+                                              config.waiting_timeout);
   e->batch_.reserve(config.runner.max_num_seqs);
   return e;
 }
@@ -71,11 +72,23 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
                                                      " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
-  return ValidateSamplingParams(params, static_cast<uint32_t>(limit));
+  RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  // A request that cannot fit even in an empty cache would wait in vain (or
+  // preempt itself forever).
+  const int64_t need_tokens =
+      std::min<int64_t>(static_cast<int64_t>(prompt.size()) + params.max_tokens, limit);
+  const int64_t need_blocks = (need_tokens + kv_cache_->block_size() - 1) / kv_cache_->block_size();
+  if (need_blocks > kv_cache_->pool().num_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt_token_ids (", prompt.size(), ") + max_tokens (", params.max_tokens, ") need ",
+        need_blocks, " KV blocks of ", kv_cache_->block_size(), " tokens; the whole cache has ",
+        kv_cache_->pool().num_blocks()));
+  }
+  return absl::OkStatus();
 }
 
-absl::StatusOr<Request*> LlmEngine::NewRequest(const std::string& id, std::vector<int32_t> prompt,
-                                               const SamplingParams& params, RequestKind kind) {
+absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> prompt,
+                                   const SamplingParams& params, RequestKind kind) {
   if (id.empty()) return absl::InvalidArgumentError("request_id is empty");
   if (requests_.contains(id)) {
     return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
@@ -88,36 +101,45 @@ absl::StatusOr<Request*> LlmEngine::NewRequest(const std::string& id, std::vecto
   r->tokens = std::move(prompt);
   r->params = params;
   r->arrival = next_arrival_++;
+  r->queued_at = absl::Now();
   r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
-  Request* raw = r.get();
+  scheduler_->AddWaiting(r.get());
   requests_.emplace(id, std::move(r));
-  return raw;
+  return absl::OkStatus();
 }
 
-absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> prompt,
-                                   const SamplingParams& params, RequestKind kind) {
-  ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params, kind));
-  scheduler_->AddWaiting(r);
-  return absl::OkStatus();
+Request* LlmEngine::Find(const std::string& id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? nullptr : it->second.get();
 }
 
 absl::Status LlmEngine::Abort(const std::string& id) {
-  auto it = requests_.find(id);
-  if (it == requests_.end()) {
-    // A finished prefill-only request may still hold KV blocks.
-    if (kv_cache_->BlockTable(id) != nullptr) {
-      kv_cache_->Free(id);
-      return absl::OkStatus();
-    }
+  Request* r = Find(id);
+  if (r == nullptr) {
     return absl::NotFoundError(absl::StrCat("request_id '", id, "' is not in flight"));
   }
-  scheduler_->Remove(it->second.get(), /*keep_kv=*/false);
-  requests_.erase(it);
+  scheduler_->Remove(r);
+  pending_outputs_.erase(std::remove_if(pending_outputs_.begin(), pending_outputs_.end(),
+                                        [&](const RequestOutput& o) { return o.id == id; }),
+                         pending_outputs_.end());
+  requests_.erase(id);
   return absl::OkStatus();
+}
+
+std::array<int, kNumRequestStates> LlmEngine::CountStates() const {
+  std::array<int, kNumRequestStates> n{};
+  for (const auto& [id, r] : requests_) ++n[static_cast<int>(r->state)];
+  return n;
 }
 
 void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out) {
   r->finish = reason;
+  switch (reason) {
+    case FinishReason::kStop: r->state = RequestState::kFinishedStopped; break;
+    case FinishReason::kLength: r->state = RequestState::kFinishedLengthCapped; break;
+    case FinishReason::kAborted: r->state = RequestState::kFinishedAborted; break;
+    default: r->state = RequestState::kFinishedError; break;
+  }
   RequestOutput o;
   o.id = r->id;
   o.finished = true;
@@ -125,34 +147,66 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   o.status = r->error;
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
-  // Prefill-only requests keep their KV for export; the caller frees it.
-  scheduler_->Remove(r, /*keep_kv=*/r->kind == RequestKind::kPrefillOnly &&
-                            reason != FinishReason::kError);
   // Merge with an output already produced for this request this step.
   auto it = std::find_if(out->begin(), out->end(), [&](const RequestOutput& x) { return x.id == r->id; });
   if (it != out->end()) {
     o.new_tokens = std::move(it->new_tokens);
+    o.cached_tokens = it->cached_tokens;
     *it = std::move(o);
   } else {
     out->push_back(std::move(o));
   }
-  requests_.erase(r->id);
+  // A prefill-only request keeps its KV (and its place in requests_) for
+  // export until Abort().
+  const bool keep = r->kind == RequestKind::kPrefillOnly && reason != FinishReason::kError;
+  scheduler_->Remove(r, /*free_blocks=*/!keep);
+  if (!keep) requests_.erase(r->id);
+}
+
+void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out) {
+  const bool first = r->num_output_tokens() == 0;
+  r->tokens.push_back(token);
+  RequestOutput o;
+  o.id = r->id;
+  o.new_tokens = {token};
+  o.prompt_tokens = static_cast<int>(r->prompt_len);
+  o.completion_tokens = static_cast<int>(r->num_output_tokens());
+  if (first) o.cached_tokens = static_cast<int>(r->num_cached_tokens);
+  out->push_back(std::move(o));
+  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
+  const auto& stops = r->params.stop_token_ids;
+  if (r->kind == RequestKind::kPrefillOnly) {
+    r->finish = FinishReason::kLength;
+  } else if (std::find(stops.begin(), stops.end(), token) != stops.end() ||
+             (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end())) {
+    r->finish = FinishReason::kStop;
+  } else if (r->num_output_tokens() >= r->params.max_tokens ||
+             r->num_tokens() >= max_model_len()) {
+    r->finish = FinishReason::kLength;
+  }
 }
 
 absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   std::vector<RequestOutput> out;
-  std::vector<Request*> failed, returned;
-  std::vector<ScheduledChunk> chunks = scheduler_->Schedule(&failed, &returned);
-  for (Request* r : failed) Finish(r, FinishReason::kError, &out);
-  for (Request* r : returned) {
+  out.swap(pending_outputs_);
+  std::vector<Request*> done;
+  for (const RequestOutput& o : out) {
+    if (Request* r = Find(o.id); r != nullptr && r->finished()) done.push_back(r);
+  }
+  for (Request* r : done) Finish(r, r->finish, &out);
+  SchedulerOutput sched = scheduler_->Schedule();
+  for (Request* r : sched.failed) Finish(r, FinishReason::kError, &out);
+  for (Request* r : sched.kv_needed) {
     RequestOutput o;
     o.id = r->id;
-    o.preempted = true;
+    o.kv_needed = true;
+    o.kv_tokens = static_cast<int>(r->num_tokens());
+    o.cached_tokens = static_cast<int>(r->num_cached_tokens);
     o.prompt_tokens = static_cast<int>(r->prompt_len);
     o.completion_tokens = static_cast<int>(r->num_output_tokens());
     out.push_back(std::move(o));
-    requests_.erase(r->id);
   }
+  const std::vector<ScheduledChunk>& chunks = sched.chunks;
   if (chunks.empty()) return out;
 
   batch_.clear();
@@ -175,43 +229,72 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   records_.push_back({step.runtime_mode, step.num_tokens, step.padded_tokens});
 
   const int vocab = static_cast<int>(model_->config().vocab_size);
-  const std::vector<int32_t>& eos = model_->config().eos_token_ids;
   int row = 0;
-  std::vector<Request*> done;
+  done.clear();
   for (const ScheduledChunk& c : chunks) {
     Request* r = c.request;
     r->num_computed = c.start + c.num_tokens;
+    kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
     if (!c.sample) continue;
     const int32_t token = sampler_.Sample(step.logits + int64_t{row} * vocab, vocab, r->params, &r->rng);
     ++row;
-    r->tokens.push_back(token);
-    RequestOutput o;
-    o.id = r->id;
-    o.new_tokens = {token};
-    o.prompt_tokens = static_cast<int>(r->prompt_len);
-    o.completion_tokens = static_cast<int>(r->num_output_tokens());
-    out.push_back(std::move(o));
-    const auto& stops = r->params.stop_token_ids;
-    const bool stop = std::find(stops.begin(), stops.end(), token) != stops.end() ||
-                      (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end());
-    if (r->kind == RequestKind::kPrefillOnly) {
-      r->finish = FinishReason::kLength;
-    } else if (stop) {
-      r->finish = FinishReason::kStop;
-    } else if (r->num_output_tokens() >= r->params.max_tokens || r->num_tokens() >= max_model_len()) {
-      r->finish = FinishReason::kLength;
-    }
+    AppendToken(r, token, &out);
     if (r->finished()) done.push_back(r);
   }
   for (Request* r : done) Finish(r, r->finish, &out);
   return out;
 }
 
-absl::Status LlmEngine::ReserveKv(const std::string& id, int64_t num_tokens) {
-  if (requests_.contains(id) || kv_cache_->BlockTable(id) != nullptr) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' already holds KV blocks"));
+absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first, int64_t count,
+                                 const void* k, const void* v) {
+  Request* r = Find(id);
+  if (r == nullptr || r->state != RequestState::kWaitingForRemoteKv) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request '", id, "' is ", r == nullptr ? "not in flight" : RequestStateName(r->state),
+        ", not waiting_for_remote_kv"));
   }
-  return kv_cache_->EnsureCapacity(id, num_tokens);
+  if (first < r->num_computed || first + count > r->num_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV rows [", first, ", ", first + count, ") for request '", id, "': it expects rows [",
+        r->num_computed, ", ", r->num_tokens(), ")"));
+  }
+  // With to_cache the host buffers are only read.
+  return CopyKvRows(id, layer, first, count, /*to_cache=*/true,
+                    static_cast<char*>(const_cast<void*>(k)),
+                    static_cast<char*>(const_cast<void*>(v)));
+}
+
+absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_token) {
+  Request* r = Find(id);
+  if (r == nullptr || r->state != RequestState::kWaitingForRemoteKv) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request '", id, "' is ", r == nullptr ? "not in flight" : RequestStateName(r->state),
+        ", not waiting_for_remote_kv"));
+  }
+  if (first_token < 0 || first_token >= model_->config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
+                                                   " is outside the vocabulary [0, ",
+                                                   model_->config().vocab_size, ")"));
+  }
+  r->num_computed = r->num_tokens();
+  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+  // The token was sampled elsewhere with the same seed: consume its draw so
+  // seeded sampling continues as it would have in one process.
+  if (r->params.temperature > 0.f) r->rng();
+  scheduler_->RemoteKvArrived(r);
+  AppendToken(r, first_token, &pending_outputs_);
+  return absl::OkStatus();
+}
+
+absl::Status LlmEngine::ComputeLocally(const std::string& id) {
+  Request* r = Find(id);
+  if (r == nullptr || r->state != RequestState::kWaitingForRemoteKv) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request '", id, "' is ", r == nullptr ? "not in flight" : RequestStateName(r->state),
+        ", not waiting_for_remote_kv"));
+  }
+  scheduler_->ComputeLocally(r);
+  return absl::OkStatus();
 }
 
 absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t first,
@@ -250,48 +333,30 @@ absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t fir
   return absl::OkStatus();
 }
 
-absl::Status LlmEngine::WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
-                                const void* k, const void* v) {
-  // With to_cache the host buffers are only read.
-  return CopyKvRows(id, layer, first, count, /*to_cache=*/true,
-                    static_cast<char*>(const_cast<void*>(k)),
-                    static_cast<char*>(const_cast<void*>(v)));
-}
-
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
                                void* k, void* v) const {
   return CopyKvRows(id, layer, first, count, /*to_cache=*/false, static_cast<char*>(k),
                     static_cast<char*>(v));
 }
 
-absl::Status LlmEngine::AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
-                                            int32_t first_token, const SamplingParams& params,
-                                            bool return_on_preemption) {
-  if (first_token < 0 || first_token >= model_->config().vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat("first token ", first_token,
-                                                   " is outside the vocabulary"));
-  }
-  const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
-  if (table == nullptr || static_cast<int64_t>(table->size()) * kv_cache_->block_size() <
-                              static_cast<int64_t>(prompt.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "request '", id, "' has no KV blocks for its ", prompt.size(), " prompt tokens"));
-  }
-  ASSIGN_OR_RETURN(Request * r, NewRequest(id, std::move(prompt), params, RequestKind::kGenerate));
-  // The first token was sampled elsewhere with the same seed: consume its draw
-  // so seeded sampling continues as it would have in one process.
-  if (params.temperature > 0.f) r->rng();
-  r->tokens.push_back(first_token);
-  r->num_computed = r->prompt_len;
-  r->return_on_preemption = return_on_preemption;
-  scheduler_->AddWaiting(r);
-  return absl::OkStatus();
-}
-
 std::vector<StepRecord> LlmEngine::TakeStepRecords() {
   std::vector<StepRecord> r;
   r.swap(records_);
   return r;
+}
+
+const char* RequestStateName(RequestState s) {
+  switch (s) {
+    case RequestState::kWaiting: return "waiting";
+    case RequestState::kWaitingForRemoteKv: return "waiting_for_remote_kv";
+    case RequestState::kRunning: return "running";
+    case RequestState::kPreempted: return "preempted";
+    case RequestState::kFinishedStopped: return "finished_stopped";
+    case RequestState::kFinishedLengthCapped: return "finished_length_capped";
+    case RequestState::kFinishedAborted: return "finished_aborted";
+    case RequestState::kFinishedError: return "finished_error";
+  }
+  return "unknown";
 }
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 #ifndef TANDEM_COMMON_ENGINE_ENGINE_H_
 #define TANDEM_COMMON_ENGINE_ENGINE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/engine/model_runner.h"
 #include "common/engine/request.h"
 #include "common/engine/sampling.h"
@@ -29,6 +31,9 @@ struct EngineConfig {
   int block_size = 16;
   int num_kv_blocks = 0;  // 0: as many as fit kv_cache_bytes (capped at need)
   int64_t kv_cache_bytes = int64_t{512} << 20;
+  bool enable_prefix_caching = true;
+  // How long a new request may wait for KV blocks before it fails.
+  absl::Duration waiting_timeout = absl::InfiniteDuration();
   RunnerConfig runner;
 };
 
@@ -40,9 +45,14 @@ struct RequestOutput {
   absl::Status status;  // non-OK when the request failed
   int prompt_tokens = 0;
   int completion_tokens = 0;
-  // Preempted and out of the engine (a request added with
-  // return_on_preemption): its blocks are freed; the caller recomputes it.
-  bool preempted = false;
+  // Prompt tokens served from this engine's prefix cache (set on the first
+  // output of each admission: the first token, or a kv_needed output).
+  int cached_tokens = 0;
+  // A kRemotePrefill request now holds blocks for `kv_tokens` tokens and
+  // waits for their KV from position `cached_tokens` on (ImportKv), then
+  // for the token sampled after them (RemoteKvArrived).
+  bool kv_needed = false;
+  int kv_tokens = 0;
 };
 
 // One step's record, for the --cudagraph-metrics style table.
@@ -55,45 +65,45 @@ struct StepRecord {
 class LlmEngine {
  public:
   // Loads the model, sizes the KV cache, builds the runner and captures its
-  // graphs (logging progress). Errors say which setting to change.
+  // graphs (logging progress). Errors name the config field to change.
   static absl::StatusOr<std::unique_ptr<LlmEngine>> Create(const EngineConfig& config);
   ~LlmEngine();
 
-  // Validates and queues a request. INVALID_ARGUMENT names the field, value
-  // and limit; ALREADY_EXISTS for a request id in flight.
+  // Validates and queues a request (WAITING). INVALID_ARGUMENT names the
+  // field, value and limit; RESOURCE_EXHAUSTED when prompt and max_tokens
+  // could not fit even in an empty cache; ALREADY_EXISTS for an id in flight.
   absl::Status AddRequest(const std::string& id, std::vector<int32_t> prompt,
                           const SamplingParams& params, RequestKind kind = RequestKind::kGenerate);
   // Validates a prompt and parameters without queueing anything.
   absl::Status Validate(const std::vector<int32_t>& prompt, const SamplingParams& params) const;
-  // Drops a request and frees its KV blocks. NOT_FOUND for an unknown id.
+  // The one way out for a request in any state: drops it and frees its KV
+  // blocks (a finished prefill-only request's too). NOT_FOUND for an unknown id.
   absl::Status Abort(const std::string& id);
+
   // KV transfer (disaggregated serving). Token-major rows: for each token,
   // num_kv_heads * head_dim elements of K (and of V) of one layer, in the
   // cache's dtype (kv_cache().slot_bytes() bytes per row).
   //
-  // Reserves KV blocks for `num_tokens` tokens of request `id` before its KV
-  // arrives. RESOURCE_EXHAUSTED when the cache has no room now.
-  absl::Status ReserveKv(const std::string& id, int64_t num_tokens);
-  // Writes rows [first, first + count) of `layer` into the request's blocks.
-  // INVALID_ARGUMENT when the range is outside what was reserved.
-  absl::Status WriteKv(const std::string& id, int layer, int64_t first, int64_t count,
-                       const void* k, const void* v);
+  // Writes rows [first, first + count) of `layer` into a WAITING_FOR_REMOTE_KV
+  // request's blocks. FAILED_PRECONDITION in another state; INVALID_ARGUMENT
+  // when the range is outside its reserved blocks.
+  absl::Status ImportKv(const std::string& id, int layer, int64_t first, int64_t count,
+                        const void* k, const void* v);
+  // A WAITING_FOR_REMOTE_KV request's KV is complete and `first_token` was
+  // sampled after it elsewhere: it joins the decode batch (or finishes, when
+  // that token stops it). The token comes out in the next Step()'s outputs.
+  absl::Status RemoteKvArrived(const std::string& id, int32_t first_token);
+  // A WAITING_FOR_REMOTE_KV request is computed here after all (its prefill
+  // worker is gone), reusing its cached prefix.
+  absl::Status ComputeLocally(const std::string& id);
   // Reads rows [first, first + count) of `layer` of a request's cached KV.
   absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
                       void* v) const;
-  // Queues a request whose prompt KV was written with WriteKv() and whose
-  // first token was sampled elsewhere; it joins the decode batch. The output
-  // of this call's first step is the second token.
-  // With return_on_preemption, a preemption hands the request back (an
-  // output with `preempted`) instead of recomputing it here.
-  absl::Status AddPrefilledRequest(const std::string& id, std::vector<int32_t> prompt,
-                                   int32_t first_token, const SamplingParams& params,
-                                   bool return_on_preemption = false);
 
   // Runs one scheduling step and the model; returns the outputs of the
-  // requests that advanced or finished.
+  // requests that advanced, finished or now wait for remote KV.
   absl::StatusOr<std::vector<RequestOutput>> Step();
-  bool HasWork() const { return !scheduler_->empty(); }
+  bool HasWork() const { return !scheduler_->empty() || !pending_outputs_.empty(); }
 
   const LlamaConfig& model_config() const { return model_->config(); }
   ModelRunner& runner() { return *runner_; }
@@ -101,7 +111,11 @@ class LlmEngine {
   const KvCache& kv_cache() const { return *kv_cache_; }
   size_t num_running() const { return scheduler_->num_running(); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
+  size_t num_waiting_for_remote_kv() const { return scheduler_->num_waiting_for_remote_kv(); }
+  // Requests in each RequestState (finished ones still holding KV included).
+  std::array<int, kNumRequestStates> CountStates() const;
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
+  const PrefixCacheStats& prefix_cache_stats() const { return scheduler_->prefix_cache_stats(); }
   int max_model_len() const { return runner_->max_model_len(); }
   const EngineConfig& config() const { return config_; }
   // Records of the steps since the last call (cleared on read; the most recent
@@ -113,14 +127,14 @@ class LlmEngine {
 
  private:
   LlmEngine() = default;
+  Request* Find(const std::string& id) const;
+  // Appends `token` to a request's output and decides whether it stops.
+  void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
   // Copies KV rows between host buffers and a request's blocks (both ways:
   // one range check, one slot walk).
   absl::Status CopyKvRows(const std::string& id, int layer, int64_t first, int64_t count,
                           bool to_cache, char* k, char* v) const;
-  // Validates and registers a request (not yet queued).
-  absl::StatusOr<Request*> NewRequest(const std::string& id, std::vector<int32_t> prompt,
-                                      const SamplingParams& params, RequestKind kind);
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;
@@ -133,6 +147,9 @@ class LlmEngine {
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step
   std::vector<StepRecord> records_;
+  // Outputs made between steps (a remote request's first token), returned
+  // by the next Step().
+  std::vector<RequestOutput> pending_outputs_;
 };
 
 }  // namespace tandem

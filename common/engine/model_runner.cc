@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   r->ops_ = ops;
   const LlamaConfig& mc = model->config();
   if (r->config_.max_model_len <= 0) {
-    r->config_.max_model_len = static_cast<int>(std::min<int64_t>(mc.max_position_embeddings, 8192));
+    r->config_.max_model_len = mc.DefaultMaxModelLen();
   }
   if (r->config_.max_model_len > mc.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -3,6 +3,18 @@
 // Token accounting (vLLM's): tokens = prompt followed by output; the first
 // num_computed tokens have their KV in the cache; a step schedules some of
 // the rest and samples when it reaches the end of tokens.
+//
+// States (vLLM v1's RequestStatus):
+//   WAITING ----------------> RUNNING -----> FINISHED_*
+//      |  (remote prefill)       |  ^
+//      v                         v  |
+//   WAITING_FOR_REMOTE_KV     PREEMPTED (blocks freed, waits to be recomputed)
+//      | (KV and first token in)
+//      +--> WAITING (holding its blocks)
+// A request owns its block table in every state but PREEMPTED (and WAITING
+// before its first admission); the engine's one Abort path frees it wherever
+// it is. A finished prefill-only request keeps its blocks for export until
+// the caller releases it (vLLM's delayed free for KV transfer).
 #ifndef TANDEM_COMMON_ENGINE_REQUEST_H_
 #define TANDEM_COMMON_ENGINE_REQUEST_H_
 
@@ -12,37 +24,60 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/engine/sampling.h"
 
 namespace tandem {
 
 enum class FinishReason { kNone, kStop, kLength, kAborted, kError };
 
+enum class RequestState {
+  kWaiting,
+  kWaitingForRemoteKv,
+  kRunning,
+  kPreempted,
+  kFinishedStopped,
+  kFinishedLengthCapped,
+  kFinishedAborted,
+  kFinishedError,
+};
+inline constexpr int kNumRequestStates = 8;
+// "waiting", "waiting_for_remote_kv", "running", ... (metric labels).
+const char* RequestStateName(RequestState s);
+inline bool IsFinished(RequestState s) { return s >= RequestState::kFinishedStopped; }
+
 enum class RequestKind {
-  kGenerate,     // prefill then decode until a stop condition
-  kPrefillOnly,  // prefill, sample the first token, then finish keeping its KV
+  kGenerate,       // prefill then decode until a stop condition
+  kPrefillOnly,    // prefill, sample the first token, then finish keeping its KV
+  // Generate, but the prompt's KV and first token are computed elsewhere (a
+  // prefill worker): once blocks are reserved the request waits in
+  // WAITING_FOR_REMOTE_KV for them, then decodes here.
+  kRemotePrefill,
 };
 
 struct Request {
   std::string id;
   RequestKind kind = RequestKind::kGenerate;
+  RequestState state = RequestState::kWaiting;
   std::vector<int32_t> tokens;  // prompt followed by output, contiguous
   int64_t prompt_len = 0;
   SamplingParams params;
   int64_t num_computed = 0;
-  uint64_t arrival = 0;  // admission order, for preemption (latest first)
+  // Tokens of the last admission served from the prefix cache.
+  int64_t num_cached_tokens = 0;
+  uint64_t arrival = 0;     // admission order, for preemption (latest first)
+  absl::Time queued_at;     // when it was added, for the waiting timeout
   std::mt19937_64 rng;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;
   int preemptions = 0;
-  // When preempted, leave the engine and report it (RequestOutput::preempted)
-  // instead of waiting to be recomputed here: the caller has its KV computed
-  // elsewhere (a decode worker re-prefills it on a prefill worker).
-  bool return_on_preemption = false;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_output_tokens() const { return num_tokens() - prompt_len; }
   bool finished() const { return finish != FinishReason::kNone; }
+  // A kRemotePrefill request whose uncomputed tokens' KV must come from a
+  // prefill worker (set when added and when preempted, cleared when it came).
+  bool needs_remote_kv = false;
 };
 
 }  // namespace tandem

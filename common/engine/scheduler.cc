@@ -7,29 +7,84 @@
 
 namespace tandem {
 
-void Scheduler::Preempt(Request* r, std::vector<Request*>* returned) {
+void Scheduler::Erase(std::vector<Request*>* v, Request* r) {
+  v->erase(std::remove(v->begin(), v->end(), r), v->end());
+}
+
+void Scheduler::AddWaiting(Request* r) {
+  r->state = RequestState::kWaiting;
+  r->needs_remote_kv = r->kind == RequestKind::kRemotePrefill;
+  waiting_.push_back(r);
+}
+
+void Scheduler::Preempt(Request* r) {
   kv_->Free(r->id);
   r->num_computed = 0;
   ++r->preemptions;
   ++preemptions_;
-  running_.erase(std::find(running_.begin(), running_.end(), r));
-  if (r->return_on_preemption) {
-    returned->push_back(r);
-  } else {
-    waiting_.push_front(r);
-  }
+  Erase(&running_, r);
+  r->state = RequestState::kPreempted;
+  // Recomputed where its prefill was computed (its cached prefix, if still
+  // there, is taken back on admission).
+  r->needs_remote_kv = r->kind == RequestKind::kRemotePrefill;
+  waiting_.push_front(r);
   TANDEM_LOG(DEBUG) << "preempted request " << r->id << " (KV cache full)";
 }
 
-void Scheduler::Remove(Request* r, bool keep_kv) {
-  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
-  if (!keep_kv) kv_->Free(r->id);
+void Scheduler::RemoteKvArrived(Request* r) {
+  Erase(&remote_, r);
+  r->needs_remote_kv = false;
+  r->state = RequestState::kWaiting;
+  waiting_.push_back(r);
 }
 
-std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed,
-                                                std::vector<Request*>* returned) {
-  std::vector<ScheduledChunk> out;
+void Scheduler::ComputeLocally(Request* r) {
+  Erase(&remote_, r);
+  r->kind = RequestKind::kGenerate;
+  r->needs_remote_kv = false;
+  r->state = RequestState::kWaiting;
+  waiting_.push_front(r);
+}
+
+void Scheduler::Remove(Request* r, bool free_blocks) {
+  Erase(&running_, r);
+  Erase(&remote_, r);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+  if (free_blocks) kv_->Free(r->id);
+}
+
+bool Scheduler::Admit(Request* r, int budget, int* n) {
+  const bool fresh = kv_->BlockTable(r->id) == nullptr;
+  if (fresh) {
+    // At most all but the last token: it must be computed to sample.
+    r->num_cached_tokens = kv_->TakeCachedPrefix(r->id, r->tokens, r->num_tokens() - 1);
+    r->num_computed = r->num_cached_tokens;
+  }
+  int64_t need;
+  if (r->needs_remote_kv) {
+    *n = 0;
+    need = r->num_tokens() + 1;  // the KV to come and the next token's slot
+  } else {
+    *n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
+    need = r->num_computed + *n;
+  }
+  if (kv_->EnsureCapacity(r->id, need).ok()) {
+    if (fresh) {
+      prefix_stats_.queries += r->num_tokens();
+      prefix_stats_.hits += r->num_cached_tokens;
+    }
+    return true;
+  }
+  if (fresh) {  // give the prefix back until it fits
+    kv_->Free(r->id);
+    r->num_computed = 0;
+    r->num_cached_tokens = 0;
+  }
+  return false;
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
   int budget = budget_;
   bool preempted = false;
   // 1. Running requests, oldest first.
@@ -41,14 +96,14 @@ std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed,
       continue;
     }
     if (kv_->EnsureCapacity(r->id, r->num_computed + n).ok()) {
-      out.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
+      out.chunks.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
       budget -= n;
       ++i;
       continue;
     }
     // No block: preempt the latest admitted request that is not yet scheduled.
     Request* victim = running_.back();
-    Preempt(victim, returned);
+    Preempt(victim);
     preempted = true;
     if (victim == r) break;
   }
@@ -56,29 +111,48 @@ std::vector<ScheduledChunk> Scheduler::Schedule(std::vector<Request*>* failed,
   // does not block the ones behind it: a request whose KV was transferred in
   // already holds its blocks, and holding it back behind a request waiting
   // for those very blocks would deadlock.
-  for (auto it = waiting_.begin();
-       !preempted && budget > 0 && it != waiting_.end() &&
-       static_cast<int>(running_.size()) < max_seqs_;) {
+  const absl::Time now = absl::Now();
+  for (auto it = waiting_.begin(); !preempted && budget > 0 && it != waiting_.end();) {
     Request* r = *it;
-    const int n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
-    absl::Status s = kv_->EnsureCapacity(r->id, r->num_computed + n);
-    if (!s.ok()) {
-      const int64_t needed = (r->num_computed + n + kv_->block_size() - 1) / kv_->block_size();
-      if (running_.empty() && needed > kv_->allocator().num_blocks()) {
-        it = waiting_.erase(it);
-        r->finish = FinishReason::kError;
-        r->error = absl::ResourceExhaustedError(absl::StrCat(
-            "request ", r->id, " needs ", needed, " KV blocks; the cache has ",
-            kv_->allocator().num_blocks()));
-        failed->push_back(r);
+    if (!r->needs_remote_kv && static_cast<int>(running_.size()) >= max_seqs_) {
+      ++it;
+      continue;
+    }
+    int n = 0;
+    if (!Admit(r, budget, &n)) {
+      const int64_t tokens = r->num_tokens() + (r->needs_remote_kv ? 1 : 0);
+      const int64_t needed = (tokens + kv_->block_size() - 1) / kv_->block_size();
+      const bool never = needed > kv_->pool().num_blocks();
+      const bool timed_out = r->preemptions == 0 && kv_->BlockTable(r->id) == nullptr &&
+                             now - r->queued_at > waiting_timeout_;
+      if (!never && !timed_out) {
+        ++it;  // wait for blocks to free up
         continue;
       }
-      ++it;  // wait for blocks to free up
+      it = waiting_.erase(it);
+      r->finish = FinishReason::kError;
+      r->state = RequestState::kFinishedError;
+      r->error = absl::ResourceExhaustedError(
+          never ? absl::StrCat("request ", r->id, " needs ", needed, " KV blocks of ",
+                               kv_->block_size(), " tokens; the cache has ",
+                               kv_->pool().num_blocks())
+                : absl::StrCat("KV cache full: request ", r->id, " waited ",
+                               absl::FormatDuration(waiting_timeout_), " for ", tokens,
+                               " token slots (", kv_->pool().num_free(), " of ",
+                               kv_->pool().num_blocks(), " blocks free)"));
+      out.failed.push_back(r);
       continue;
     }
     it = waiting_.erase(it);
+    if (r->needs_remote_kv) {
+      r->state = RequestState::kWaitingForRemoteKv;
+      remote_.push_back(r);
+      out.kv_needed.push_back(r);
+      continue;
+    }
+    r->state = RequestState::kRunning;
     running_.push_back(r);
-    out.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
+    out.chunks.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
     budget -= n;
   }
   return out;

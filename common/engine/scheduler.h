@@ -1,23 +1,32 @@
-// Scheduler: continuous batching with chunked prefill (vLLM V1's policy).
+// Scheduler: continuous batching with chunked prefill (vLLM V1's policy),
+// and every queue a request can wait in.
 //
 // Each step has a token budget (max_num_batched_tokens) and at most
-// max_num_seqs requests. Running requests are served first, in admission
-// order (a decode takes one token, an unfinished prefill the next chunk);
-// then waiting requests are admitted while budget and sequence slots remain.
+// max_num_seqs running requests. Running requests are served first, in
+// admission order (a decode takes one token, an unfinished prefill the next
+// chunk); then waiting requests are admitted while budget and sequence slots
+// remain. A request admitted without blocks first takes the longest cached
+// prefix of its tokens (at most all but the last token, which must be
+// computed to sample) and computes only the rest.
+// A kRemotePrefill request is admitted once blocks for all its tokens plus
+// the next one are free: it moves to WAITING_FOR_REMOTE_KV (reported in
+// `kv_needed`, using no budget or sequence slot) until RemoteKvArrived().
 // When the KV cache has no block for a running request, the most recently
-// admitted running request is preempted (its blocks freed, recomputed later,
-// or handed back to the caller when it asked for that);
-// a waiting request that does not fit waits without blocking the ones behind
-// it that do. A request that cannot fit even in an empty cache fails with
-// RESOURCE_EXHAUSTED.
+// admitted running request is preempted (PREEMPTED: blocks freed, first in
+// line to be recomputed, remotely if that is where its prefill came from).
+// A waiting request that does not fit waits without blocking the ones behind
+// it that do; a new one that waits longer than `waiting_timeout` fails with
+// RESOURCE_EXHAUSTED, as does one that cannot fit even in an empty cache.
 //
 // Not thread-safe: owned by the engine thread.
 #ifndef TANDEM_COMMON_ENGINE_SCHEDULER_H_
 #define TANDEM_COMMON_ENGINE_SCHEDULER_H_
 
+#include <array>
 #include <deque>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/engine/request.h"
 #include "common/model/kv_cache.h"
 
@@ -30,36 +39,69 @@ struct ScheduledChunk {
   bool sample;        // reaches the end of the request's tokens
 };
 
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;
+  // Finished with an error (blocks freed), out of the queues.
+  std::vector<Request*> failed;
+  // Moved to WAITING_FOR_REMOTE_KV this step: their blocks are reserved.
+  std::vector<Request*> kv_needed;
+};
+
+// Prefix-cache counters since start-up (vLLM's PrefixCacheStats): per
+// admission, `queries` tokens looked up and `hits` of them found cached.
+struct PrefixCacheStats {
+  int64_t queries = 0;
+  int64_t hits = 0;
+};
+
 class Scheduler {
  public:
-  Scheduler(int max_num_batched_tokens, int max_num_seqs, KvCache* kv_cache)
-      : budget_(max_num_batched_tokens), max_seqs_(max_num_seqs), kv_(kv_cache) {}
+  // `waiting_timeout`: how long a new request may wait for admission
+  // (absl::InfiniteDuration(): no limit).
+  Scheduler(int max_num_batched_tokens, int max_num_seqs, KvCache* kv_cache,
+            absl::Duration waiting_timeout = absl::InfiniteDuration())
+      : budget_(max_num_batched_tokens),
+        max_seqs_(max_num_seqs),
+        kv_(kv_cache),
+        waiting_timeout_(waiting_timeout) {}
 
-  void AddWaiting(Request* r) { waiting_.push_back(r); }
-  // Builds the next step. Requests that can never fit are returned in
-  // `*failed` (finished with an error, blocks freed); preempted requests with
-  // return_on_preemption in `*returned` (out of the queues, blocks freed).
-  std::vector<ScheduledChunk> Schedule(std::vector<Request*>* failed,
-                                       std::vector<Request*>* returned);
-  // Removes a request from the queues (finished or aborted) and frees its
-  // blocks unless `keep_kv`.
-  void Remove(Request* r, bool keep_kv);
+  void AddWaiting(Request* r);
+  // Builds the next step.
+  SchedulerOutput Schedule();
+  // A WAITING_FOR_REMOTE_KV request's KV is in: back to WAITING, holding its
+  // blocks, to join the batch.
+  void RemoteKvArrived(Request* r);
+  // A WAITING_FOR_REMOTE_KV request will be computed here instead: first in
+  // line, keeping its blocks (and its cached prefix).
+  void ComputeLocally(Request* r);
+  // Takes a request out of every queue and frees its blocks unless told not
+  // to (a finished prefill-only request keeps them for export).
+  void Remove(Request* r, bool free_blocks = true);
 
   size_t num_running() const { return running_.size(); }
   size_t num_waiting() const { return waiting_.size(); }
-  bool empty() const { return running_.empty() && waiting_.empty(); }
+  size_t num_waiting_for_remote_kv() const { return remote_.size(); }
+  bool empty() const { return running_.empty() && waiting_.empty() && remote_.empty(); }
   // Preemptions since start-up.
   int64_t num_preemptions() const { return preemptions_; }
+  const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }
 
  private:
-  void Preempt(Request* r, std::vector<Request*>* returned);
+  void Preempt(Request* r);
+  // Tries to give a waiting request the blocks for `n` more tokens (taking
+  // its cached prefix first when it holds none); true when it now has them.
+  bool Admit(Request* r, int budget, int* n);
+  static void Erase(std::vector<Request*>* v, Request* r);
 
   int budget_;
   int max_seqs_;
   KvCache* kv_;
+  absl::Duration waiting_timeout_;
   std::vector<Request*> running_;  // admission order
-  std::deque<Request*> waiting_;
+  std::deque<Request*> waiting_;   // WAITING and PREEMPTED, in line
+  std::vector<Request*> remote_;   // WAITING_FOR_REMOTE_KV
   int64_t preemptions_ = 0;
+  PrefixCacheStats prefix_stats_;
 };
 
 }  // namespace tandem

@@ -1,41 +1,98 @@
 #include "common/model/kv_cache.h"
 
+#include <algorithm>
+
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 
 namespace tandem {
 
-BlockAllocator::BlockAllocator(int num_blocks) : num_blocks_(num_blocks) {
-  free_.reserve(num_blocks);
-  for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+BlockPool::BlockPool(int num_blocks, int block_size, bool enable_caching)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      caching_(enable_caching),
+      blocks_(num_blocks),
+      tokens_(enable_caching ? static_cast<size_t>(num_blocks) * block_size : 0) {
+  for (int32_t b = 0; b < num_blocks; ++b) blocks_[b].free_pos = free_.insert(free_.end(), b);
 }
 
-absl::Status BlockAllocator::Allocate(int count, std::vector<int32_t>* blocks) {
+void BlockPool::Uncache(int32_t block) {
+  Block& b = blocks_[block];
+  if (!b.cached) return;
+  auto it = cached_.find(b.hash);
+  if (it != cached_.end() && it->second == block) cached_.erase(it);
+  b.cached = false;
+}
+
+absl::Status BlockPool::Allocate(int count, std::vector<int32_t>* blocks) {
   if (count > num_free()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV cache: need ", count, " blocks, ", num_free(), " of ", num_blocks_, " free"));
   }
   for (int i = 0; i < count; ++i) {
-    blocks->push_back(free_.back());
-    free_.pop_back();
+    const int32_t id = free_.front();
+    free_.pop_front();
+    Uncache(id);  // evicted: its KV is about to be overwritten
+    blocks_[id].refs = 1;
+    blocks->push_back(id);
   }
   return absl::OkStatus();
 }
 
-void BlockAllocator::Free(const std::vector<int32_t>& blocks) {
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) free_.push_back(*it);
+void BlockPool::Free(const std::vector<int32_t>& blocks) {
+  // Tail first: a request's last blocks are the least likely to be shared,
+  // so they are evicted before its prefix.
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    Block& b = blocks_[*it];
+    if (--b.refs == 0) b.free_pos = free_.insert(free_.end(), *it);
+  }
+}
+
+uint64_t BlockPool::Hash(uint64_t parent_hash, absl::Span<const int32_t> tokens) {
+  return absl::HashOf(parent_hash, tokens);
+}
+
+int32_t BlockPool::Lookup(uint64_t hash, uint64_t parent_hash,
+                          absl::Span<const int32_t> tokens) const {
+  if (!caching_) return -1;
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return -1;
+  const int32_t id = it->second;
+  const Block& b = blocks_[id];
+  if (b.parent_hash != parent_hash ||
+      !std::equal(tokens.begin(), tokens.end(), tokens_.begin() + int64_t{id} * block_size_)) {
+    return -1;  // a hash collision
+  }
+  return id;
+}
+
+void BlockPool::Ref(int32_t block) {
+  Block& b = blocks_[block];
+  if (b.refs++ == 0) free_.erase(b.free_pos);
+}
+
+void BlockPool::Cache(int32_t block, uint64_t hash, uint64_t parent_hash,
+                      absl::Span<const int32_t> tokens) {
+  Block& b = blocks_[block];
+  if (!caching_ || b.cached || !cached_.emplace(hash, block).second) return;
+  b.cached = true;
+  b.hash = hash;
+  b.parent_hash = parent_hash;
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + int64_t{block} * block_size_);
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType dtype,
                                                          int num_layers, int num_blocks,
                                                          int block_size, int num_kv_heads,
-                                                         int head_dim) {
+                                                         int head_dim,
+                                                         bool enable_prefix_caching) {
   if (num_blocks < 1 || block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache: num_kv_blocks (", num_blocks, ") and block_size (", block_size,
         ") must be >= 1"));
   }
-  std::unique_ptr<KvCache> cache(new KvCache(num_blocks, block_size));
+  std::unique_ptr<KvCache> cache(new KvCache(num_blocks, block_size, enable_prefix_caching));
   cache->slot_width_ = int64_t{num_kv_heads} * head_dim;
   cache->dtype_ = dtype;
   const size_t per_tensor = static_cast<size_t>(num_blocks) * block_size * cache->slot_bytes();
@@ -52,26 +109,65 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType d
   return cache;
 }
 
+int64_t KvCache::TakeCachedPrefix(const std::string& id, absl::Span<const int32_t> tokens,
+                                  int64_t max_tokens) {
+  if (!pool_.caching()) return 0;
+  Table& table = tables_[id];
+  const int64_t max_blocks = std::min<int64_t>(max_tokens, tokens.size()) / block_size_;
+  uint64_t parent = 0;
+  for (int64_t i = static_cast<int64_t>(table.blocks.size()); i < max_blocks; ++i) {
+    const absl::Span<const int32_t> ids = tokens.subspan(i * block_size_, block_size_);
+    const uint64_t hash = BlockPool::Hash(parent, ids);
+    const int32_t block = pool_.Lookup(hash, parent, ids);
+    if (block < 0) break;
+    pool_.Ref(block);
+    table.blocks.push_back(block);
+    table.hashes.push_back(hash);
+    parent = hash;
+  }
+  const int64_t hit = static_cast<int64_t>(table.blocks.size()) * block_size_;
+  if (table.blocks.empty()) tables_.erase(id);
+  return hit;
+}
+
 absl::Status KvCache::EnsureCapacity(const std::string& id, int64_t num_tokens) {
-  std::vector<int32_t>& table = tables_[id];
+  Table& table = tables_[id];
   const int64_t needed = (num_tokens + block_size_ - 1) / block_size_;
-  const int64_t missing = needed - static_cast<int64_t>(table.size());
+  const int64_t missing = needed - static_cast<int64_t>(table.blocks.size());
   if (missing <= 0) return absl::OkStatus();
-  absl::Status s = allocator_.Allocate(static_cast<int>(missing), &table);
-  if (!s.ok() && table.empty()) tables_.erase(id);
+  absl::Status s = pool_.Allocate(static_cast<int>(missing), &table.blocks);
+  if (!s.ok() && table.blocks.empty()) tables_.erase(id);
   return s;
+}
+
+void KvCache::CacheComputed(const std::string& id, absl::Span<const int32_t> tokens,
+                            int64_t num_computed) {
+  if (!pool_.caching()) return;
+  auto it = tables_.find(id);
+  if (it == tables_.end()) return;
+  Table& table = it->second;
+  const int64_t full = std::min<int64_t>(std::min<int64_t>(num_computed, tokens.size()) /
+                                             block_size_,
+                                         table.blocks.size());
+  for (int64_t i = static_cast<int64_t>(table.hashes.size()); i < full; ++i) {
+    const uint64_t parent = i == 0 ? 0 : table.hashes[i - 1];
+    const absl::Span<const int32_t> ids = tokens.subspan(i * block_size_, block_size_);
+    const uint64_t hash = BlockPool::Hash(parent, ids);
+    pool_.Cache(table.blocks[i], hash, parent, ids);
+    table.hashes.push_back(hash);
+  }
 }
 
 void KvCache::Free(const std::string& id) {
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
-  allocator_.Free(it->second);
+  pool_.Free(it->second.blocks);
   tables_.erase(it);
 }
 
 const std::vector<int32_t>* KvCache::BlockTable(const std::string& id) const {
   auto it = tables_.find(id);
-  return it == tables_.end() ? nullptr : &it->second;
+  return it == tables_.end() ? nullptr : &it->second.blocks;
 }
 
 }  // namespace tandem

@@ -1,6 +1,16 @@
 // The paged KV cache: fixed-size blocks of `block_size` token slots, each
-// layer's K and V stored as f32[num_blocks, block_size, kv_heads, head_dim],
-// and a block allocator with per-request block tables.
+// layer's K and V stored as [num_blocks, block_size, kv_heads, head_dim], a
+// ref-counted block pool, and the per-request block tables.
+//
+// Prefix caching (vLLM v1's KVCacheManager/BlockPool): a full block whose KV
+// is computed is registered under the hash of (its parent block's hash, its
+// token ids). A request that starts with the same tokens takes those blocks
+// (one more reference each) and computes only the rest. A block nobody
+// references goes to the free queue but keeps its KV and its hash until it is
+// handed out again: free blocks are reused least recently freed first, and a
+// request's blocks are freed tail first, so a shared prefix outlives the
+// suffixes behind it. A hit also compares the block's stored token ids, so a
+// hash collision costs a miss, never wrong KV.
 //
 // Running out of blocks is RESOURCE_EXHAUSTED, which the scheduler handles
 // (the request waits, or a running one is preempted); it never crashes.
@@ -11,35 +21,76 @@
 #define TANDEM_COMMON_MODEL_KV_CACHE_H_
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/backend/device.h"
 #include "common/kernels/ops.h"
 
 namespace tandem {
 
-// Free-list allocator of block ids [0, num_blocks).
-class BlockAllocator {
+// Blocks [0, num_blocks) with reference counts, a free queue in eviction
+// order and the hash map of cached full blocks.
+class BlockPool {
  public:
-  explicit BlockAllocator(int num_blocks);
-  // Appends `count` blocks to `*blocks`; RESOURCE_EXHAUSTED (nothing taken)
+  // Without `enable_caching` no block is ever registered, so every lookup
+  // misses and freed blocks are plain free blocks.
+  BlockPool(int num_blocks, int block_size, bool enable_caching);
+
+  // Appends `count` blocks (one reference each) to `*blocks`, evicting the
+  // least recently freed cached blocks; RESOURCE_EXHAUSTED (nothing taken)
   // when fewer than `count` are free.
   absl::Status Allocate(int count, std::vector<int32_t>* blocks);
+  // Drops one reference to each block, last first; a block left unreferenced
+  // joins the free queue's tail (its cached KV stays until it is reused).
   void Free(const std::vector<int32_t>& blocks);
+  // A full block's key: the hash of its parent block's key (0 for the first
+  // block) and its token ids.
+  static uint64_t Hash(uint64_t parent_hash, absl::Span<const int32_t> tokens);
+  // The cached block with key `hash` holding `tokens` (block_size ids) after
+  // the block keyed `parent_hash`, or -1.
+  int32_t Lookup(uint64_t hash, uint64_t parent_hash, absl::Span<const int32_t> tokens) const;
+  // Takes one more reference to a block (a prefix hit).
+  void Ref(int32_t block);
+  // Registers a full, computed block under `hash`. A block already cached,
+  // or a hash already held by another block, leaves the map as it is.
+  void Cache(int32_t block, uint64_t hash, uint64_t parent_hash, absl::Span<const int32_t> tokens);
+
   int num_blocks() const { return num_blocks_; }
+  bool caching() const { return caching_; }
+  // Blocks no request references (cached or not): what Allocate() can take.
   int num_free() const { return static_cast<int>(free_.size()); }
   int num_used() const { return num_blocks_ - num_free(); }
+  // Blocks registered in the hash map (referenced or free).
+  int num_cached() const { return static_cast<int>(cached_.size()); }
   // used / total, in [0, 1].
   double usage() const { return num_blocks_ == 0 ? 0.0 : double(num_used()) / num_blocks_; }
+  int ref_count(int32_t block) const { return blocks_[block].refs; }
 
  private:
+  struct Block {
+    int refs = 0;
+    bool cached = false;
+    uint64_t hash = 0;
+    uint64_t parent_hash = 0;
+    std::list<int32_t>::iterator free_pos;  // valid while refs == 0
+  };
+  void Uncache(int32_t block);
+
   int num_blocks_;
-  std::vector<int32_t> free_;  // LIFO: recently freed blocks are reused first
+  int block_size_;
+  bool caching_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> tokens_;  // [num_blocks, block_size]: ids of each cached block
+  std::list<int32_t> free_;      // eviction order: front first
+  absl::flat_hash_map<uint64_t, int32_t> cached_;
 };
 
 // The cache storage plus the per-request block tables.
@@ -48,7 +99,8 @@ class KvCache {
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(Device* device, DType dtype,
                                                          int num_layers, int num_blocks,
                                                          int block_size, int num_kv_heads,
-                                                         int head_dim);
+                                                         int head_dim,
+                                                         bool enable_prefix_caching = false);
 
   const KvLayer& layer(int i) const { return layers_[i]; }
   int block_size() const { return block_size_; }
@@ -58,13 +110,25 @@ class KvCache {
   DType dtype() const { return dtype_; }
   // Bytes of one token slot of one layer for K (and for V).
   size_t slot_bytes() const { return static_cast<size_t>(slot_width_) * DTypeSize(dtype_); }
-  BlockAllocator& allocator() { return allocator_; }
-  const BlockAllocator& allocator() const { return allocator_; }
+  // KV bytes of one token over all layers, K and V.
+  size_t token_bytes() const { return 2 * slot_bytes() * layers_.size(); }
+  BlockPool& pool() { return pool_; }
+  const BlockPool& pool() const { return pool_; }
 
+  // Starts request `id`'s table (it must have none) with the cached blocks of
+  // the longest cached prefix of `tokens`, at most `max_tokens` tokens (whole
+  // blocks). Returns the number of tokens whose KV is already there (0 without
+  // prefix caching).
+  int64_t TakeCachedPrefix(const std::string& id, absl::Span<const int32_t> tokens,
+                           int64_t max_tokens);
   // Grows request `id`'s table to cover `num_tokens` token slots.
   // RESOURCE_EXHAUSTED (table unchanged) when blocks run out.
   absl::Status EnsureCapacity(const std::string& id, int64_t num_tokens);
-  // Frees every block of request `id` (no-op for an unknown id).
+  // The first `num_computed` of `tokens` have their KV in request `id`'s
+  // blocks: registers the full blocks among them for reuse.
+  void CacheComputed(const std::string& id, absl::Span<const int32_t> tokens,
+                     int64_t num_computed);
+  // Drops request `id`'s references to its blocks (no-op for an unknown id).
   void Free(const std::string& id);
   // The request's block table, or nullptr.
   const std::vector<int32_t>* BlockTable(const std::string& id) const;
@@ -74,15 +138,20 @@ class KvCache {
   int num_tables() const { return static_cast<int>(tables_.size()); }
 
  private:
-  KvCache(int num_blocks, int block_size) : block_size_(block_size), allocator_(num_blocks) {}
+  struct Table {
+    std::vector<int32_t> blocks;
+    std::vector<uint64_t> hashes;  // of blocks[0, hashes.size()): registered or hit
+  };
+  KvCache(int num_blocks, int block_size, bool caching)
+      : block_size_(block_size), pool_(num_blocks, block_size, caching) {}
   int block_size_;
   int64_t slot_width_ = 0;
   DType dtype_ = DType::kF32;
-  BlockAllocator allocator_;
+  BlockPool pool_;
   std::unique_ptr<Arena> arena_;
   std::vector<KvLayer> layers_;
   // node_hash_map: BlockTable() pointers stay valid while other tables grow.
-  absl::node_hash_map<std::string, std::vector<int32_t>> tables_;
+  absl::node_hash_map<std::string, Table> tables_;
 };
 
 }  // namespace tandem

@@ -45,6 +45,12 @@ struct LlamaConfig {
   uint64_t Fingerprint() const;
   // Validates the fields; INVALID_ARGUMENT names the field and its value.
   absl::Status Validate() const;
+  // max_model_len when none is configured: the model's context, at most 8192
+  // (vLLM takes the model's; the cap keeps a CPU cache of a long-context
+  // model within reason).
+  int DefaultMaxModelLen() const {
+    return static_cast<int>(max_position_embeddings < 8192 ? max_position_embeddings : 8192);
+  }
 };
 
 // Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer

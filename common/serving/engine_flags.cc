@@ -31,6 +31,8 @@ void EngineFlags::Register(FlagSet* f) {
          "CPU backend: threads every op is split over (0 = every CPU this process may use, "
          "as taskset/cgroups allow)");
   f->Add("blas-threads", &threads, "the old name of --threads");
+  f->Add("enable-prefix-caching", &enable_prefix_caching,
+         "reuse the KV of full blocks a request shares with an earlier one (true|false)");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
 }
@@ -55,6 +57,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
     c.runner.graph.max_capture_size = max_num_batched_tokens;
   }
   c.runner.check_input_addresses = check_input_addresses;
+  c.enable_prefix_caching = enable_prefix_caching;
   return c;
 }
 

@@ -29,6 +29,7 @@ struct EngineFlags {
   // worker's default, where steps are chunks of long prompts.
   bool capture_up_to_token_budget = false;
   int threads = 0;
+  bool enable_prefix_caching = true;
   bool check_input_addresses = false;
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}

@@ -30,6 +30,18 @@ void EngineLoop::SetCallback(const std::string& id, OutputCallback cb) {
 
 void EngineLoop::RemoveCallback(const std::string& id) { callbacks_.erase(id); }
 
+void EngineLoop::Deliver(const RequestOutput& o) {
+  auto it = callbacks_.find(o.id);
+  if (it == callbacks_.end()) return;
+  if (!o.finished) {
+    it->second(o);
+    return;
+  }
+  OutputCallback cb = std::move(it->second);  // the last call: drop it first
+  callbacks_.erase(it);
+  cb(o);
+}
+
 void EngineLoop::Run() {
   auto engine = LlmEngine::Create(config_);
   if (!engine.ok()) {
@@ -64,29 +76,20 @@ void EngineLoop::Run() {
       // A failed step is an engine bug or a device fault: fail every request
       // in flight rather than serve wrong tokens.
       TANDEM_LOG(ERROR) << "engine step failed: " << outputs.status();
-      for (auto& [id, cb] : callbacks_) {
+      absl::flat_hash_map<std::string, OutputCallback> failed;
+      failed.swap(callbacks_);
+      for (auto& [id, cb] : failed) {
+        (void)engine_->Abort(id);
         RequestOutput o;
         o.id = id;
         o.finished = true;
         o.finish_reason = FinishReason::kError;
         o.status = outputs.status();
-        cb(*engine_, o);
-        (void)engine_->Abort(id);
+        cb(o);
       }
-      callbacks_.clear();
       continue;
     }
-    for (const RequestOutput& o : *outputs) {
-      auto it = callbacks_.find(o.id);
-      if (it == callbacks_.end()) continue;
-      if (!o.finished) {
-        it->second(*engine_, o);
-        continue;
-      }
-      OutputCallback cb = std::move(it->second);  // the last call: drop it first
-      callbacks_.erase(it);
-      cb(*engine_, o);
-    }
+    for (const RequestOutput& o : *outputs) Deliver(o);
     for (auto& observer : observers_) observer(*engine_, *outputs);
   }
   engine_.reset();

@@ -1,8 +1,9 @@
 // EngineLoop: the one thread that owns an LlmEngine.
 //
-// RPC threads never touch the engine: they Post() closures, which the loop
-// runs in order between steps, and register per-request output callbacks,
-// which the loop calls (on its thread) with every RequestOutput. While the
+// RPC threads never touch the engine: services go through an EngineClient,
+// which Post()s closures that the loop runs in order between steps and
+// registers per-request output callbacks, which the loop calls (on its
+// thread) with every RequestOutput. While the
 // engine has work the loop steps it; otherwise it sleeps until a Post().
 //
 // Start-up work (model load, graph capture) runs on the loop thread too, so a
@@ -29,7 +30,7 @@ namespace tandem {
 class EngineLoop {
  public:
   using Task = std::function<void(LlmEngine&)>;
-  using OutputCallback = std::function<void(LlmEngine&, const RequestOutput&)>;
+  using OutputCallback = std::function<void(const RequestOutput&)>;
   // Called on the loop thread after every step (metrics).
   using StepObserver = std::function<void(LlmEngine&, const std::vector<RequestOutput>&)>;
 
@@ -46,6 +47,9 @@ class EngineLoop {
   // Post()ed task). The callback is removed after the finished output.
   void SetCallback(const std::string& id, OutputCallback cb);
   void RemoveCallback(const std::string& id);
+  // Passes `o` to its request's callback, dropping the callback after a
+  // finished output (on the loop thread).
+  void Deliver(const RequestOutput& o);
   // Adds an observer (call on the loop thread, e.g. from on_ready). Observers
   // also run every ~50 ms while the engine is idle.
   void AddStepObserver(StepObserver observer) { observers_.push_back(std::move(observer)); }

@@ -19,18 +19,22 @@ v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config, DType kv_dtype) 
 }
 
 
-KvExporter::KvExporter(const LlmEngine& engine, std::string id, int64_t num_tokens)
+KvExporter::KvExporter(std::string id, int64_t first, int64_t num_tokens,
+                       v1::ModelFingerprint fingerprint, size_t slot_bytes, int num_layers)
     : id_(std::move(id)),
+      begin_(first),
       num_tokens_(num_tokens),
-      fingerprint_(MakeFingerprint(engine.model_config(), engine.kv_cache().dtype())),
-      row_(engine.kv_cache().slot_bytes()),
+      fingerprint_(std::move(fingerprint)),
+      row_(slot_bytes),
       per_chunk_(TokensPerChunk(row_)),
-      num_layers_(num_tokens > 0 ? engine.model_config().num_hidden_layers : 0) {}
+      num_layers_(num_tokens > first ? num_layers : 0),
+      first_(first) {}
 
 v1::PrefillResponse KvExporter::Header() const {
   v1::PrefillResponse header;
   *header.mutable_header()->mutable_fingerprint() = fingerprint_;
   header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens_));
+  header.mutable_header()->set_first_token(static_cast<uint32_t>(begin_));
   return header;
 }
 
@@ -49,7 +53,7 @@ absl::StatusOr<v1::PrefillResponse> KvExporter::Next(const LlmEngine& engine) {
   chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
   first_ += n;
   if (first_ >= num_tokens_) {
-    first_ = 0;
+    first_ = begin_;
     ++layer_;
   }
   return msg;
@@ -57,19 +61,16 @@ absl::StatusOr<v1::PrefillResponse> KvExporter::Next(const LlmEngine& engine) {
 
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
-                                                         int64_t num_tokens) {
-  KvExporter exporter(engine, id, num_tokens);
+                                                         int64_t num_tokens, int64_t first) {
+  KvExporter exporter(id, first, num_tokens,
+                      MakeFingerprint(engine.model_config(), engine.kv_cache().dtype()),
+                      engine.kv_cache().slot_bytes(), engine.model_config().num_hidden_layers);
   std::vector<v1::PrefillResponse> out = {exporter.Header()};
   while (!exporter.done()) {
     ASSIGN_OR_RETURN(v1::PrefillResponse msg, exporter.Next(engine));
     out.push_back(std::move(msg));
   }
   return out;
-}
-
-absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk) {
-  return engine.WriteKv(id, static_cast<int>(chunk.layer()), chunk.first_token(),
-                        chunk.num_tokens(), chunk.k().data(), chunk.v().data());
 }
 
 }  // namespace tandem

@@ -31,13 +31,15 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
 // `slot_bytes`: bytes of one token's K (and of its V) in one layer.
 int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
-// Produces request `id`'s first `num_tokens` tokens of KV as a header, then
-// one chunk at a time (layer by layer), so a sender can make chunks as fast as
-// its reader takes them instead of copying the whole KV at once. Engine
-// thread only; the request's blocks must stay allocated until done().
+// Produces the KV of request `id`'s tokens [first, num_tokens) as a header,
+// then one chunk at a time (layer by layer), so a sender can make chunks as
+// fast as its reader takes them instead of copying the whole KV at once.
+// Next() runs on the engine thread; the request's blocks must stay allocated
+// until done().
 class KvExporter {
  public:
-  KvExporter(const LlmEngine& engine, std::string id, int64_t num_tokens);
+  KvExporter(std::string id, int64_t first, int64_t num_tokens, v1::ModelFingerprint fingerprint,
+             size_t slot_bytes, int num_layers);
   v1::PrefillResponse Header() const;
   // The next chunk; check done() first.
   absl::StatusOr<v1::PrefillResponse> Next(const LlmEngine& engine);
@@ -45,6 +47,7 @@ class KvExporter {
 
  private:
   std::string id_;
+  int64_t begin_;
   int64_t num_tokens_;
   v1::ModelFingerprint fingerprint_;
   size_t row_;
@@ -54,17 +57,15 @@ class KvExporter {
   int64_t first_ = 0;
 };
 
-// The header and every chunk at once (tests and benchmarks).
+// The header and every chunk of tokens [first, num_tokens) at once (tests
+// and benchmarks).
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
-                                                         int64_t num_tokens);
+                                                         int64_t num_tokens, int64_t first = 0);
 
 // Checks a chunk's sizes against `slot_bytes` (INVALID_ARGUMENT) and its
 // checksum (DATA_LOSS).
 absl::Status VerifyChunk(const v1::KvChunk& chunk, size_t slot_bytes);
-
-// Writes a verified chunk into request `id`'s reserved blocks.
-absl::Status ImportChunk(LlmEngine& engine, const std::string& id, const v1::KvChunk& chunk);
 
 }  // namespace tandem
 

@@ -89,6 +89,31 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                          .Labels(role_label)
                          .Register(r)
                          .Add({});
+  sending_kv_ = &prometheus::BuildGauge()
+                     .Name("tandem_requests_sending_kv")
+                     .Help("Prefilled requests whose KV is being streamed out, holding their "
+                           "blocks (prefill)")
+                     .Labels(role_label)
+                     .Register(r)
+                     .Add({});
+  prefix_queries_ = &prometheus::BuildCounter()
+                         .Name("tandem_prefix_cache_queries_total")
+                         .Help("Tokens looked up in the prefix cache (each admitted request's)")
+                         .Labels(role_label)
+                         .Register(r)
+                         .Add({});
+  prefix_hits_ = &prometheus::BuildCounter()
+                      .Name("tandem_prefix_cache_hits_total")
+                      .Help("Tokens whose KV the prefix cache held (not computed again)")
+                      .Labels(role_label)
+                      .Register(r)
+                      .Add({});
+  kv_cached_blocks_ = &prometheus::BuildGauge()
+                           .Name("tandem_kv_cache_blocks_cached")
+                           .Help("KV cache blocks registered for prefix reuse (in use or free)")
+                           .Labels(role_label)
+                           .Register(r)
+                           .Add({});
   if (role == "prefill") {
     tokens_ = &prometheus::BuildCounter()
                    .Name("tandem_prompt_tokens_total")
@@ -121,6 +146,13 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                 .Labels(role_label)
                 .Register(r)
                 .Add({}, LatencyBuckets());
+    transfer_saved_bytes_ =
+        &prometheus::BuildCounter()
+             .Name("tandem_kv_transfer_saved_bytes_total")
+             .Help("KV bytes not transferred because this worker's prefix cache held them")
+             .Labels(role_label)
+             .Register(r)
+             .Add({});
     prefill_local_ = &prometheus::BuildCounter()
                           .Name("tandem_prefill_local_total")
                           .Help("Prompts the decode worker prefilled itself, by reason "
@@ -190,12 +222,26 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   folded_ = s;
   preemptions_->Increment(static_cast<double>(engine.num_preemptions() - folded_preemptions_));
   folded_preemptions_ = engine.num_preemptions();
-  running_->Set(static_cast<double>(engine.num_running()));
-  waiting_->Set(static_cast<double>(engine.num_waiting() + service_waiting_.load()));
-  waiting_for_kv_->Set(static_cast<double>(service_waiting_for_kv_.load()));
-  const BlockAllocator& a = engine.kv_cache().allocator();
-  kv_usage_->Set(a.usage());
-  kv_blocks_->Set(a.num_used());
+  // Every request the engine holds is in exactly one state, so in exactly
+  // one of these gauges.
+  const std::array<int, kNumRequestStates> n = engine.CountStates();
+  auto count = [&](RequestState state) { return n[static_cast<int>(state)]; };
+  running_->Set(count(RequestState::kRunning));
+  waiting_->Set(count(RequestState::kWaiting) + count(RequestState::kPreempted));
+  waiting_for_kv_->Set(count(RequestState::kWaitingForRemoteKv));
+  int finished = 0;
+  for (int i = static_cast<int>(RequestState::kFinishedStopped); i < kNumRequestStates; ++i) {
+    finished += n[i];
+  }
+  sending_kv_->Set(finished);
+  const PrefixCacheStats& p = engine.prefix_cache_stats();
+  prefix_queries_->Increment(static_cast<double>(p.queries - folded_prefix_.queries));
+  prefix_hits_->Increment(static_cast<double>(p.hits - folded_prefix_.hits));
+  folded_prefix_ = p;
+  const BlockPool& pool = engine.kv_cache().pool();
+  kv_usage_->Set(pool.usage());
+  kv_blocks_->Set(pool.num_used());
+  kv_cached_blocks_->Set(pool.num_cached());
 }
 
 void WorkerMetrics::RequestFinished(const std::string& code) {
@@ -218,6 +264,9 @@ void WorkerMetrics::PrefillSeconds(double s) {
 void WorkerMetrics::KvTransfer(size_t bytes, double seconds) {
   transfer_bytes_->Increment(static_cast<double>(bytes));
   transfer_seconds_->Observe(seconds);
+}
+void WorkerMetrics::KvTransferSaved(size_t bytes) {
+  if (transfer_saved_bytes_) transfer_saved_bytes_->Increment(static_cast<double>(bytes));
 }
 void WorkerMetrics::KvTransferFailure(const std::string& reason) {
   transfer_failures_->Add({{"reason", reason}}).Increment();

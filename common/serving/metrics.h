@@ -33,17 +33,8 @@ class WorkerMetrics {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
   // Engine-thread refresh: graph counters, steps, replays and ratios, padded
-  // tokens, running/waiting, KV cache usage.
+  // tokens, the request-state gauges, prefix-cache counters, KV cache usage.
   void ObserveEngine(LlmEngine& engine);
-
-  // Requests a service holds outside the engine: waiting for KV blocks, and
-  // waiting for their prompt's KV to arrive. Folded into the gauges by the
-  // next ObserveEngine(), so every admitted request is counted in exactly one
-  // of running / waiting / waiting_for_kv.
-  void SetServiceQueues(int waiting, int waiting_for_kv) {
-    service_waiting_ = waiting;
-    service_waiting_for_kv_ = waiting_for_kv;
-  }
 
   // Services.
   void RequestFinished(const std::string& grpc_code_name);
@@ -55,6 +46,8 @@ class WorkerMetrics {
   void PrefillSeconds(double s);
   void KvTransfer(size_t bytes, double seconds);
   void KvTransferFailure(const std::string& reason);
+  // KV a decode worker did not ask for: its prefix cache held it.
+  void KvTransferSaved(size_t bytes);
   // A decode worker prefilled a prompt itself: "aggregated", "short_prompt"
   // or "fallback".
   void PrefillLocal(const std::string& reason);
@@ -82,8 +75,12 @@ class WorkerMetrics {
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* waiting_for_kv_;
-  std::atomic<int> service_waiting_{0};
-  std::atomic<int> service_waiting_for_kv_{0};
+  prometheus::Gauge* sending_kv_;
+  prometheus::Counter* prefix_queries_;
+  prometheus::Counter* prefix_hits_;
+  prometheus::Gauge* kv_cached_blocks_;
+  prometheus::Counter* transfer_saved_bytes_ = nullptr;  // decode role
+  PrefixCacheStats folded_prefix_;  // engine thread only
   prometheus::Counter* tokens_;  // prompt (prefill) or generation (decode)
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;

@@ -129,7 +129,7 @@ void LogStepTable(const std::string& role, const std::vector<StepRecord>& record
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
-              const std::function<void(EngineLoop*)>& on_engine) {
+              const std::function<void(EngineClient*)>& on_engine) {
   // Signals are taken by sigwait() below; block them in every thread (main()
   // did so before any thread started; this covers callers that did not).
   BlockTerminationSignals();
@@ -181,6 +181,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
 
   std::atomic<bool> failed{false};
   absl::Time last_table = absl::Now();
+  std::unique_ptr<EngineClient> client;
   EngineLoop loop(std::move(engine_config), [&](const absl::Status& s, LlmEngine* engine) {
     if (s.ok()) {
       metrics->ObserveEngine(*engine);  // capture counts are visible once SERVING
@@ -192,7 +193,8 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
           LogStepTable(options.role, engine.TakeStepRecords());
         }
       });
-      on_engine(&loop);
+      client = std::make_unique<EngineClient>(&loop);
+      on_engine(client.get());
       state->ready = true;
       health->SetServingStatus(true);
       TANDEM_LOG(INFO) << options.role << " worker: SERVING";

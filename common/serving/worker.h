@@ -16,7 +16,7 @@
 #include "common/base/flags.h"
 #include "common/engine/sampling.h"
 #include "common/serving/engine_flags.h"
-#include "common/serving/engine_loop.h"
+#include "common/serving/engine_client.h"
 #include "common/serving/metrics.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/stream_writer.h"
@@ -104,11 +104,12 @@ SamplingParams FromProto(const v1::SamplingParams& p);
 
 // Runs a worker until a signal: `services` are registered on the server; the
 // engine loop is handed to `on_engine` (on the loop thread) once graphs are
-// captured, just before the worker reports SERVING. Returns the exit code.
+// captured, just before the worker reports SERVING, as the EngineClient the
+// services use from then on. Returns the exit code.
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
-              const std::function<void(EngineLoop*)>& on_engine);
+              const std::function<void(EngineClient*)>& on_engine);
 
 }  // namespace tandem
 

@@ -347,7 +347,7 @@ TEST(CudaEngineTest, GreedyTokensEqualCpuInF32) {
     auto gpu = MakeEngine("cuda", "f32", mode);
     SKIP_WITHOUT_GPU(gpu);
     EXPECT_EQ(Greedy(gpu->get()), want);
-    EXPECT_EQ((*gpu)->kv_cache().allocator().num_used(), 0);
+    EXPECT_EQ((*gpu)->kv_cache().pool().num_used(), 0);
   }
 }
 

@@ -78,7 +78,7 @@ TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
     EXPECT_EQ(out["r" + std::to_string(i)], cases[i]["output_ids"].get<std::vector<int32_t>>())
         << "prompt " << i << " in " << CudaGraphMode(GetParam()).name();
   }
-  EXPECT_EQ((*engine)->kv_cache().allocator().num_used(), 0);
+  EXPECT_EQ((*engine)->kv_cache().pool().num_used(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, RealModelModeTest,

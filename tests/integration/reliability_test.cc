@@ -277,8 +277,11 @@ TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
 TEST(ReliabilityTest, PrefillDefaultsReplayPiecewiseForEveryStep) {
   Worker prefill = StartWorker("prefill_worker", {});
   Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  int seed = 0;
   for (int n : {7, 300, 1300}) {  // short, mid-size, and chunked into three steps
-    GenerateResult g = Generate(decode.address(), MakeRequest("p" + std::to_string(n), Prompt(n, n), 2));
+    // Distinct seeds: prompts sharing a prefix would reuse its cached KV.
+    GenerateResult g =
+        Generate(decode.address(), MakeRequest("p" + std::to_string(n), Prompt(n, ++seed), 2));
     ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   }
   const double steps = prefill.Metric("tandem_forward_steps_total", {{"runtime_mode", "PIECEWISE"}}) +

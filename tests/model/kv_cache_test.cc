@@ -5,8 +5,8 @@
 namespace tandem {
 namespace {
 
-TEST(BlockAllocatorTest, ExhaustionIsStatusAndTakesNothing) {
-  BlockAllocator a(4);
+TEST(BlockPoolTest, ExhaustionIsStatusAndTakesNothing) {
+  BlockPool a(4, 4, false);
   std::vector<int32_t> blocks;
   ASSERT_TRUE(a.Allocate(3, &blocks).ok());
   EXPECT_EQ(a.num_used(), 3);
@@ -35,7 +35,7 @@ TEST(KvCacheTest, TablesGrowAndFree) {
   (*kv)->Free("a");
   (*kv)->Free("b");
   (*kv)->Free("unknown");
-  EXPECT_EQ((*kv)->allocator().num_used(), 0);
+  EXPECT_EQ((*kv)->pool().num_used(), 0);
   EXPECT_EQ((*kv)->num_tables(), 0);
 }
 

@@ -70,7 +70,7 @@ void CheckAgainstReference(const std::string& spec, CudaGraphMode mode) {
     (*kv)->Free(id);
   }
   ::testing::Test::RecordProperty("max_abs_diff", std::to_string(worst));
-  EXPECT_EQ((*kv)->allocator().num_used(), 0);
+  EXPECT_EQ((*kv)->pool().num_used(), 0);
 }
 
 // Writes the fixture as llama.cpp's converter would: GGUF names, dims

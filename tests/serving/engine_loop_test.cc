@@ -95,7 +95,7 @@ TEST(EngineLoopTest, CallbacksSeeEveryTokenThenAreDropped) {
     p.max_tokens = 5;
     p.ignore_eos = true;
     ASSERT_TRUE(engine.AddRequest("r", {1, 2, 3}, p).ok());
-    loop.SetCallback("r", [&](LlmEngine&, const RequestOutput& o) {
+    loop.SetCallback("r", [&](const RequestOutput& o) {
       if (finished.HasBeenNotified()) ++calls_after_finish;
       tokens.insert(tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
       if (o.finished) finished.Notify();
@@ -105,7 +105,7 @@ TEST(EngineLoopTest, CallbacksSeeEveryTokenThenAreDropped) {
   Notification check;
   loop.Post([&](LlmEngine& engine) {
     EXPECT_EQ(tokens.size(), 5u);
-    EXPECT_EQ(engine.kv_cache().allocator().num_used(), 0);
+    EXPECT_EQ(engine.kv_cache().pool().num_used(), 0);
     check.Notify();
   });
   ASSERT_TRUE(check.WaitForNotificationWithTimeout(absl::Seconds(10)));

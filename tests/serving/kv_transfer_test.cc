@@ -42,14 +42,30 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   ASSERT_EQ(messages->size(), 1u + 4u);  // header + one chunk per layer
   EXPECT_TRUE(CheckFingerprint((*messages)[0].header().fingerprint(),
                                MakeFingerprint(dst->model_config(), DType::kF32)).ok());
-  ASSERT_TRUE(dst->ReserveKv("x", 38).ok());
+  // The decode side: blocks reserved, then WAITING_FOR_REMOTE_KV.
+  p.max_tokens = 4;
+  ASSERT_TRUE(dst->AddRequest("x", prompt, p, RequestKind::kRemotePrefill).ok());
+  auto outs = dst->Step();
+  ASSERT_TRUE(outs.ok());
+  ASSERT_EQ(outs->size(), 1u);
+  EXPECT_TRUE((*outs)[0].kv_needed);
+  EXPECT_EQ((*outs)[0].kv_tokens, 37);
+  EXPECT_EQ((*outs)[0].cached_tokens, 0);
+  EXPECT_EQ(dst->num_waiting_for_remote_kv(), 1u);
   const int64_t w = src->kv_cache().slot_width();
   const size_t row = src->kv_cache().slot_bytes();
   for (size_t i = 1; i < messages->size(); ++i) {
     const v1::KvChunk& chunk = (*messages)[i].chunk();
     ASSERT_TRUE(VerifyChunk(chunk, row).ok());
-    ASSERT_TRUE(ImportChunk(*dst, "x", chunk).ok());
+    ASSERT_TRUE(dst->ImportKv("x", static_cast<int>(chunk.layer()), chunk.first_token(),
+                              chunk.num_tokens(), chunk.k().data(), chunk.v().data())
+                    .ok());
   }
+  // Rows past the request's tokens are refused, naming the range.
+  const v1::KvChunk& last = messages->back().chunk();
+  absl::Status outside = dst->ImportKv("x", 0, 37, 1, last.k().data(), last.v().data());
+  EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(outside.message().find("[0, 37)"), std::string::npos) << outside;
   for (int layer = 0; layer < 4; ++layer) {
     std::vector<float> k1(37 * w), v1(37 * w), k2(37 * w), v2(37 * w);
     ASSERT_TRUE(src->ReadKv("x", layer, 0, 37, k1.data(), v1.data()).ok());
@@ -73,10 +89,22 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
                        MakeFingerprint(dst->model_config(), DType::kF32));
   EXPECT_EQ(dtype_mismatch.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(dtype_mismatch.message().find("dtype=bf16"), std::string::npos);
+  // The first token joins the batch; the rest is decoded here.
+  ASSERT_TRUE(dst->RemoteKvArrived("x", 7).ok());
+  EXPECT_EQ(dst->ImportKv("x", 0, 0, 1, last.k().data(), last.v().data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<int32_t> tokens;
+  while (dst->HasWork()) {
+    auto o = dst->Step();
+    ASSERT_TRUE(o.ok());
+    for (const RequestOutput& x : *o) tokens.insert(tokens.end(), x.new_tokens.begin(), x.new_tokens.end());
+  }
+  ASSERT_EQ(tokens.size(), 4u);
+  EXPECT_EQ(tokens[0], 7);
   ASSERT_TRUE(src->Abort("x").ok());
-  ASSERT_TRUE(dst->Abort("x").ok());
-  EXPECT_EQ(src->kv_cache().allocator().num_used(), 0);
-  EXPECT_EQ(dst->kv_cache().allocator().num_used(), 0);
+  EXPECT_EQ(dst->Abort("x").code(), absl::StatusCode::kNotFound);  // finished and gone
+  EXPECT_EQ(src->kv_cache().pool().num_used(), 0);
+  EXPECT_EQ(dst->kv_cache().pool().num_used(), 0);
 }
 
 TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {

@@ -1,0 +1,91 @@
+#include "common/serving/engine_client.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+EngineClient::EngineClient(EngineLoop* loop)
+    : loop_(loop),
+      fingerprint_(MakeFingerprint(loop->model_config(), loop->kv_cache().dtype())),
+      slot_bytes_(loop->kv_cache().slot_bytes()),
+      block_size_(loop->kv_cache().block_size()) {}
+
+void EngineClient::FailOnLoop(LlmEngine& engine, const std::string& id,
+                              const absl::Status& status) {
+  (void)engine.Abort(id);
+  RequestOutput o;
+  o.id = id;
+  o.finished = true;
+  o.finish_reason = FinishReason::kError;
+  o.status = status;
+  loop_->Deliver(o);
+}
+
+void EngineClient::Submit(Submission s, OutputCallback cb) {
+  loop_->Post([this, s = std::move(s), cb = std::move(cb)](LlmEngine& engine) mutable {
+    absl::Status added;
+    if (s.max_waiting > 0 && static_cast<int>(engine.num_waiting()) >= s.max_waiting) {
+      added = absl::ResourceExhaustedError(absl::StrCat(
+          engine.num_waiting(), " requests already waiting (limit ", s.max_waiting, ")"));
+    } else {
+      added = engine.AddRequest(s.id, std::move(s.prompt), s.params, s.kind);
+    }
+    if (!added.ok()) {
+      RequestOutput o;
+      o.id = s.id;
+      o.finished = true;
+      o.finish_reason = FinishReason::kError;
+      o.status = added;
+      cb(o);
+      return;
+    }
+    loop_->SetCallback(s.id, std::move(cb));
+  });
+}
+
+void EngineClient::ImportKv(const std::string& id, v1::KvChunk chunk) {
+  loop_->Post([this, id, chunk = std::move(chunk)](LlmEngine& engine) {
+    absl::Status s = engine.ImportKv(id, static_cast<int>(chunk.layer()), chunk.first_token(),
+                                     chunk.num_tokens(), chunk.k().data(), chunk.v().data());
+    if (!s.ok()) FailOnLoop(engine, id, s);
+  });
+}
+
+void EngineClient::RemoteKvArrived(const std::string& id, int32_t token) {
+  loop_->Post([this, id, token](LlmEngine& engine) {
+    absl::Status s = engine.RemoteKvArrived(id, token);
+    if (!s.ok()) FailOnLoop(engine, id, s);
+  });
+}
+
+void EngineClient::ComputeLocally(const std::string& id) {
+  loop_->Post([this, id](LlmEngine& engine) {
+    absl::Status s = engine.ComputeLocally(id);
+    if (!s.ok()) FailOnLoop(engine, id, s);
+  });
+}
+
+void EngineClient::Cancel(const std::string& id) {
+  loop_->Post([this, id](LlmEngine& engine) {
+    (void)engine.Abort(id);  // NOT_FOUND: already finished and gone
+    loop_->RemoveCallback(id);
+  });
+}
+
+void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter, size_t window_bytes,
+                            ExportCallback done) {
+  loop_->Post([exporter = std::move(exporter), window_bytes,
+               done = std::move(done)](LlmEngine& engine) {
+    std::vector<v1::PrefillResponse> msgs;
+    size_t bytes = 0;
+    while (!exporter->done() && bytes < window_bytes) {
+      absl::StatusOr<v1::PrefillResponse> msg = exporter->Next(engine);
+      if (!msg.ok()) return done(msg.status());
+      bytes += msg->chunk().k().size() + msg->chunk().v().size();
+      msgs.push_back(*std::move(msg));
+    }
+    done(std::move(msgs));
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,81 @@
+// EngineClient: the few verbs a service may ask of the engine (vLLM's
+// EngineCoreClient, Triton's TRITONSERVER_* calls). Services never see the
+// LlmEngine: every call here posts to the engine loop and runs there, in call
+// order, between steps; a request's outputs come back on the loop thread to
+// the callback given at Submit(), ending with one `finished` output (also for
+// every error after Submit(): invalid request, queue full, a failed KV import,
+// a failed step). Cancel() is the one way to drop a request early; it frees
+// its blocks wherever it is, and its callback is not called again.
+//
+// KV transfer: on the decode side a kRemotePrefill request reports
+// `kv_needed` once its blocks are reserved; the service then feeds
+// ImportKv() chunks and RemoteKvArrived() (or ComputeLocally()). On the
+// prefill side a kPrefillOnly request finishes keeping its KV, which
+// ExportKv() reads out in windows until the service Cancel()s it.
+//
+// Thread-safe: any method from any thread. Callbacks run on the loop thread
+// and must not block.
+#ifndef TANDEM_COMMON_SERVING_ENGINE_CLIENT_H_
+#define TANDEM_COMMON_SERVING_ENGINE_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/serving/engine_loop.h"
+#include "common/serving/kv_transfer.h"
+#include "proto/tandem/v1/tandem.pb.h"
+
+namespace tandem {
+
+class EngineClient {
+ public:
+  using OutputCallback = std::function<void(const RequestOutput&)>;
+  // `loop` must be ready and outlive the client.
+  explicit EngineClient(EngineLoop* loop);
+
+  struct Submission {
+    std::string id;
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+    RequestKind kind = RequestKind::kGenerate;
+    // RESOURCE_EXHAUSTED when this many requests already wait (0: no limit).
+    int max_waiting = 0;
+  };
+  void Submit(Submission s, OutputCallback cb);
+  // Writes a verified chunk into a WAITING_FOR_REMOTE_KV request's blocks; an
+  // error finishes the request with it.
+  void ImportKv(const std::string& id, v1::KvChunk chunk);
+  // The request's KV is in and `token` was sampled after it.
+  void RemoteKvArrived(const std::string& id, int32_t token);
+  // Prefill the request here after all (its prefill worker is unreachable).
+  void ComputeLocally(const std::string& id);
+  // Drops the request (any state) and frees its blocks; no more outputs.
+  void Cancel(const std::string& id);
+
+  // Reads the next chunks of a finished prefill-only request's KV until
+  // about `window_bytes` are made or the export is done, and passes them
+  // (or the error) to `done` on the loop thread.
+  using ExportCallback = std::function<void(absl::StatusOr<std::vector<v1::PrefillResponse>>)>;
+  void ExportKv(std::shared_ptr<KvExporter> exporter, size_t window_bytes, ExportCallback done);
+
+  // Start-up facts, immutable once the engine is ready.
+  const LlamaConfig& model_config() const { return loop_->model_config(); }
+  const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  int block_size() const { return block_size_; }
+
+ private:
+  // Ends request `id` with `status`: aborts it and calls its callback last.
+  void FailOnLoop(LlmEngine& engine, const std::string& id, const absl::Status& status);
+
+  EngineLoop* loop_;
+  v1::ModelFingerprint fingerprint_;
+  size_t slot_bytes_;
+  int block_size_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_ENGINE_CLIENT_H_
