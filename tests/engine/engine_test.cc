@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -10,8 +11,9 @@ namespace {
 using M = CudaGraphMode;
 
 std::unique_ptr<LlmEngine> MakeEngine(M mode, int num_kv_blocks = 0, int max_num_seqs = 16,
-                                      int block_size = 16) {
+                                      int block_size = 16, bool prefix_caching = true) {
   EngineConfig c;
+  c.enable_prefix_caching = prefix_caching;
   c.model = "synthetic";
   c.runner.graph.requested_mode = mode;
   c.runner.max_num_batched_tokens = 64;
@@ -165,6 +167,74 @@ TEST(EngineTest, PrefillOnlyKeepsKvUntilReleased) {
   EXPECT_NE(e->kv_cache().BlockTable("p"), nullptr);
   EXPECT_TRUE(e->Abort("p").ok());
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+}
+
+// Many prompts sharing a 40-token system prompt, in waves, with and without
+// prefix caching, with room for everything and under eviction pressure: the
+// greedy tokens are the same, the cached run computes fewer tokens, and no
+// block is left held.
+TEST(EngineTest, PrefixCachingKeepsOutputsAndSkipsSharedPrefixes) {
+  const std::vector<int32_t> system = Prompt(40, 77);
+  auto prompt = [&](int i) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> user = Prompt(3 + (i * 7) % 30, i);
+    p.insert(p.end(), user.begin(), user.end());
+    return p;
+  };
+  SamplingParams p;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  for (M mode : {M::kNone, M::kFullAndPiecewise}) {
+    for (int blocks : {0, 12}) {  // 12 blocks of 8: preemption and eviction
+      SCOPED_TRACE(absl::StrCat(mode.name(), " blocks=", blocks));
+      std::map<std::string, std::vector<int32_t>> out[2];
+      int64_t computed[2] = {0, 0};
+      for (bool caching : {false, true}) {
+        auto e = MakeEngine(mode, blocks, 4, /*block_size=*/8, caching);
+        for (int wave = 0; wave < 3; ++wave) {
+          for (int i = 0; i < 5; ++i) {
+            const int id = wave * 5 + i;
+            ASSERT_TRUE(e->AddRequest("r" + std::to_string(id), prompt(id), p).ok());
+          }
+          for (auto& [id, tokens] : RunAll(e.get())) out[caching][id] = tokens;
+          for (const StepRecord& r : e->TakeStepRecords()) computed[caching] += r.num_tokens;
+        }
+        EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+        const PrefixCacheStats& st = e->prefix_cache_stats();
+        if (caching) {
+          EXPECT_GT(st.hits, 0);
+          EXPECT_GT(e->kv_cache().pool().num_cached(), 0);
+        } else {
+          EXPECT_EQ(st.hits, 0);
+        }
+      }
+      EXPECT_EQ(out[0], out[1]);
+      EXPECT_EQ(out[1].size(), 15u);
+      EXPECT_LT(computed[1], computed[0]);  // the graph policy saw fewer new tokens
+    }
+  }
+}
+
+// A request's blocks are freed by the one Abort path in every state.
+TEST(EngineTest, AbortFreesBlocksInEveryState) {
+  auto e = MakeEngine(M::kNone, /*num_kv_blocks=*/10, 4, /*block_size=*/8);
+  SamplingParams p;
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("run", Prompt(20, 1), p).ok());
+  ASSERT_TRUE(e->AddRequest("remote", Prompt(20, 2), p, RequestKind::kRemotePrefill).ok());
+  ASSERT_TRUE(e->AddRequest("wait", Prompt(40, 3), p).ok());  // 5 blocks: 4 are left
+  auto out = e->Step();
+  ASSERT_TRUE(out.ok());
+  auto states = e->CountStates();
+  EXPECT_EQ(states[static_cast<int>(RequestState::kRunning)], 1);
+  EXPECT_EQ(states[static_cast<int>(RequestState::kWaitingForRemoteKv)], 1);
+  EXPECT_EQ(states[static_cast<int>(RequestState::kWaiting)], 1);
+  EXPECT_GT(e->kv_cache().pool().num_used(), 0);
+  for (const char* id : {"run", "remote", "wait"}) EXPECT_TRUE(e->Abort(id).ok()) << id;
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+  EXPECT_FALSE(e->HasWork());
+  EXPECT_EQ(e->Abort("run").code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

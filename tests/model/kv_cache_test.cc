@@ -39,5 +39,96 @@ TEST(KvCacheTest, TablesGrowAndFree) {
   EXPECT_EQ((*kv)->num_tables(), 0);
 }
 
+std::vector<int32_t> Seq(int n, int start) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = start + i;
+  return t;
+}
+
+TEST(BlockPoolTest, RefCountsKeepSharedBlocksUntilTheLastUserFrees) {
+  BlockPool pool(4, 2, /*enable_caching=*/true);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(pool.Allocate(2, &a).ok());
+  pool.Ref(a[0]);  // a second request shares the first block
+  EXPECT_EQ(pool.ref_count(a[0]), 2);
+  pool.Free(a);
+  EXPECT_EQ(pool.num_used(), 1);  // still held by the sharer
+  EXPECT_EQ(pool.ref_count(a[0]), 1);
+  pool.Free({a[0]});
+  EXPECT_EQ(pool.num_used(), 0);
+}
+
+TEST(BlockPoolTest, CachedBlocksAreFoundByHashAndEvictedLeastRecentlyFreedFirst) {
+  BlockPool pool(3, 2, /*enable_caching=*/true);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(pool.Allocate(1, &a).ok());
+  ASSERT_TRUE(pool.Allocate(1, &b).ok());
+  const std::vector<int32_t> ta = {5, 6}, tb = {7, 8};
+  const uint64_t ha = BlockPool::Hash(0, ta), hb = BlockPool::Hash(0, tb);
+  pool.Cache(a[0], ha, 0, ta);
+  pool.Cache(b[0], hb, 0, tb);
+  EXPECT_EQ(pool.num_cached(), 2);
+  pool.Free(a);  // freed first: evicted first
+  pool.Free(b);
+  EXPECT_EQ(pool.num_free(), 3);
+  EXPECT_EQ(pool.Lookup(ha, 0, ta), a[0]);  // free but still cached
+  EXPECT_EQ(pool.Lookup(hb, 0, tb), b[0]);
+  // The same hash with other tokens (a collision) or another parent misses.
+  EXPECT_EQ(pool.Lookup(ha, 0, tb), -1);
+  EXPECT_EQ(pool.Lookup(ha, 1, ta), -1);
+  std::vector<int32_t> c;
+  ASSERT_TRUE(pool.Allocate(2, &c).ok());  // the never-used block, then a's
+  EXPECT_EQ(pool.Lookup(ha, 0, ta), -1);   // evicted
+  EXPECT_EQ(pool.Lookup(hb, 0, tb), b[0]);
+  EXPECT_EQ(pool.num_cached(), 1);
+  // Taking a free cached block back removes it from the free queue.
+  pool.Ref(b[0]);
+  EXPECT_EQ(pool.num_free(), 0);
+  EXPECT_EQ(pool.Allocate(1, &c).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(BlockPoolTest, WithoutCachingNothingIsFound) {
+  BlockPool pool(2, 2, /*enable_caching=*/false);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(pool.Allocate(1, &a).ok());
+  const std::vector<int32_t> t = {1, 2};
+  pool.Cache(a[0], BlockPool::Hash(0, t), 0, t);
+  EXPECT_EQ(pool.num_cached(), 0);
+  EXPECT_EQ(pool.Lookup(BlockPool::Hash(0, t), 0, t), -1);
+}
+
+TEST(KvCacheTest, PrefixOfFullComputedBlocksIsReused) {
+  auto device = CreateCpuDevice();
+  auto kv = KvCache::Create(device.get(), DType::kF32, 1, 8, 4, 1, 4, /*prefix_caching=*/true);
+  ASSERT_TRUE(kv.ok());
+  KvCache& c = **kv;
+  const std::vector<int32_t> a = Seq(10, 100);  // blocks [100..103] [104..107] [108 109]
+  EXPECT_EQ(c.TakeCachedPrefix("a", a, 9), 0);
+  ASSERT_TRUE(c.EnsureCapacity("a", 10).ok());
+  c.CacheComputed("a", a, 10);  // two full blocks registered
+  EXPECT_EQ(c.pool().num_cached(), 2);
+  // Same first 6 tokens: one whole block is shared.
+  std::vector<int32_t> b = Seq(6, 100);
+  b.push_back(1);
+  EXPECT_EQ(c.TakeCachedPrefix("b", b, 6), 4);
+  EXPECT_EQ((*c.BlockTable("b"))[0], (*c.BlockTable("a"))[0]);
+  EXPECT_EQ(c.pool().ref_count((*c.BlockTable("a"))[0]), 2);
+  // At most max_tokens, in whole blocks: 7 of a's tokens allow one block.
+  EXPECT_EQ(c.TakeCachedPrefix("c", a, 7), 4);
+  // A different first block shares nothing, even with equal later tokens.
+  std::vector<int32_t> d = a;
+  d[0] = 1;
+  EXPECT_EQ(c.TakeCachedPrefix("d", d, 9), 0);
+  EXPECT_EQ(c.BlockTable("d"), nullptr);
+  c.Free("a");
+  c.Free("b");
+  c.Free("c");
+  EXPECT_EQ(c.pool().num_used(), 0);
+  // Freed, the blocks keep their KV: a later request takes both.
+  EXPECT_EQ(c.TakeCachedPrefix("e", a, 9), 8);
+  c.Free("e");
+  EXPECT_EQ(c.num_tables(), 0);
+}
+
 }  // namespace
 }  // namespace tandem
