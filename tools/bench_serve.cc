@@ -117,6 +117,9 @@ const std::vector<std::pair<std::string, std::map<std::string, std::string>>>& C
       {"tandem_cudagraph_replays_total", {{"mode", "PIECEWISE"}}},
       {"tandem_cudagraph_padded_tokens_total", {}},
       {"tandem_kv_transfer_bytes_total", {}},
+      {"tandem_kv_transfer_saved_bytes_total", {}},
+      {"tandem_prefix_cache_queries_total", {}},
+      {"tandem_prefix_cache_hits_total", {}},
       {"tandem_prefill_local_total", {{"reason", "aggregated"}}},
       {"tandem_prefill_local_total", {{"reason", "short_prompt"}}},
       {"tandem_prefill_local_total", {{"reason", "fallback"}}},
@@ -217,7 +220,7 @@ int RunServeBench(const std::vector<std::string>& args) {
   double burstiness = 1;
   uint64_t seed = 0;
   std::string dataset = "random";
-  int input_len = 128, output_len = 64;
+  int input_len = 128, output_len = 64, prefix_len = 0;
   double range_ratio = 0;
   std::string mix, prompts_file, model, slo_text, metrics_address, json_path, label;
   int vocab_size = 0;
@@ -231,6 +234,9 @@ int RunServeBench(const std::vector<std::string>& args) {
   flags.Add("input-len", &input_len, "random: prompt tokens");
   flags.Add("output-len", &output_len, "tokens to generate (max_tokens)");
   flags.Add("range-ratio", &range_ratio, "random: lengths uniform in len * [1 - r, 1 + r]");
+  flags.Add("prefix-len", &prefix_len,
+            "random: every prompt starts with the same N tokens (a shared system prompt), "
+            "then its own --input-len");
   flags.Add("mix", &mix,
             "random: a mixed workload, [NAME=]IN/OUT:WEIGHT,... e.g. "
             "chat=128/64:0.8,doc=1024/16:0.2 (overrides --input-len/--output-len)");
@@ -309,12 +315,18 @@ int RunServeBench(const std::vector<std::string>& args) {
     std::vector<double> weights;
     for (const RequestClass& c : classes) weights.push_back(c.weight);
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
+    if (prefix_len < 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--prefix-len=", prefix_len, " must be >= 0")));
+    }
     std::uniform_int_distribution<int32_t> token(0, vocab_size - 1);
+    std::vector<int32_t> prefix(prefix_len);
+    for (int32_t& id : prefix) id = token(rng);
     for (Planned& p : plan) {
       const RequestClass& c = classes[pick(rng)];
       p.klass = c.name;
-      p.ids.resize(SampleLength(c.input_len, range_ratio, rng));
-      for (int32_t& id : p.ids) id = token(rng);
+      p.ids = prefix;
+      p.ids.resize(prefix.size() + SampleLength(c.input_len, range_ratio, rng));
+      for (size_t i = prefix.size(); i < p.ids.size(); ++i) p.ids[i] = token(rng);
       p.output_len = SampleLength(c.output_len, range_ratio, rng);
     }
   } else if (dataset == "prompts") {
@@ -363,10 +375,11 @@ int RunServeBench(const std::vector<std::string>& args) {
     }
   }
   std::printf("bench serve: %d requests to %s, rate %s, burstiness %.2f, max concurrency %s, "
-              "dataset %s%s\n",
+              "dataset %s%s%s\n",
               num_prompts, o.address.c_str(), rate_text.c_str(), burstiness,
               o.max_concurrency > 0 ? std::to_string(o.max_concurrency).c_str() : "none",
-              dataset.c_str(), mix.empty() ? "" : absl::StrCat(" mix ", mix).c_str());
+              dataset.c_str(), mix.empty() ? "" : absl::StrCat(" mix ", mix).c_str(),
+              prefix_len > 0 ? absl::StrCat(", shared prefix ", prefix_len, " tokens").c_str() : "");
   std::fflush(stdout);
 
   std::vector<RequestRecord> records(num_prompts);
@@ -454,6 +467,12 @@ int RunServeBench(const std::vector<std::string>& args) {
       std::printf("%-40s %-10.3f\n", "FULL replay ratio:", full_ratio);
       std::printf("%-40s %-10.0f\n", "Padded tokens:", delta["tandem_cudagraph_padded_tokens_total"]);
       std::printf("%-40s %-10.0f\n", "KV bytes received:", delta["tandem_kv_transfer_bytes_total"]);
+      std::printf("%-40s %-10.0f\n", "KV bytes saved by its prefix cache:",
+                  delta["tandem_kv_transfer_saved_bytes_total"]);
+      const double queries = delta["tandem_prefix_cache_queries_total"];
+      std::printf("%-40s %.0f / %.0f (%.1f%%)\n", "Prefix cache hits / queried tokens:",
+                  delta["tandem_prefix_cache_hits_total"], queries,
+                  queries > 0 ? 100 * delta["tandem_prefix_cache_hits_total"] / queries : 0.0);
       std::printf("%-40s %.0f / %.0f / %.0f\n", "Local prefills (aggr./short/fallback):",
                   delta["tandem_prefill_local_total{reason=aggregated}"],
                   delta["tandem_prefill_local_total{reason=short_prompt}"],
@@ -473,6 +492,7 @@ int RunServeBench(const std::vector<std::string>& args) {
                    {"request_rate", rate_text},  {"burstiness", burstiness},
                    {"max_concurrency", o.max_concurrency}, {"seed", seed},
                    {"dataset", dataset},         {"input_len", input_len},
+                   {"prefix_len", prefix_len},
                    {"output_len", output_len},   {"range_ratio", range_ratio},
                    {"mix", mix},                 {"slo", slo_text}};
     j["summary"] = SummaryJson(s);

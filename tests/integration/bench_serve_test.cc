@@ -81,6 +81,36 @@ TEST_F(BenchServeTest, MixedWorkloadAgainstThePair) {
   EXPECT_EQ(decode.Metric("tandem_requests_total", {{"status", "OK"}}), 24);
 }
 
+// A shared system prompt, one request at a time: after the first, each
+// request finds the 64 shared tokens (4 blocks) cached on the decode worker
+// and asks the prefill worker only for the rest.
+TEST_F(BenchServeTest, SharedPrefixIsServedFromThePrefixCache) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  const std::string json_path = ::testing::TempDir() + "/bench_serve_prefix.json";
+  std::string log;
+  ASSERT_EQ(Bench({"--address=" + decode.address(),
+                   "--metrics-address=127.0.0.1:" + std::to_string(decode.metrics_port),
+                   "--num-prompts=12", "--max-concurrency=1", "--vocab-size=503",
+                   "--prefix-len=64", "--input-len=16", "--output-len=4", "--json=" + json_path},
+                  &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("shared prefix 64 tokens"), std::string::npos) << log;
+  EXPECT_NE(log.find("Prefix cache hits / queried tokens:"), std::string::npos) << log;
+  std::ifstream in(json_path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["summary"]["completed"], 12);
+  EXPECT_EQ(j["config"]["prefix_len"], 64);
+  for (const auto& r : j["requests"]) EXPECT_EQ(r["input_tokens"], 80);
+  const auto& w = j["worker_metrics_delta"];
+  EXPECT_EQ(w["tandem_prefix_cache_queries_total"], 12 * 80);
+  EXPECT_EQ(w["tandem_prefix_cache_hits_total"], 11 * 64);
+  const double per_token = w["tandem_kv_transfer_bytes_total"].get<double>() / (12 * 80 - 11 * 64);
+  EXPECT_GT(per_token, 0);
+  EXPECT_EQ(w["tandem_kv_transfer_saved_bytes_total"], 11 * 64 * per_token);
+}
+
 TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
   Worker decode = StartWorker("decode_worker", {});
   std::string log;
@@ -100,7 +130,7 @@ TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--request-rate=0"}, {"--request-rate=fast"}, {"--burstiness=0"},
         {"--mix=chat=1/1"}, {"--slo=ttft"}, {"--dataset=prompts"}, {"--dataset=other"},
-        {"--range-ratio=1"}, {"--num-prompts=0"}}) {
+        {"--range-ratio=1"}, {"--num-prompts=0"}, {"--prefix-len=-1"}}) {
     std::vector<std::string> flags = {"--address=" + decode.address(), "--vocab-size=503"};
     flags.insert(flags.end(), bad.begin(), bad.end());
     EXPECT_EQ(Bench(flags, &log), 2) << bad[0] << "\n" << log;
