@@ -34,21 +34,7 @@ PREFILL_CPUS="0-$((HALF - 1))"
 DECODE_CPUS="$HALF-$((NCPU - 1))"
 mkdir -p "$OUT"
 LOGS=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_serving() {
-  for _ in $(seq 1 300); do
-    "$BIN/tandem" health --address="$1" >/dev/null 2>&1 && return 0
-    sleep 0.2
-  done
-  echo "run.sh: $1 never became SERVING" >&2; return 1
-}
+. benchmarks/lib.sh
 
 # start_setup NAME: starts the workers of a setup; sets DECODE and METRICS.
 start_setup() {
