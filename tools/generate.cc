@@ -115,8 +115,8 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
       printer.summary(),
       "steps: FULL=%lld PIECEWISE=%lld NONE=%lld | mode %s | finish %s | ttft %.1f ms | %.1f "
       "tokens/s\n",
-      static_cast<long long>(st.steps[2]), static_cast<long long>(st.steps[1]),
-      static_cast<long long>(st.steps[0]),
+      static_cast<long long>(st.steps[CudaGraphMode::kFull]), static_cast<long long>(st.steps[CudaGraphMode::kPiecewise]),
+      static_cast<long long>(st.steps[CudaGraphMode::kNone]),
       std::string((*engine)->runner().resolved_mode().name()).c_str(),
       reason == FinishReason::kStop ? "stop" : "length", ttft * 1e3,
       total > 0 ? printer.count() / total : 0.0);

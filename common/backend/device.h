@@ -44,6 +44,12 @@ class Arena {
   // Allocates the whole arena now.
   static absl::StatusOr<std::unique_ptr<Arena>> Create(Device* device, size_t bytes,
                                                        std::string name);
+  // An arena that allocates nothing: Allocate() hands out tensors without
+  // data and counts what a real arena would need (ggml-alloc's measure pass).
+  // Run the allocation code on it, then Create() an arena of used() bytes and
+  // run the same code again, so no size is ever computed by a formula that
+  // must track the allocations.
+  static std::unique_ptr<Arena> Measure(std::string name);
   // A contiguous tensor of the given shape. RESOURCE_EXHAUSTED names the
   // arena, the request and what is left.
   absl::StatusOr<Tensor> Allocate(DType dtype, std::initializer_list<int64_t> dims);
@@ -53,6 +59,7 @@ class Arena {
  private:
   Arena(char* base, size_t capacity, std::string name)
       : base_(base), capacity_(capacity), name_(std::move(name)) {}
+  bool measuring() const { return base_ == nullptr; }
   char* base_;
   size_t capacity_;
   size_t used_ = 0;

@@ -12,8 +12,21 @@
 namespace tandem {
 namespace {
 
-int ModeIndex(CudaGraphMode m) {
-  return m == CudaGraphMode::kFull ? 2 : m == CudaGraphMode::kPiecewise ? 1 : 0;
+// The forward context a runnable was given: set, and its batch within the
+// persistent buffers. A runnable called outside a ModelRunner step (or with a
+// descriptor the buffers cannot hold) fails instead of reading past them.
+absl::StatusOr<const ForwardContext*> RequireForwardContext(const ForwardBuffers& b) {
+  const ForwardContext* ctx = CurrentForwardContext();
+  if (ctx == nullptr) {
+    return absl::FailedPreconditionError("a forward runnable ran outside a forward context");
+  }
+  const int64_t n = ctx->descriptor.num_tokens;
+  if (n < 1 || n > b.input_ids.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("forward context has ", n,
+                                                   " tokens; the buffers hold 1 to ",
+                                                   b.input_ids.dim(0)));
+  }
+  return ctx;
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
@@ -64,9 +77,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   for (int p = 0; p < model->num_pieces(); ++p) {
     r->pieces_.push_back(std::make_unique<CudaGraphWrapper>(
         absl::StrCat("piece", p), CudaGraphMode::kPiecewise, ops->device()->stream(),
-        [self, p] {
-          self->model_->IssuePiece(p, CurrentForwardContext()->descriptor.num_tokens,
-                                   self->buffers_);
+        [self, p]() -> absl::Status {
+          ASSIGN_OR_RETURN(const ForwardContext* ctx, RequireForwardContext(self->buffers_));
+          self->model_->IssuePiece(p, ctx->descriptor.num_tokens, self->buffers_);
           return absl::OkStatus();
         },
         addresses, opts));
@@ -78,21 +91,34 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
 }
 
 absl::Status ModelRunner::AllocateBuffers() {
+  const int bs = kv_cache_->block_size();
+  max_blocks_per_seq_ = (config_.max_model_len + bs - 1) / bs;
+  std::unique_ptr<Arena> measure = Arena::Measure("runner-buffers");
+  RETURN_IF_ERROR(PlaceBuffers(measure.get()));
+  ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), measure->used(), "runner-buffers"));
+  RETURN_IF_ERROR(PlaceBuffers(arena_.get()));
+  const LlamaConfig& c = model_->config();
+  const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs;
+  h_ids_.resize(t);
+  h_pos_.resize(t);
+  h_slots_.resize(t);
+  h_qsl_.resize(s + 1);
+  h_seq_lens_.resize(s);
+  h_tables_.resize(s * max_blocks_per_seq_);
+  h_logit_idx_.resize(s);
+  h_logits_.resize(s * c.vocab_size);
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
   const LlamaConfig& c = model_->config();
   const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs;
   const int bs = kv_cache_->block_size();
-  max_blocks_per_seq_ = (config_.max_model_len + bs - 1) / bs;
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
-  const int64_t floats = t * (3 * h + c.qkv_size() + int64_t{c.num_attention_heads} * c.head_dim +
-                              3 * inter) +
-                         s * (h + c.vocab_size);
-  const int64_t ints = 3 * t + 3 * s + 2 + s * max_blocks_per_seq_;
   const size_t workspace = ops_->AttentionWorkspaceBytes(
       model_->attention_shape(), static_cast<int>(s), max_blocks_per_seq_ * bs);
-  ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), (floats + ints) * 4 + workspace + 256 * 32,
-                                         "runner-buffers"));
-  auto alloc = [this](DType d, std::initializer_list<int64_t> dims, Tensor* out) {
-    auto r = arena_->Allocate(d, dims);
+  auto alloc = [arena](DType d, std::initializer_list<int64_t> dims, Tensor* out) {
+    auto r = arena->Allocate(d, dims);
     if (!r.ok()) return r.status();
     *out = *r;
     return absl::OkStatus();
@@ -121,14 +147,6 @@ absl::Status ModelRunner::AllocateBuffers() {
   RETURN_IF_ERROR(alloc(DType::kI32, {s}, &logits_indices_));
   RETURN_IF_ERROR(alloc(act, {s, h}, &gathered_));
   RETURN_IF_ERROR(alloc(DType::kF32, {s, c.vocab_size}, &logits_));
-  h_ids_.resize(t);
-  h_pos_.resize(t);
-  h_slots_.resize(t);
-  h_qsl_.resize(s + 1);
-  h_seq_lens_.resize(s);
-  h_tables_.resize(s * max_blocks_per_seq_);
-  h_logit_idx_.resize(s);
-  h_logits_.resize(s * c.vocab_size);
   return absl::OkStatus();
 }
 
@@ -139,7 +157,7 @@ std::vector<const void*> ModelRunner::InputAddresses() const {
 }
 
 absl::Status ModelRunner::Forward() {
-  const ForwardContext* ctx = CurrentForwardContext();
+  ASSIGN_OR_RETURN(const ForwardContext* ctx, RequireForwardContext(buffers_));
   const int64_t n = ctx->descriptor.num_tokens;
   // A start-up PIECEWISE capture pass records the pieces; attention between
   // them is eager and its output unread, so it is not run at all.
@@ -259,15 +277,16 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
   RETURN_IF_ERROR(CopyInputs(batch, d.descriptor.num_tokens));
   RETURN_IF_ERROR(RunForward(batch, d.runtime_mode, d.descriptor));
 
-  const int mi = ModeIndex(d.runtime_mode);
-  ++stats_.steps[mi];
-  if (d.runtime_mode == CudaGraphMode::kFull && full_->replays() > full_replays) ++stats_.replays[2];
+  ++stats_.steps[d.runtime_mode];
+  if (d.runtime_mode == CudaGraphMode::kFull && full_->replays() > full_replays) {
+    ++stats_.replays[CudaGraphMode::kFull];
+  }
   if (d.runtime_mode == CudaGraphMode::kPiecewise &&
       PiecewiseReplays() - pw_replays == static_cast<int64_t>(pieces_.size())) {
-    ++stats_.replays[1];
+    ++stats_.replays[CudaGraphMode::kPiecewise];
   }
-  stats_.captured[2] = full_->captures();
-  stats_.captured[1] = PiecewiseCaptures();
+  stats_.captured[CudaGraphMode::kFull] = full_->captures();
+  stats_.captured[CudaGraphMode::kPiecewise] = PiecewiseCaptures();
   StepResult result;
   result.runtime_mode = d.runtime_mode;
   result.descriptor = d.descriptor;
@@ -329,8 +348,8 @@ absl::Status ModelRunner::CaptureGraphs() {
                      << g.mode.name() << " graphs ... done in "
                      << absl::StrFormat("%.2f", SecondsSince(group_start)) << " s";
   }
-  stats_.captured[2] = full_->captures();
-  stats_.captured[1] = PiecewiseCaptures();
+  stats_.captured[CudaGraphMode::kFull] = full_->captures();
+  stats_.captured[CudaGraphMode::kPiecewise] = PiecewiseCaptures();
   stats_.capture_seconds = SecondsSince(start);
   return absl::OkStatus();
 }

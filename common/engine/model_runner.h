@@ -68,11 +68,11 @@ struct StepResult {
   int logit_rows = 0;
 };
 
-// Counters since start-up. Indexed by runtime mode (NONE=0, PIECEWISE=1, FULL=2).
+// Counters since start-up, per runtime mode.
 struct RunnerStats {
-  std::array<int64_t, 3> steps{};     // steps by dispatched runtime mode
-  std::array<int64_t, 3> replays{};   // steps served by replaying that mode's graphs
-  std::array<int64_t, 3> captured{};  // graphs captured (PIECEWISE: every piece)
+  PerMode<int64_t> steps;     // steps by dispatched runtime mode
+  PerMode<int64_t> replays;   // steps served by replaying that mode's graphs
+  PerMode<int64_t> captured;  // graphs captured (PIECEWISE: every piece)
   int64_t padded_tokens = 0;
   double capture_seconds = 0;
 };
@@ -103,7 +103,10 @@ class ModelRunner {
 
  private:
   ModelRunner() = default;
+  // Measures the persistent buffers, allocates exactly that arena and places
+  // them in it (PlaceBuffers runs on both arenas).
   absl::Status AllocateBuffers();
+  absl::Status PlaceBuffers(Arena* arena);
   absl::Status Forward();  // the FULL wrapper's runnable
   // Runs the forward under `mode` and `descriptor` on inputs already copied.
   // `capture_only`: a start-up capture pass (graphs recorded, not run).

@@ -55,7 +55,7 @@ absl::StatusOr<ModeResolution> ResolveCudaGraphMode(CudaGraphMode requested,
     if (support == AttentionCgSupport::kNever) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cudagraph mode FULL needs attention that supports CUDA graphs, but the "
-          "attention backend declares support NEVER; use --cudagraph-mode=PIECEWISE "
+          "attention backend declares support NEVER; use cudagraph_mode=PIECEWISE "
           "(or NONE)"));
     }
     change(piecewise_split ? CudaGraphMode::kFullAndPiecewise
@@ -86,7 +86,7 @@ absl::StatusOr<ModeResolution> ResolveCudaGraphMode(CudaGraphMode requested,
     return absl::InvalidArgumentError(absl::StrCat(
         "cudagraph mode ", r.mode.name(),
         " keeps FULL graphs but the attention backend declares support NEVER; use "
-        "--cudagraph-mode=PIECEWISE or NONE"));
+        "cudagraph_mode=PIECEWISE or NONE"));
   }
   return r;
 }

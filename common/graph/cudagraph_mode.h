@@ -22,6 +22,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include <array>
+#include <cstdlib>
+
 #include "absl/strings/string_view.h"
 
 namespace tandem {
@@ -75,6 +78,26 @@ std::ostream& operator<<(std::ostream& os, CudaGraphMode mode);
 inline std::string AbslFormatFlagOrString(CudaGraphMode mode) {
   return std::string(mode.name());
 }
+
+// One T per runtime mode (NONE, PIECEWISE, FULL), indexed by the mode itself
+// so that no caller keeps a 0/1/2 convention of its own. Indexing with a
+// composite mode is a programming error and aborts.
+template <typename T>
+class PerMode {
+ public:
+  static constexpr std::array<CudaGraphMode::Value, 3> kModes = {
+      CudaGraphMode::kNone, CudaGraphMode::kPiecewise, CudaGraphMode::kFull};
+  T& operator[](CudaGraphMode m) { return values_[Index(m)]; }
+  const T& operator[](CudaGraphMode m) const { return values_[Index(m)]; }
+  bool operator==(const PerMode& other) const { return values_ == other.values_; }
+
+ private:
+  static size_t Index(CudaGraphMode m) {
+    if (!m.valid_runtime_mode()) std::abort();
+    return static_cast<size_t>(static_cast<CudaGraphMode::Value>(m));
+  }
+  std::array<T, 3> values_{};
+};
 
 }  // namespace tandem
 

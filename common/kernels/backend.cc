@@ -60,8 +60,8 @@ absl::StatusOr<CreateCudaBackendFn> LoadCudaModule() {
       return;
     }
     entry = absl::FailedPreconditionError(absl::StrCat(
-        "--device=cuda: cannot load the CUDA backend module (", absl::StrJoin(errors, "; "),
-        "); build with the CUDA toolkit (TANDEM_ENABLE_CUDA=ON) or use --device=cpu"));
+        "device=cuda: cannot load the CUDA backend module (", absl::StrJoin(errors, "; "),
+        "); build with the CUDA toolkit (TANDEM_ENABLE_CUDA=ON) or use device=cpu"));
   });
   return entry;
 }
@@ -73,13 +73,13 @@ absl::StatusOr<DType> ParseStorageDType(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return DType::kBF16;
   if (name == "f16" || name == "float16") return DType::kF16;
   return absl::InvalidArgumentError(
-      absl::StrCat("--dtype must be auto, f32, bf16 or f16, got '", name, "'"));
+      absl::StrCat("dtype must be auto, f32, bf16 or f16, got '", name, "'"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
   if (options.device != "cpu" && options.device != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--device must be cpu or cuda, got '", options.device, "'"));
+        absl::StrCat("device must be cpu or cuda, got '", options.device, "'"));
   }
   const bool cpu = options.device == "cpu";
   DType dtype = cpu ? DType::kF32 : DType::kBF16;
@@ -92,8 +92,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   if (cpu) {
     if (dtype != DType::kF32) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--dtype=", options.dtype, " is not supported by --device=cpu (it computes in f32; "
-          "use --dtype=f32 or auto)"));
+          "dtype=", options.dtype, " is not supported by device=cpu (it computes in f32; "
+          "use dtype=f32 or auto)"));
     }
     backend->device = CreateCpuDevice();
     backend->ops = CreateCpuOps(backend->device.get(), options.threads);

@@ -95,17 +95,22 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType d
   std::unique_ptr<KvCache> cache(new KvCache(num_blocks, block_size, enable_prefix_caching));
   cache->slot_width_ = int64_t{num_kv_heads} * head_dim;
   cache->dtype_ = dtype;
-  const size_t per_tensor = static_cast<size_t>(num_blocks) * block_size * cache->slot_bytes();
-  ASSIGN_OR_RETURN(cache->arena_,
-                   Arena::Create(device, (per_tensor + 256) * 2 * num_layers, "kv-cache"));
-  for (int l = 0; l < num_layers; ++l) {
-    KvLayer layer;
-    ASSIGN_OR_RETURN(layer.k, cache->arena_->Allocate(
-                                  dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
-    ASSIGN_OR_RETURN(layer.v, cache->arena_->Allocate(
-                                  dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
-    cache->layers_.push_back(layer);
-  }
+  auto place = [&](Arena* arena) -> absl::Status {
+    cache->layers_.clear();
+    for (int l = 0; l < num_layers; ++l) {
+      KvLayer layer;
+      ASSIGN_OR_RETURN(layer.k,
+                       arena->Allocate(dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
+      ASSIGN_OR_RETURN(layer.v,
+                       arena->Allocate(dtype, {num_blocks, block_size, num_kv_heads, head_dim}));
+      cache->layers_.push_back(layer);
+    }
+    return absl::OkStatus();
+  };
+  std::unique_ptr<Arena> measure = Arena::Measure("kv-cache");
+  RETURN_IF_ERROR(place(measure.get()));
+  ASSIGN_OR_RETURN(cache->arena_, Arena::Create(device, measure->used(), "kv-cache"));
+  RETURN_IF_ERROR(place(cache->arena_.get()));
   return cache;
 }
 

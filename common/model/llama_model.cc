@@ -127,35 +127,36 @@ size_t LlamaModel::KvBytesPerBlock(int block_size) const {
          DTypeSize(ops_->dtype()) * 2 * config_.num_hidden_layers;
 }
 
-absl::Status LlamaModel::AllocateWeights(Device* device) {
+absl::Status LlamaModel::PlaceWeights(Arena* arena) {
   const LlamaConfig& c = config_;
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
-  const int64_t per_layer = 2 * h + c.qkv_size() * h +
-                            h * int64_t{c.num_attention_heads} * c.head_dim + 3 * inter * h;
-  const int64_t total = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h +
-                        per_layer * c.num_hidden_layers + c.head_dim;
-  const size_t bytes = static_cast<size_t>(total) * 4 + 256 * (8 * c.num_hidden_layers + 8);
-  ASSIGN_OR_RETURN(arena_, Arena::Create(device, bytes, "weights"));
   const DType w = ops_->dtype();
-  ASSIGN_OR_RETURN(embed_, arena_->Allocate(w, {c.vocab_size, h}));
-  ASSIGN_OR_RETURN(final_norm_, arena_->Allocate(w, {h}));
+  ASSIGN_OR_RETURN(embed_, arena->Allocate(w, {c.vocab_size, h}));
+  ASSIGN_OR_RETURN(final_norm_, arena->Allocate(w, {h}));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    ASSIGN_OR_RETURN(lm_head_, arena_->Allocate(w, {c.vocab_size, h}));
+    ASSIGN_OR_RETURN(lm_head_, arena->Allocate(w, {c.vocab_size, h}));
   }
-  ASSIGN_OR_RETURN(inv_freq_, arena_->Allocate(DType::kF32, {c.head_dim / 2}));
+  ASSIGN_OR_RETURN(inv_freq_, arena->Allocate(DType::kF32, {c.head_dim / 2}));
   layers_.resize(c.num_hidden_layers);
   for (Layer& l : layers_) {
-    ASSIGN_OR_RETURN(l.input_norm, arena_->Allocate(w, {h}));
-    ASSIGN_OR_RETURN(l.qkv, arena_->Allocate(w, {c.qkv_size(), h}));
-    ASSIGN_OR_RETURN(l.o, arena_->Allocate(
+    ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.qkv, arena->Allocate(w, {c.qkv_size(), h}));
+    ASSIGN_OR_RETURN(l.o, arena->Allocate(
                               w, {h, int64_t{c.num_attention_heads} * c.head_dim}));
-    ASSIGN_OR_RETURN(l.post_norm, arena_->Allocate(w, {h}));
-    ASSIGN_OR_RETURN(l.gate_up, arena_->Allocate(w, {2 * inter, h}));
-    ASSIGN_OR_RETURN(l.down, arena_->Allocate(w, {h, inter}));
+    ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.gate_up, arena->Allocate(w, {2 * inter, h}));
+    ASSIGN_OR_RETURN(l.down, arena->Allocate(w, {h, inter}));
   }
   return absl::OkStatus();
+}
+
+absl::Status LlamaModel::AllocateWeights(Device* device) {
+  std::unique_ptr<Arena> measure = Arena::Measure("weights");
+  RETURN_IF_ERROR(PlaceWeights(measure.get()));
+  ASSIGN_OR_RETURN(arena_, Arena::Create(device, measure->used(), "weights"));
+  return PlaceWeights(arena_.get());
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& spec, Ops* ops) {

@@ -88,7 +88,10 @@ class LlamaModel {
     Tensor input_norm, qkv, o, post_norm, gate_up, down;
   };
   LlamaModel() = default;
+  // Measures the weight tensors' bytes, then allocates exactly that arena.
   absl::Status AllocateWeights(Device* device);
+  // Places every weight tensor in `arena` (a measuring or a real one).
+  absl::Status PlaceWeights(Arena* arena);
 
   std::string spec_;
   LlamaConfig config_;

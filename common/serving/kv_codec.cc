@@ -14,7 +14,7 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
   auto mismatch = [](const char* field, const auto& r, const auto& l) {
     return absl::FailedPreconditionError(absl::StrCat(
         "KV fingerprint mismatch: prefill worker has ", field, "=", r, ", this decode worker has ",
-        l, "; both workers must serve the same --model"));
+        l, "; both workers must serve the same model"));
   };
   if (remote.num_layers() != local.num_layers()) {
     return mismatch("num_layers", remote.num_layers(), local.num_layers());

@@ -7,7 +7,7 @@
 namespace tandem {
 namespace {
 
-constexpr const char* kModeNames[3] = {"NONE", "PIECEWISE", "FULL"};
+std::string Name(CudaGraphMode m) { return std::string(m.name()); }
 
 // 1 ms to 60 s, roughly x2.5 per bucket.
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
@@ -51,7 +51,7 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
     replays_->Add({{"mode", m}});
     ratio_->Add({{"mode", m}});
   }
-  for (const char* m : kModeNames) steps_->Add({{"runtime_mode", m}});
+  for (CudaGraphMode m : PerMode<int>::kModes) steps_->Add({{"runtime_mode", Name(m)}});
   padded_tokens_ = &prometheus::BuildCounter()
                         .Name("tandem_cudagraph_padded_tokens_total")
                         .Help("Tokens added by padding batches to a capture size")
@@ -205,17 +205,16 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
 
 void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   const RunnerStats& s = engine.runner().stats();
-  for (int m = 0; m < 3; ++m) {
-    steps_->Add({{"runtime_mode", kModeNames[m]}}).Increment(s.steps[m] - folded_.steps[m]);
-  }
-  for (int m = 1; m < 3; ++m) {
-    captured_->Add({{"mode", kModeNames[m]}}).Increment(s.captured[m] - folded_.captured[m]);
-    replays_->Add({{"mode", kModeNames[m]}}).Increment(s.replays[m] - folded_.replays[m]);
+  int64_t total = 0;
+  for (CudaGraphMode m : PerMode<int>::kModes) {
+    steps_->Add({{"runtime_mode", Name(m)}}).Increment(s.steps[m] - folded_.steps[m]);
+    total += s.steps[m];
   }
   padded_tokens_->Increment(static_cast<double>(s.padded_tokens - folded_.padded_tokens));
-  const int64_t total = s.steps[0] + s.steps[1] + s.steps[2];
-  for (int m = 1; m < 3; ++m) {
-    ratio_->Add({{"mode", kModeNames[m]}})
+  for (CudaGraphMode m : {CudaGraphMode::kPiecewise, CudaGraphMode::kFull}) {
+    captured_->Add({{"mode", Name(m)}}).Increment(s.captured[m] - folded_.captured[m]);
+    replays_->Add({{"mode", Name(m)}}).Increment(s.replays[m] - folded_.replays[m]);
+    ratio_->Add({{"mode", Name(m)}})
         .Set(total == 0 ? 0.0 : static_cast<double>(s.replays[m]) / total);
   }
   capture_seconds_->Set(s.capture_seconds);
@@ -280,7 +279,7 @@ absl::StatusOr<int> WorkerMetrics::Serve(const std::string& address) {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on --metrics-address=",
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ",
                                                address, ": ", e.what()));
   }
   exposer_->RegisterCollectable(registry_);

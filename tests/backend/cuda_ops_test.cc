@@ -396,9 +396,9 @@ TEST(CudaEngineTest, CaptureCountsEqualCpu) {
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     const RunnerStats& g = (*gpu)->runner().stats();
     const RunnerStats& c = (*cpu)->runner().stats();
-    EXPECT_EQ(g.captured[1], c.captured[1]);  // PIECEWISE
-    EXPECT_EQ(g.captured[2], c.captured[2]);  // FULL
-    EXPECT_GT(g.captured[1] + g.captured[2], 0);
+    EXPECT_EQ(g.captured[CudaGraphMode::kPiecewise], c.captured[CudaGraphMode::kPiecewise]);  // PIECEWISE
+    EXPECT_EQ(g.captured[CudaGraphMode::kFull], c.captured[CudaGraphMode::kFull]);  // FULL
+    EXPECT_GT(g.captured[CudaGraphMode::kPiecewise] + g.captured[CudaGraphMode::kFull], 0);
     EXPECT_EQ((*gpu)->runner().resolved_mode(), (*cpu)->runner().resolved_mode());
   }
 }
@@ -424,11 +424,11 @@ TEST(CudaEngineTest, FullReplayEqualsEager) {
       auto eager = runner.Execute(seqs, /*force_eager=*/true);
       ASSERT_TRUE(eager.ok()) << eager.status();
       std::vector<float> want(eager->logits, eager->logits + batch * vocab);
-      const int64_t replays = runner.stats().replays[2];
+      const int64_t replays = runner.stats().replays[CudaGraphMode::kFull];
       auto graph = runner.Execute(seqs, false);
       ASSERT_TRUE(graph.ok()) << graph.status();
       EXPECT_EQ(graph->runtime_mode, M::kFull);
-      EXPECT_EQ(runner.stats().replays[2], replays + 1);
+      EXPECT_EQ(runner.stats().replays[CudaGraphMode::kFull], replays + 1);
       EXPECT_EQ(std::memcmp(want.data(), graph->logits, want.size() * 4), 0)
           << "batch " << batch << " context " << context;
       for (int i = 0; i < batch; ++i) kv.Free("d" + std::to_string(i));

@@ -72,20 +72,20 @@ TEST(ModelRunnerTest, GraphCounts) {
   Rig piecewise(M::kPiecewise);
   const int pieces = piecewise.model->num_pieces();  // 4 layers -> 5 pieces
   EXPECT_EQ(pieces, 5);
-  EXPECT_EQ(piecewise.runner->stats().captured[1], pieces * 6);
-  EXPECT_EQ(piecewise.runner->stats().captured[2], 0);
+  EXPECT_EQ(piecewise.runner->stats().captured[CudaGraphMode::kPiecewise], pieces * 6);
+  EXPECT_EQ(piecewise.runner->stats().captured[CudaGraphMode::kFull], 0);
 
   Rig full_decode(M::kFullDecodeOnly);  // FULL keys: sizes <= max_num_seqs (8)
-  EXPECT_EQ(full_decode.runner->stats().captured[2], 4);
-  EXPECT_EQ(full_decode.runner->stats().captured[1], 0);
+  EXPECT_EQ(full_decode.runner->stats().captured[CudaGraphMode::kFull], 4);
+  EXPECT_EQ(full_decode.runner->stats().captured[CudaGraphMode::kPiecewise], 0);
 
   Rig both(M::kFullAndPiecewise);
-  EXPECT_EQ(both.runner->stats().captured[1], pieces * 6);
-  EXPECT_EQ(both.runner->stats().captured[2],
+  EXPECT_EQ(both.runner->stats().captured[CudaGraphMode::kPiecewise], pieces * 6);
+  EXPECT_EQ(both.runner->stats().captured[CudaGraphMode::kFull],
             static_cast<int64_t>(both.runner->dispatcher().keys(M::kFull).size()));
 
   Rig none(M::kNone);
-  EXPECT_EQ(none.runner->stats().captured[1] + none.runner->stats().captured[2], 0);
+  EXPECT_EQ(none.runner->stats().captured[CudaGraphMode::kPiecewise] + none.runner->stats().captured[CudaGraphMode::kFull], 0);
 }
 
 TEST(ModelRunnerTest, FullReplayRunsNoHostOpCode) {
@@ -98,7 +98,7 @@ TEST(ModelRunnerTest, FullReplayRunsNoHostOpCode) {
   EXPECT_EQ(r.descriptor, BatchDescriptor(2, 2, true, false));
   // Only the two logits ops (gather + LM head) were issued by host code.
   EXPECT_EQ(rig.stream()->ops_launched() - launched, 2);
-  EXPECT_EQ(rig.runner->stats().replays[2], 1);
+  EXPECT_EQ(rig.runner->stats().replays[CudaGraphMode::kFull], 1);
 }
 
 TEST(ModelRunnerTest, PiecewiseReplayRunsOnlyAttentionOnHost) {
@@ -110,7 +110,7 @@ TEST(ModelRunnerTest, PiecewiseReplayRunsOnlyAttentionOnHost) {
   EXPECT_EQ(r.padded_tokens, 0);
   // 4 eager attention ops + 2 logits ops.
   EXPECT_EQ(rig.stream()->ops_launched() - launched, 4 + 2);
-  EXPECT_EQ(rig.runner->stats().replays[1], 1);
+  EXPECT_EQ(rig.runner->stats().replays[CudaGraphMode::kPiecewise], 1);
 }
 
 // Replay after new inputs were copied in gives, bit for bit, the eager result

@@ -211,26 +211,5 @@ TEST(CudaGraphWrapperTest, MovedInputIsAnErrorNamingAddresses) {
   EXPECT_NE(st.message().find(actual), std::string::npos) << st;
 }
 
-TEST(ForwardContextTest, ScopesNestAndRestore) {
-  EXPECT_EQ(CurrentForwardContext(), nullptr);
-  {
-    ForwardContextScope outer(M::kFull, BatchDescriptor(4));
-    EXPECT_EQ(CurrentForwardContext()->runtime_mode, M::kFull);
-    {
-      ForwardContextScope inner(M::kNone, BatchDescriptor(2));
-      EXPECT_EQ(CurrentForwardContext()->descriptor.num_tokens, 2);
-    }
-    EXPECT_EQ(CurrentForwardContext()->descriptor.num_tokens, 4);
-  }
-  EXPECT_EQ(CurrentForwardContext(), nullptr);
-  EXPECT_FALSE(ValidateRuntimeMode(M::kFullDecodeOnly).ok());
-  EXPECT_TRUE(ValidateRuntimeMode(M::kPiecewise).ok());
-}
-
-TEST(ForwardContextDeathTest, CompositeRuntimeModeRejected) {
-  EXPECT_DEATH(ForwardContextScope(M::kFullAndPiecewise, BatchDescriptor(1)),
-               "NONE, PIECEWISE or FULL");
-}
-
 }  // namespace
 }  // namespace tandem

@@ -121,9 +121,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create() {
   cudaStream_t stream = nullptr;
   if (absl::Status s = setup(&name, &stream); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "--device=cuda: no usable GPU: ", s.message(),
+        "device=cuda: no usable GPU: ", s.message(),
         ". Check the NVIDIA driver and the visible GPUs (nvidia-smi, CUDA_VISIBLE_DEVICES), "
-        "or run with --device=cpu"));
+        "or run with device=cpu"));
   }
   TANDEM_LOG(INFO) << "CUDA device " << name;
   return std::unique_ptr<CudaDevice>(new CudaDevice(std::move(name), stream));
