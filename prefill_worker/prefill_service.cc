@@ -33,37 +33,34 @@ void PrefillServiceImpl::EndTransfer(Transfer& t) {
 
 void PrefillServiceImpl::SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
                                   const std::shared_ptr<Transfer>& t) {
-  const size_t buffered = writer->buffered_bytes();
-  const size_t window = buffered < kStreamWindowBytes ? kStreamWindowBytes - buffered : 1;
-  client_.load()->ExportKv(t->exporter, window,
-                           [this, writer, t](absl::StatusOr<std::vector<v1::PrefillResponse>> m) {
-                             Sent(writer, t, std::move(m));
-                           });
+  client_.load()->ExportKv(t->exporter, [this, writer, t](const EngineClient::NextChunk& next) {
+    Fill(writer, *t, next);
+  });
 }
 
-void PrefillServiceImpl::Sent(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
-                              const std::shared_ptr<Transfer>& t,
-                              absl::StatusOr<std::vector<v1::PrefillResponse>> msgs) {
-  if (t->finished) return;
-  if (writer->ended()) return EndTransfer(*t);  // cancelled or broken: drop the rest
-  if (!msgs.ok()) {
-    writer->End(ToGrpcStatus(msgs.status()));
-    return EndTransfer(*t);
-  }
-  for (v1::PrefillResponse& msg : *msgs) {
-    if (t->corrupt && ++t->chunks == 1) {
-      msg.mutable_chunk()->set_crc32c(msg.chunk().crc32c() ^ 1u);
+void PrefillServiceImpl::Fill(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
+                              Transfer& t, const EngineClient::NextChunk& next) {
+  if (t.finished) return;
+  if (writer->ended()) return EndTransfer(t);  // cancelled or broken: drop the rest
+  while (!t.exporter->done() && writer->buffered_bytes() < kStreamWindowBytes) {
+    absl::StatusOr<v1::PrefillResponse> msg = next();
+    if (!msg.ok()) {
+      writer->End(ToGrpcStatus(msg.status()));
+      return EndTransfer(t);
     }
-    t->bytes += msg.chunk().k().size() + msg.chunk().v().size();
-    writer->Send(std::move(msg));
+    if (t.corrupt && ++t.chunks == 1) {
+      msg->mutable_chunk()->set_crc32c(msg->chunk().crc32c() ^ 1u);
+    }
+    t.bytes += msg->chunk().k().size() + msg->chunk().v().size();
+    writer->Send(*std::move(msg));
   }
-  if (!t->exporter->done()) return;  // more when the reader has taken these
-  metrics_->KvTransfer(t->bytes, absl::ToDoubleSeconds(absl::Now() - t->start));
+  if (!t.exporter->done()) return;  // more when the reader has taken these
+  metrics_->KvTransfer(t.bytes, absl::ToDoubleSeconds(absl::Now() - t.start));
   v1::PrefillResponse done;
-  done.mutable_done()->set_first_token(t->first_token);
+  done.mutable_done()->set_first_token(t.first_token);
   writer->Send(std::move(done));
   writer->End(grpc::Status::OK);
-  EndTransfer(*t);
+  EndTransfer(t);
 }
 
 void PrefillServiceImpl::Release(const std::string& id) {

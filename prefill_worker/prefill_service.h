@@ -46,14 +46,13 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
 
  private:
   struct Transfer;
-  // Asks for the chunks that fit the stream's window (any thread); they are
-  // sent from the engine thread.
+  // Asks the engine thread to make the chunks that fit the stream's window
+  // (any thread), then the first token once the KV is out.
   void SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
                 const std::shared_ptr<Transfer>& transfer);
-  // Engine thread: sends `msgs`, and the first token once the KV is out.
-  void Sent(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
-            const std::shared_ptr<Transfer>& transfer,
-            absl::StatusOr<std::vector<v1::PrefillResponse>> msgs);
+  // Engine thread: the work of SendMore.
+  void Fill(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer, Transfer& transfer,
+            const EngineClient::NextChunk& next);
   // Engine thread: the transfer is over; releases the request's blocks.
   void EndTransfer(Transfer& transfer);
   void Release(const std::string& id);

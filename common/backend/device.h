@@ -66,9 +66,6 @@ class Arena {
   std::string name_;
 };
 
-// The CPU device: host memory, a CpuStream.
-std::unique_ptr<Device> CreateCpuDevice();
-
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_BACKEND_DEVICE_H_

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

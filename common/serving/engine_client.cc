@@ -72,19 +72,10 @@ void EngineClient::Cancel(const std::string& id) {
   });
 }
 
-void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter, size_t window_bytes,
-                            ExportCallback done) {
-  loop_->Post([exporter = std::move(exporter), window_bytes,
-               done = std::move(done)](LlmEngine& engine) {
-    std::vector<v1::PrefillResponse> msgs;
-    size_t bytes = 0;
-    while (!exporter->done() && bytes < window_bytes) {
-      absl::StatusOr<v1::PrefillResponse> msg = exporter->Next(engine);
-      if (!msg.ok()) return done(msg.status());
-      bytes += msg->chunk().k().size() + msg->chunk().v().size();
-      msgs.push_back(*std::move(msg));
-    }
-    done(std::move(msgs));
+void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter,
+                            std::function<void(const NextChunk& next)> fill) {
+  loop_->Post([exporter = std::move(exporter), fill = std::move(fill)](LlmEngine& engine) {
+    fill([&]() { return exporter->Next(engine); });
   });
 }
 

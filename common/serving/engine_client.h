@@ -54,11 +54,12 @@ class EngineClient {
   // Drops the request (any state) and frees its blocks; no more outputs.
   void Cancel(const std::string& id);
 
-  // Reads the next chunks of a finished prefill-only request's KV until
-  // about `window_bytes` are made or the export is done, and passes them
-  // (or the error) to `done` on the loop thread.
-  using ExportCallback = std::function<void(absl::StatusOr<std::vector<v1::PrefillResponse>>)>;
-  void ExportKv(std::shared_ptr<KvExporter> exporter, size_t window_bytes, ExportCallback done);
+  // Runs `fill` on the loop thread with `next`, which makes the next chunk
+  // of a finished prefill-only request's KV; `fill` takes as many as its
+  // reader has room for (check exporter->done() first).
+  using NextChunk = std::function<absl::StatusOr<v1::PrefillResponse>()>;
+  void ExportKv(std::shared_ptr<KvExporter> exporter,
+                std::function<void(const NextChunk& next)> fill);
 
   // Start-up facts, immutable once the engine is ready.
   const LlamaConfig& model_config() const { return loop_->model_config(); }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

@@ -7,6 +7,7 @@
 #include "common/backend/cpu/cpu_stream.h"
 #include "common/engine/model_runner.h"
 #include "gtest/gtest.h"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

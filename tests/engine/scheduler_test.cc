@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

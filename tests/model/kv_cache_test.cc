@@ -1,6 +1,7 @@
 #include "common/model/kv_cache.h"
 
 #include "gtest/gtest.h"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

@@ -10,6 +10,7 @@
 #include "common/model/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {

@@ -8,6 +8,7 @@
 #include "common/model/llama_model.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "common/backend/cpu/cpu_device.h"
 
 namespace tandem {
 namespace {
