@@ -3,6 +3,8 @@
 // finished output; Stop() ends the loop. Run under TSan in CI.
 #include "common/serving/engine_loop.h"
 
+#include "common/serving/engine_client.h"
+
 #include <atomic>
 #include <thread>
 
@@ -126,6 +128,138 @@ TEST(EngineLoopTest, FailedStartUpReportsAndDropsTasks) {
   EXPECT_FALSE(status.ok());
   EXPECT_FALSE(loop.ready());
   loop.Post([](LlmEngine&) { FAIL() << "a task ran without an engine"; });
+}
+
+// Collects one request's outputs (loop thread) for the test thread.
+struct Collected {
+  Mutex mu;
+  std::vector<RequestOutput> outputs ABSL_GUARDED_BY(mu);
+  Notification finished;
+  EngineClient::OutputCallback Callback() {
+    return [this](const RequestOutput& o) {
+      {
+        MutexLock lock(&mu);
+        outputs.push_back(o);
+      }
+      if (o.finished) finished.Notify();
+    };
+  }
+  std::vector<RequestOutput> Take() {
+    MutexLock lock(&mu);
+    return outputs;
+  }
+};
+
+// Runs `check` on the loop thread and waits for it.
+void OnLoop(EngineLoop& loop, std::function<void(LlmEngine&)> check) {
+  Notification done;
+  loop.Post([&](LlmEngine& engine) {
+    check(engine);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
+EngineClient::Submission Make(const std::string& id, std::vector<int32_t> prompt, uint32_t max_tokens,
+                              RequestKind kind = RequestKind::kGenerate) {
+  EngineClient::Submission s;
+  s.id = id;
+  s.prompt = std::move(prompt);
+  s.params.max_tokens = max_tokens;
+  s.params.ignore_eos = true;
+  s.kind = kind;
+  return s;
+}
+
+TEST(EngineClientTest, OutputsAndErrorsComeBackOnTheRequestsCallback) {
+  Notification ready;
+  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine*) { ready.Notify(); });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  EXPECT_EQ(client.fingerprint().num_layers(), static_cast<uint32_t>(loop.model_config().num_hidden_layers));
+  Collected ok, empty, dup;
+  client.Submit(Make("a", {1, 2, 3}, 5), ok.Callback());
+  client.Submit(Make("b", {}, 5), empty.Callback());
+  client.Submit(Make("a", {4}, 5), dup.Callback());
+  for (Collected* c : {&ok, &empty, &dup}) {
+    ASSERT_TRUE(c->finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  }
+  int tokens = 0;
+  for (const RequestOutput& o : ok.Take()) tokens += static_cast<int>(o.new_tokens.size());
+  EXPECT_EQ(tokens, 5);
+  ASSERT_EQ(empty.Take().size(), 1u);
+  EXPECT_EQ(empty.Take()[0].status.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(dup.Take().size(), 1u);
+  EXPECT_EQ(dup.Take()[0].status.code(), absl::StatusCode::kAlreadyExists);
+  OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
+}
+
+TEST(EngineClientTest, CancelFreesTheBlocksAndEndsTheOutputs) {
+  Notification ready;
+  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine*) { ready.Notify(); });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  Collected c;
+  Notification first;
+  client.Submit(Make("long", {5, 6, 7}, 400), [&](const RequestOutput& o) {
+    c.Callback()(o);
+    first.Notify();
+  });
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  client.Cancel("long");
+  size_t seen = 0;
+  OnLoop(loop, [&](LlmEngine& e) {  // runs after the cancel
+    EXPECT_EQ(e.kv_cache().pool().num_used(), 0);
+    EXPECT_FALSE(e.HasWork());
+    seen = c.Take().size();
+  });
+  OnLoop(loop, [](LlmEngine&) {});
+  EXPECT_EQ(c.Take().size(), seen);  // no output after the cancel
+  EXPECT_FALSE(c.finished.HasBeenNotified());
+}
+
+TEST(EngineClientTest, QueueLimitAndFailedKvImportFinishTheRequest) {
+  Notification ready;
+  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine*) { ready.Notify(); });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  // Submitted from the loop thread, the three run back to back before a step:
+  // the second and third find one request waiting.
+  Collected r[3];
+  OnLoop(loop, [&](LlmEngine&) {
+    for (int i = 0; i < 3; ++i) {
+      EngineClient::Submission s = Make("q" + std::to_string(i), {1, 2}, 2);
+      s.max_waiting = 1;
+      client.Submit(std::move(s), r[i].Callback());
+    }
+  });
+  for (Collected& c : r) ASSERT_TRUE(c.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(r[0].Take().back().status.ok());
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(r[i].Take().back().status.code(), absl::StatusCode::kResourceExhausted);
+  }
+  // A remote-prefill request: its blocks are reserved (kv_needed), then a
+  // chunk outside its layers fails it and frees them.
+  Collected remote;
+  Notification needed;
+  client.Submit(Make("remote", {1, 2, 3, 4, 5}, 4, RequestKind::kRemotePrefill),
+                [&](const RequestOutput& o) {
+                  remote.Callback()(o);
+                  if (o.kv_needed) needed.Notify();
+                });
+  ASSERT_TRUE(needed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(remote.Take()[0].kv_tokens, 5);
+  OnLoop(loop, [](LlmEngine& e) {
+    EXPECT_GT(e.kv_cache().pool().num_used(), 0);
+    EXPECT_EQ(e.num_waiting_for_remote_kv(), 1u);
+  });
+  v1::KvChunk bad;
+  bad.set_layer(99);
+  bad.set_num_tokens(1);
+  client.ImportKv("remote", bad);
+  ASSERT_TRUE(remote.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(remote.Take().back().status.code(), absl::StatusCode::kInvalidArgument);
+  OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
 }
 
 }  // namespace
