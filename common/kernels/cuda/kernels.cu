@@ -14,7 +14,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kAttnThreads = 128;  // 4 warps
 constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kMaxDimsPerLane = kMaxHeadDim / 32;
 
 __device__ __forceinline__ float ToF(float x) { return x; }
 __device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
@@ -154,72 +153,133 @@ __global__ void WriteKvKernel(PagedAttentionArgs a) {
   }
 }
 
-// Running softmax state of one warp over a range of keys: each lane holds
-// the dims lane, lane + 32, ... of the weighted value sum.
-struct WarpSoftmax {
+// Keys scored per pass of the attention kernels: one per thread.
+constexpr int kKeyTile = kAttnThreads;
+// Dims of the output one thread accumulates at most (head_dim <= 256).
+constexpr int kMaxDimsPerThread = (kMaxHeadDim + kAttnThreads - 1) / kAttnThreads;
+
+// Reduces `v` over the block with `op` through `scratch` (kAttnWarps floats);
+// every thread gets the result. Safe to call repeatedly.
+template <typename Op>
+__device__ float BlockReduce(float v, float* scratch, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // the previous call's readers are done with scratch
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < kAttnWarps; ++w) r = op(r, scratch[w]);
+  return r;
+}
+
+// Running softmax state of one block over keys, and the weighted value sum
+// of the dims this thread owns.
+struct BlockSoftmax {
   float m = -FLT_MAX;
   float l = 0.f;
-  float acc[kMaxDimsPerLane] = {};
+  float acc[kMaxDimsPerThread] = {};
 };
 
-// Attends one (scaled) query in shared memory over keys [begin, end) of a
-// request, this warp taking every kAttnWarps-th key.
+// q . k over head_dim elements; 16-byte loads where the row allows (rows of
+// a 16-bit cache with head_dim % 8 == 0, of an f32 cache with % 4 == 0).
 template <typename T>
-__device__ void AttendRange(const PagedAttentionArgs& a, const float* q, const int32_t* table,
-                            int kv_head, int begin, int end, WarpSoftmax* st) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
-  const T* kc = static_cast<const T*>(a.k_cache);
-  const T* vc = static_cast<const T*>(a.v_cache);
-  for (int j = begin + warp; j < end; j += kAttnWarps) {
-    const int64_t slot = static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
-    const T* k = kc + slot * kv_row + static_cast<int64_t>(kv_head) * a.head_dim;
-    const T* v = vc + slot * kv_row + static_cast<int64_t>(kv_head) * a.head_dim;
-    float dot = 0.f;
-    for (int d = lane; d < a.head_dim; d += 32) dot += q[d] * ToF(k[d]);
-    const float score = WarpSum(dot);
-    const float m_new = fmaxf(st->m, score);
-    const float correction = __expf(st->m - m_new);
-    const float p = __expf(score - m_new);
-    st->l = st->l * correction + p;
+__device__ __forceinline__ float RowDot(const float* q, const T* k, int hd) {
+  float dot = 0.f;
+  constexpr int kPerVec = 16 / sizeof(T);
+  if (hd % kPerVec == 0) {
+    const uint4* kv = reinterpret_cast<const uint4*>(k);
+    for (int v = 0; v < hd / kPerVec; ++v) {
+      const uint4 raw = kv[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int c = 0; c < kMaxDimsPerLane; ++c) {
-      const int d = lane + 32 * c;
-      if (d < a.head_dim) st->acc[c] = st->acc[c] * correction + p * ToF(v[d]);
+      for (int i = 0; i < kPerVec; ++i) dot += q[v * kPerVec + i] * ToF(e[i]);
     }
-    st->m = m_new;
+    return dot;
+  }
+  for (int d = 0; d < hd; ++d) dot += q[d] * ToF(k[d]);
+  return dot;
+}
+
+// Attends one (scaled) query `q` in shared memory over keys [begin, end) of a
+// request. Keys are taken kKeyTile at a time: each thread finds one key's
+// cache slot (kept in shared memory) and scores it against a whole row of K,
+// so the loads of a tile are independent and in flight together; the block
+// turns the scores into probabilities with an online softmax; then the
+// threads sum p * V with consecutive threads on consecutive dims (coalesced)
+// and `groups` key subsets side by side. (A warp per key, reducing each dot
+// product across lanes, left every warp waiting on one load after another:
+// ~100 us per layer for 256 keys on an H100.)
+template <typename T>
+__device__ __forceinline__ void AttendRange(const PagedAttentionArgs& a, const float* q,
+                                            const int32_t* table, int kv_head, int begin,
+                                            int end, BlockSoftmax& st) {
+  __shared__ float p[kKeyTile];
+  __shared__ int64_t slots[kKeyTile];
+  __shared__ float scratch[kAttnWarps];
+  const int hd = a.head_dim;
+  const int lanes = hd < kAttnThreads ? hd : kAttnThreads;  // threads per key group
+  const int groups = kAttnThreads / lanes;
+  const int lane = threadIdx.x % lanes, group = threadIdx.x / lanes;
+  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * hd;
+  const T* kc = static_cast<const T*>(a.k_cache) + static_cast<int64_t>(kv_head) * hd;
+  const T* vc = static_cast<const T*>(a.v_cache) + static_cast<int64_t>(kv_head) * hd;
+  for (int tile = begin; tile < end; tile += kKeyTile) {
+    const int n = min(kKeyTile, end - tile);
+    float score = -FLT_MAX;
+    if (static_cast<int>(threadIdx.x) < n) {
+      const int j = tile + threadIdx.x;
+      const int64_t slot =
+          static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+      slots[threadIdx.x] = slot;
+      score = RowDot(q, kc + slot * kv_row, hd);
+    }
+    const float tile_max = BlockReduce(score, scratch, [](float x, float y) { return fmaxf(x, y); });
+    const float m_new = fmaxf(st.m, tile_max);
+    const float prob = static_cast<int>(threadIdx.x) < n ? __expf(score - m_new) : 0.f;
+    p[threadIdx.x] = prob;
+    const float tile_sum = BlockReduce(prob, scratch, [](float x, float y) { return x + y; });
+    const float correction = __expf(st.m - m_new);
+    st.l = st.l * correction + tile_sum;
+    st.m = m_new;
+    if (group < groups) {
+#pragma unroll
+      for (int c = 0; c < kMaxDimsPerThread; ++c) st.acc[c] *= correction;
+#pragma unroll 16
+      for (int j = group; j < n; j += groups) {
+        const T* v = vc + slots[j] * kv_row;
+        const float pj = p[j];
+#pragma unroll
+        for (int c = 0; c < kMaxDimsPerThread; ++c) {
+          const int d = lane + c * lanes;
+          if (d < hd) st.acc[c] += pj * ToF(v[d]);
+        }
+      }
+    }
+    __syncthreads();  // p and slots are rewritten by the next tile
   }
 }
 
-// Merges the warps' states in shared memory. Returns, in *m, *l and acc[d]
-// (shared, head_dim floats), the block's state; valid after the call in all
-// threads.
-__device__ void MergeWarps(const WarpSoftmax& st, int head_dim, float* m_out, float* l_out,
-                           float* acc_out) {
-  __shared__ float warp_m[kAttnWarps], warp_l[kAttnWarps];
-  __shared__ float warp_acc[kAttnWarps][kMaxHeadDim];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    warp_m[warp] = st.m;
-    warp_l[warp] = st.l;
-  }
+// Sums the key groups' partial values into acc_out (shared, head_dim
+// floats); valid in all threads after the call.
+__device__ void MergeGroups(const BlockSoftmax& st, int head_dim, float* acc_out) {
+  __shared__ float partial[kAttnThreads * kMaxDimsPerThread];
+  const int lanes = head_dim < kAttnThreads ? head_dim : kAttnThreads;
+  const int groups = kAttnThreads / lanes;
+  const int lane = threadIdx.x % lanes, group = threadIdx.x / lanes;
+  if (group < groups) {
 #pragma unroll
-  for (int c = 0; c < kMaxDimsPerLane; ++c) {
-    const int d = lane + 32 * c;
-    if (d < head_dim) warp_acc[warp][d] = st.acc[c];
+    for (int c = 0; c < kMaxDimsPerThread; ++c) {
+      const int d = lane + c * lanes;
+      if (d < head_dim) partial[group * head_dim + d] = st.acc[c];
+    }
   }
   __syncthreads();
-  float m = -FLT_MAX;
-  for (int w = 0; w < kAttnWarps; ++w) m = fmaxf(m, warp_m[w]);
-  float l = 0.f;
-  for (int w = 0; w < kAttnWarps; ++w) l += warp_l[w] * __expf(warp_m[w] - m);
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.f;
-    for (int w = 0; w < kAttnWarps; ++w) sum += warp_acc[w][d] * __expf(warp_m[w] - m);
+    for (int g = 0; g < groups; ++g) sum += partial[g * head_dim + d];
     acc_out[d] = sum;
   }
-  *m_out = m;
-  *l_out = l;
+  __syncthreads();
 }
 
 template <typename T>
@@ -249,14 +309,21 @@ __global__ void MixedAttentionKernel(PagedAttentionArgs a) {
   const T* qs = static_cast<const T*>(a.qkv) + t * row + static_cast<int64_t>(h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = ToF(qs[d]) * a.scale;
   __syncthreads();
-  WarpSoftmax st;
+  BlockSoftmax st;
   const int kv_head = h / (a.num_heads / a.num_kv_heads);
-  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, 0, ctx, &st);
-  float m, l;
-  MergeWarps(st, hd, &m, &l, merged);
-  __syncthreads();
-  const float inv = 1.f / l;
+  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, 0, ctx, st);
+  MergeGroups(st, hd, merged);
+  const float inv = 1.f / st.l;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(merged[d] * inv);
+}
+
+// Keys per split for a request of `ctx` keys: the context spread over all
+// kDecodeSplits blocks (a multiple of 32, at least kMinDecodePartition), so a
+// short context still keeps many blocks busy and a long one is bounded in
+// splits (and workspace).
+__device__ __forceinline__ int DecodePartition(int ctx) {
+  const int part = (ctx + kDecodeSplits - 1) / kDecodeSplits;
+  return max(kMinDecodePartition, (part + 31) / 32 * 32);
 }
 
 // Workspace layout for decode: m[R][H][S], l[R][H][S], acc[R][H][S][hd].
@@ -278,26 +345,25 @@ __global__ void DecodeSplitKernel(PagedAttentionArgs a, int splits) {
   const int hd = a.head_dim;
   if (r >= a.num_reqs[0]) return;
   const int ctx = a.seq_lens[r];
-  const int begin = s * kDecodePartition;
+  const int part = DecodePartition(ctx);
+  const int begin = s * part;
   if (begin >= ctx) return;
-  const int end = min(ctx, begin + kDecodePartition);
+  const int end = min(ctx, begin + part);
   const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
   const int64_t t = a.query_start_loc[r];
   const T* qs = static_cast<const T*>(a.qkv) + t * row + static_cast<int64_t>(h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = ToF(qs[d]) * a.scale;
   __syncthreads();
-  WarpSoftmax st;
+  BlockSoftmax st;
   const int kv_head = h / (a.num_heads / a.num_kv_heads);
   AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, begin,
-                 end, &st);
-  float m, l;
-  MergeWarps(st, hd, &m, &l, merged);
-  __syncthreads();
+                 end, st);
+  MergeGroups(st, hd, merged);
   DecodeWorkspace ws(a.workspace, a.max_num_seqs, a.num_heads, splits);
   const int64_t cell = (static_cast<int64_t>(r) * a.num_heads + h) * splits + s;
   if (threadIdx.x == 0) {
-    ws.m[cell] = m;
-    ws.l[cell] = l;
+    ws.m[cell] = st.m;
+    ws.l[cell] = st.l;
   }
   for (int d = threadIdx.x; d < hd; d += blockDim.x) ws.acc[cell * hd + d] = merged[d];
 }
@@ -312,7 +378,8 @@ __global__ void DecodeReduceKernel(PagedAttentionArgs a, int splits) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
     return;
   }
-  const int valid = (a.seq_lens[r] + kDecodePartition - 1) / kDecodePartition;
+  const int part = DecodePartition(a.seq_lens[r]);
+  const int valid = (a.seq_lens[r] + part - 1) / part;
   DecodeWorkspace ws(a.workspace, a.max_num_seqs, a.num_heads, splits);
   const int64_t first = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
   float m = -FLT_MAX;
@@ -328,7 +395,7 @@ __global__ void DecodeReduceKernel(PagedAttentionArgs a, int splits) {
 }
 
 int DecodeSplits(int max_seq_len) {
-  return (max_seq_len + kDecodePartition - 1) / kDecodePartition;
+  return min(kDecodeSplits, (max_seq_len + kMinDecodePartition - 1) / kMinDecodePartition);
 }
 
 }  // namespace

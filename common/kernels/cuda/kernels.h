@@ -64,8 +64,10 @@ struct PagedAttentionArgs {
 
 // Largest head_dim the attention kernels support.
 inline constexpr int kMaxHeadDim = 256;
-// Keys per split of the decode kernel.
-inline constexpr int kDecodePartition = 512;
+// The decode kernel splits each request's context over at most
+// kDecodeSplits blocks per head, of at least kMinDecodePartition keys.
+inline constexpr int kDecodeSplits = 16;
+inline constexpr int kMinDecodePartition = 32;
 
 // Writes the step's k and v into the cache at slot_mapping (-1: skipped).
 cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
@@ -75,10 +77,11 @@ cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t st
 // query_start_loc[num_reqs] get zeros.
 cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
 
-// Uniform decode (one query token per request, row r = request r): the
-// context is split into kDecodePartition-key parts, one block per (head,
-// request, part), then a reduction kernel merges the parts. The grid covers
-// `max_seq_len` keys; parts past a request's length exit at once.
+// Uniform decode (one query token per request, row r = request r): each
+// request's context is split into up to kDecodeSplits parts sized to its
+// length, one block per (head, request, part), then a reduction kernel
+// merges the parts. The grid is fixed by `max_seq_len` (graph-safe); parts
+// past a request's length exit at once.
 cudaError_t DecodeAttention(Storage s, const PagedAttentionArgs& a, int max_seq_len,
                             cudaStream_t stream);
 size_t DecodeWorkspaceFloats(int max_num_seqs, int num_heads, int head_dim, int max_seq_len);
