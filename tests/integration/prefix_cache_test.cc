@@ -122,7 +122,9 @@ TEST(PrefixCacheTest, SharedPrefixesUnderCancelsAndEvictionLeakNothing) {
     EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0), 0);
     EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
     EXPECT_EQ(AwaitMetric(decode, "tandem_requests_waiting_for_kv", 0), 0);
-    if (caching) EXPECT_GT(decode.Metric("tandem_prefix_cache_hits_total"), 0);
+    if (caching) {
+      EXPECT_GT(decode.Metric("tandem_prefix_cache_hits_total"), 0);
+    }
     StopWorker(decode);
     StopWorker(prefill);
   }

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Tandem against llama.cpp and transformers on the same weights, interleaved.
+
+Every engine runs SmolLM2-135M-Instruct from one GGUF: the Q4_1 file that
+scripts/fetch_model.sh downloads, turned into an f32 GGUF (and a Q8_0 one)
+by llama.cpp's own quantizer, so llama.cpp, transformers (which dequantizes
+the GGUF) and Tandem compute with identical float32 weights. For each thread
+count and round, each engine is timed in turn on
+  decode:  a 16-token prompt, then 128 greedy tokens (tokens/s after the first);
+  prefill: a 512-token prompt (tokens/s of the forward that yields the first token).
+Medians over the rounds are printed with Tandem's ratio to each peer, and the
+greedy tokens of the decode run are compared.
+
+Usage (benchmarks/peers/run.sh sets up the virtualenv):
+  peers.py --gguf Q4_1.gguf --tandem build/bin/tandem [--threads 1,2] [--rounds 3]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+TEXT = ("The history of the city begins with a small settlement on the river, where traders "
+        "met to exchange grain, salt and cloth. Over the centuries the market grew into a town, "
+        "the town into a city, and the city into the capital of a wide and busy region. ")
+
+
+def make_variants(src, cache_dir):
+    """f32 and Q8_0 GGUFs from `src` with llama.cpp's quantizer (cached)."""
+    import llama_cpp
+    out = {}
+    for name, ftype in (("f32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)):
+        path = os.path.join(cache_dir, f"SmolLM2-135M-Instruct.{name}.gguf")
+        if not os.path.exists(path):
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = ftype
+            params.allow_requantize = True
+            params.nthread = os.cpu_count() or 1
+            rc = llama_cpp.llama_model_quantize(src.encode(), (path + ".tmp").encode(), params)
+            if rc != 0:
+                sys.exit(f"peers.py: llama.cpp could not write {name} from {src} (rc {rc})")
+            os.rename(path + ".tmp", path)
+        out[name] = path
+    return out
+
+
+class LlamaCpp:
+    def __init__(self, path, threads):
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+                         n_batch=512, n_ubatch=512, logits_all=False, verbose=False)
+
+    def tokenize(self, text):
+        return self.llm.tokenize(text.encode(), add_bos=False)
+
+    def prefill(self, ids):
+        self.llm.reset()
+        t = time.perf_counter()
+        self.llm.eval(ids)
+        return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, ids, n):
+        import numpy as np
+        self.llm.reset()
+        self.llm.eval(ids)
+        out = [int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))]
+        t = time.perf_counter()
+        for _ in range(n - 1):
+            self.llm.eval([out[-1]])
+            out.append(int(np.argmax(self.llm.scores[self.llm.n_tokens - 1])))
+        return (n - 1) / (time.perf_counter() - t), out
+
+
+class Transformers:
+    def __init__(self, path, threads):
+        import torch
+        from transformers import AutoModelForCausalLM
+        self.torch = torch
+        self.threads = threads
+        self.model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32)
+        self.model.eval()
+
+    def prefill(self, ids):
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        with torch.no_grad():
+            t = time.perf_counter()
+            self.model(torch.tensor([ids]), use_cache=True)
+            return len(ids) / (time.perf_counter() - t)
+
+    def decode(self, ids, n):
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        with torch.no_grad():
+            r = self.model(torch.tensor([ids]), use_cache=True)
+            past, out = r.past_key_values, [int(r.logits[0, -1].argmax())]
+            t = time.perf_counter()
+            for _ in range(n - 1):
+                r = self.model(torch.tensor([[out[-1]]]), past_key_values=past, use_cache=True)
+                past = r.past_key_values
+                out.append(int(r.logits[0, -1].argmax()))
+            return (n - 1) / (time.perf_counter() - t), out
+
+
+class Tandem:
+    SUMMARY = re.compile(r"ttft ([0-9.]+) ms \| ([0-9.]+) tokens/s")
+
+    def __init__(self, binary, path, threads):
+        self.cmd = [binary, "generate", "--local", f"--model={path}", f"--threads={threads}",
+                    "--ignore-eos", "--max-num-batched-tokens=1024"]
+
+    def _run(self, ids, n):
+        p = subprocess.run(self.cmd + ["--prompt-token-ids=" + ",".join(map(str, ids)),
+                                       f"--max-tokens={n}"], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"peers.py: tandem failed:\n{p.stderr[-2000:]}")
+        m = self.SUMMARY.search(p.stdout + p.stderr)
+        if not m:
+            sys.exit(f"peers.py: no summary line from tandem:\n{p.stdout[-1000:]}{p.stderr[-1000:]}")
+        tokens = [int(x) for x in re.findall(r"-?\d+", p.stdout.split("steps:")[0])]
+        return float(m.group(1)) / 1e3, float(m.group(2)), tokens
+
+    def prefill(self, ids):
+        ttft, _, _ = self._run(ids, 1)
+        return len(ids) / ttft
+
+    def decode(self, ids, n):
+        ttft, rate, tokens = self._run(ids, n)
+        total = n / rate
+        return (n - 1) / (total - ttft), tokens[-n:]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--tandem", required=True)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    cache = os.path.dirname(os.path.abspath(args.gguf))
+    files = make_variants(args.gguf, cache)
+    threads = [int(t) for t in args.threads.split(",")]
+    engines = {}
+    for t in threads:
+        engines[("tandem f32", t)] = Tandem(args.tandem, files["f32"], t)
+        engines[("llama.cpp f32", t)] = LlamaCpp(files["f32"], t)
+        engines[("llama.cpp q8_0", t)] = LlamaCpp(files["q8_0"], t)
+        engines[("transformers f32", t)] = Transformers(files["f32"], t)
+    tok = engines[("llama.cpp f32", threads[0])]
+    text_ids = tok.tokenize(TEXT * 40)
+    short, long_ = text_ids[:16], text_ids[:512]
+    decode, prefill, tokens = {}, {}, {}
+    for r in range(args.rounds):
+        for t in threads:
+            for (name, et), e in engines.items():
+                if et != t:
+                    continue
+                rate, out = e.decode(short, args.decode_tokens)
+                decode.setdefault((name, t), []).append(rate)
+                tokens[name] = out
+                prefill.setdefault((name, t), []).append(e.prefill(long_))
+                print(f"round {r + 1} threads {t} {name:18s} decode {rate:7.1f} tok/s  "
+                      f"prefill {prefill[(name, t)][-1]:7.1f} tok/s", file=sys.stderr, flush=True)
+    med = lambda d: {k: statistics.median(v) for k, v in d.items()}
+    decode, prefill = med(decode), med(prefill)
+    names = ["tandem f32", "llama.cpp f32", "llama.cpp q8_0", "transformers f32"]
+    print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds; "
+          f"decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
+    print(f"{'engine':18s} " + " ".join(f"{'decode@' + str(t):>10s} {'prefill@' + str(t):>11s}" for t in threads))
+    for n in names:
+        print(f"{n:18s} " + " ".join(f"{decode[(n, t)]:10.1f} {prefill[(n, t)]:11.1f}" for t in threads))
+    print("Tandem f32 / peer (>1: Tandem faster):")
+    for n in names[1:]:
+        print(f"  vs {n:16s} " + " ".join(
+            f"decode@{t} {decode[('tandem f32', t)] / decode[(n, t)]:.2f}x  "
+            f"prefill@{t} {prefill[('tandem f32', t)] / prefill[(n, t)]:.2f}x" for t in threads))
+    ref = tokens["transformers f32"]
+    for n in names:
+        same = sum(1 for a, b in zip(tokens[n], ref) if a == b)
+        first = next((i for i, (a, b) in enumerate(zip(tokens[n], ref)) if a != b), len(ref))
+        print(f"greedy tokens of {n:16s}: {same}/{len(ref)} equal to transformers', first difference at {first}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"decode_tok_s": {f"{n}@{t}": v for (n, t), v in decode.items()},
+                       "prefill_tok_s": {f"{n}@{t}": v for (n, t), v in prefill.items()},
+                       "tokens": tokens}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
