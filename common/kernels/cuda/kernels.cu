@@ -282,31 +282,35 @@ __device__ void MergeGroups(const BlockSoftmax& st, int head_dim, float* acc_out
   __syncthreads();
 }
 
-template <typename T>
-__global__ void MixedAttentionKernel(PagedAttentionArgs a) {
-  __shared__ float q[kMaxHeadDim];
-  __shared__ float merged[kMaxHeadDim];
-  const int h = blockIdx.x;
-  const int64_t t = blockIdx.y;
-  const int hd = a.head_dim;
-  T* o = static_cast<T*>(a.out) + t * a.num_heads * hd + static_cast<int64_t>(h) * hd;
-  const int num_reqs = a.num_reqs[0];
-  if (t >= a.query_start_loc[num_reqs]) {
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
-    return;
-  }
-  // The request of token t: the last r with query_start_loc[r] <= t.
+// The request of token t: the last r with query_start_loc[r] <= t.
+__device__ __forceinline__ int RequestOf(const PagedAttentionArgs& a, int num_reqs, int64_t t) {
   int lo = 0, hi = num_reqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
     if (a.query_start_loc[mid] <= t) lo = mid; else hi = mid - 1;
   }
-  const int r = lo;
+  return lo;
+}
+
+// One query token of head h, alone: the block scores tiles of keys (see
+// AttendRange). Writes zeros for padded rows.
+template <typename T>
+__device__ void AttendOneQuery(const PagedAttentionArgs& a, int h, int64_t t, int num_reqs) {
+  __shared__ float q[kMaxHeadDim];
+  __shared__ float merged[kMaxHeadDim];
+  const int hd = a.head_dim;
+  T* o = static_cast<T*>(a.out) + t * a.num_heads * hd + static_cast<int64_t>(h) * hd;
+  if (t >= a.query_start_loc[num_reqs]) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
+    return;
+  }
+  const int r = RequestOf(a, num_reqs, t);
   const int q_begin = a.query_start_loc[r];
   const int q_len = a.query_start_loc[r + 1] - q_begin;
   const int ctx = a.seq_lens[r] - q_len + static_cast<int>(t - q_begin) + 1;  // causal
   const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
   const T* qs = static_cast<const T*>(a.qkv) + t * row + static_cast<int64_t>(h) * hd;
+  __syncthreads();  // q and merged may still be read by the previous query
   for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = ToF(qs[d]) * a.scale;
   __syncthreads();
   BlockSoftmax st;
@@ -315,6 +319,132 @@ __global__ void MixedAttentionKernel(PagedAttentionArgs a) {
   MergeGroups(st, hd, merged);
   const float inv = 1.f / st.l;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(merged[d] * inv);
+}
+
+// Query tiles of the mixed kernel: kQueryTile consecutive tokens of one
+// request share each tile of kTileKeys keys, loaded once into shared memory
+// (a prompt's queries otherwise read every key once each). head_dim up to
+// kMaxTiledHeadDim; other shapes and tiles that straddle two requests take
+// the one-query path.
+constexpr int kQueryTile = 16;
+constexpr int kTileKeys = 32;
+constexpr int kMaxTiledHeadDim = 128;
+constexpr int kThreadsPerQuery = kAttnThreads / kQueryTile;  // 8: lanes of one warp
+
+template <typename T>
+__device__ void AttendQueryTile(const PagedAttentionArgs& a, int h, int64_t t0, int r,
+                                int count) {
+  __shared__ float qs[kQueryTile][kMaxTiledHeadDim];
+  __shared__ float ks[kTileKeys][kMaxTiledHeadDim + 1];  // +1: no bank conflicts by row
+  __shared__ float vs[kTileKeys][kMaxTiledHeadDim];
+  __shared__ float ps[kQueryTile][kTileKeys];
+  __shared__ int64_t slots[kTileKeys];
+  const int hd = a.head_dim;
+  const int qi = threadIdx.x / kThreadsPerQuery, sub = threadIdx.x % kThreadsPerQuery;
+  const int q_begin = a.query_start_loc[r];
+  const int q_len = a.query_start_loc[r + 1] - q_begin;
+  const int ctx0 = a.seq_lens[r] - q_len + static_cast<int>(t0 - q_begin) + 1;
+  const int my_ctx = ctx0 + qi;  // keys this query sees (past `count`: unused)
+  const int max_ctx = ctx0 + count - 1;
+  const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
+  for (int idx = threadIdx.x; idx < kQueryTile * hd; idx += blockDim.x) {
+    const int i = idx / hd, d = idx % hd;
+    qs[i][d] = i < count ? ToF(static_cast<const T*>(a.qkv)[(t0 + i) * row +
+                                                            static_cast<int64_t>(h) * hd + d]) *
+                               a.scale
+                         : 0.f;
+  }
+  const int kv_head = h / (a.num_heads / a.num_kv_heads);
+  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * hd;
+  const T* kc = static_cast<const T*>(a.k_cache) + static_cast<int64_t>(kv_head) * hd;
+  const T* vc = static_cast<const T*>(a.v_cache) + static_cast<int64_t>(kv_head) * hd;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(r) * a.table_width;
+  constexpr int kDims = kMaxTiledHeadDim / kThreadsPerQuery;  // dims per thread, at most
+  float acc[kDims] = {};
+  float m = -FLT_MAX, l = 0.f;
+  for (int tile = 0; tile < max_ctx; tile += kTileKeys) {
+    const int n = min(kTileKeys, max_ctx - tile);
+    __syncthreads();  // the previous tile's ks, vs and ps are done with
+    if (static_cast<int>(threadIdx.x) < n) {
+      const int j = tile + threadIdx.x;
+      slots[threadIdx.x] =
+          static_cast<int64_t>(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n * hd; idx += blockDim.x) {
+      const int j = idx / hd, d = idx % hd;
+      ks[j][d] = ToF(kc[slots[j] * kv_row + d]);
+      vs[j][d] = ToF(vc[slots[j] * kv_row + d]);
+    }
+    __syncthreads();
+    // Scores: this thread takes keys sub, sub + 8, ... of the tile for query qi.
+    float sc[kTileKeys / kThreadsPerQuery];
+    float tile_max = -FLT_MAX;
+#pragma unroll
+    for (int c = 0; c < kTileKeys / kThreadsPerQuery; ++c) {
+      const int j = sub + c * kThreadsPerQuery;
+      float dot = -FLT_MAX;
+      if (j < n && tile + j < my_ctx) {
+        dot = 0.f;
+        for (int d = 0; d < hd; ++d) dot += qs[qi][d] * ks[j][d];
+      }
+      sc[c] = dot;
+      tile_max = fmaxf(tile_max, dot);
+    }
+    for (int off = kThreadsPerQuery / 2; off > 0; off >>= 1) {
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const float m_new = fmaxf(m, tile_max);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kTileKeys / kThreadsPerQuery; ++c) {
+      const float pv = sc[c] == -FLT_MAX ? 0.f : __expf(sc[c] - m_new);
+      ps[qi][sub + c * kThreadsPerQuery] = pv;
+      sum += pv;
+    }
+    for (int off = kThreadsPerQuery / 2; off > 0; off >>= 1) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    }
+    const float correction = m == -FLT_MAX ? 0.f : __expf(m - m_new);
+    l = l * correction + sum;
+    m = m_new;
+    __syncwarp();  // ps of this query is written by lanes of this warp
+#pragma unroll
+    for (int c = 0; c < kDims; ++c) acc[c] *= correction;
+    for (int j = 0; j < n; ++j) {
+      const float pj = ps[qi][j];
+#pragma unroll
+      for (int c = 0; c < kDims; ++c) {
+        const int d = sub + c * kThreadsPerQuery;
+        if (d < hd) acc[c] += pj * vs[j][d];
+      }
+    }
+  }
+  if (qi >= count) return;
+  T* o = static_cast<T*>(a.out) + (t0 + qi) * a.num_heads * hd + static_cast<int64_t>(h) * hd;
+  const float inv = 1.f / l;
+#pragma unroll
+  for (int c = 0; c < kDims; ++c) {
+    const int d = sub + c * kThreadsPerQuery;
+    if (d < hd) o[d] = FromF<T>(acc[c] * inv);
+  }
+}
+
+template <typename T>
+__global__ void MixedAttentionKernel(PagedAttentionArgs a) {
+  const int h = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kQueryTile;
+  const int64_t t_end = min(a.n, t0 + kQueryTile);
+  const int num_reqs = a.num_reqs[0];
+  const int64_t real = a.query_start_loc[num_reqs];
+  if (a.head_dim <= kMaxTiledHeadDim && t_end <= real) {
+    const int r = RequestOf(a, num_reqs, t0);
+    if (RequestOf(a, num_reqs, t_end - 1) == r) {
+      AttendQueryTile<T>(a, h, t0, r, static_cast<int>(t_end - t0));
+      return;
+    }
+  }
+  for (int64_t t = t0; t < t_end; ++t) AttendOneQuery<T>(a, h, t, num_reqs);
 }
 
 // Keys per split for a request of `ctx` keys: the context spread over all
@@ -471,7 +601,8 @@ cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t 
   if (a.n == 0) return cudaSuccess;
   return Dispatch(s, [&](auto t) {
     using T = decltype(t);
-    MixedAttentionKernel<T><<<dim3(a.num_heads, a.n), kAttnThreads, 0, stream>>>(a);
+    MixedAttentionKernel<T><<<dim3(a.num_heads, (a.n + kQueryTile - 1) / kQueryTile), kAttnThreads,
+                              0, stream>>>(a);
   });
 }
 
