@@ -62,15 +62,23 @@ class LlamaCpp:
         self.llm.eval(ids)
         return len(ids) / (time.perf_counter() - t)
 
-    def decode(self, ids, n):
+    def _argmax(self):
+        # The last position's logits straight from the context (Llama.scores
+        # stays zero without logits_all in this version).
+        import llama_cpp
         import numpy as np
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1),
+                                       shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
+
+    def decode(self, ids, n):
         self.llm.reset()
         self.llm.eval(ids)
-        out = [int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))]
+        out = [self._argmax()]
         t = time.perf_counter()
         for _ in range(n - 1):
             self.llm.eval([out[-1]])
-            out.append(int(np.argmax(self.llm.scores[self.llm.n_tokens - 1])))
+            out.append(self._argmax())
         return (n - 1) / (time.perf_counter() - t), out
 
 
