@@ -4,7 +4,8 @@
 Every engine runs SmolLM2-135M-Instruct from one GGUF: the Q4_1 file that
 scripts/fetch_model.sh downloads, turned into an f32 GGUF (and a Q8_0 one)
 by llama.cpp's own quantizer, so llama.cpp, transformers (which dequantizes
-the GGUF) and Tandem compute with identical float32 weights. For each thread
+the GGUF) and Tandem compute with identical float32 weights; Tandem
+--weight-dtype=q8_0 and llama.cpp run the Q8_0 file. For each thread
 count and round, each engine is timed in turn on
   decode:  a 16-token prompt, then 128 greedy tokens (tokens/s after the first);
   prefill: a 512-token prompt (tokens/s of the forward that yields the first token).
@@ -117,9 +118,9 @@ class Transformers:
 class Tandem:
     SUMMARY = re.compile(r"ttft ([0-9.]+) ms \| ([0-9.]+) tokens/s")
 
-    def __init__(self, binary, path, threads):
+    def __init__(self, binary, path, threads, weight_dtype="auto"):
         self.cmd = [binary, "generate", "--local", f"--model={path}", f"--threads={threads}",
-                    "--ignore-eos", "--max-num-batched-tokens=1024"]
+                    f"--weight-dtype={weight_dtype}", "--ignore-eos", "--max-num-batched-tokens=1024"]
 
     def _run(self, ids, n):
         p = subprocess.run(self.cmd + ["--prompt-token-ids=" + ",".join(map(str, ids)),
@@ -157,6 +158,7 @@ def main():
     engines = {}
     for t in threads:
         engines[("tandem f32", t)] = Tandem(args.tandem, files["f32"], t)
+        engines[("tandem q8_0", t)] = Tandem(args.tandem, files["q8_0"], t, "q8_0")
         engines[("llama.cpp f32", t)] = LlamaCpp(files["f32"], t)
         engines[("llama.cpp q8_0", t)] = LlamaCpp(files["q8_0"], t)
         engines[("transformers f32", t)] = Transformers(files["f32"], t)
@@ -177,17 +179,18 @@ def main():
                       f"prefill {prefill[(name, t)][-1]:7.1f} tok/s", file=sys.stderr, flush=True)
     med = lambda d: {k: statistics.median(v) for k, v in d.items()}
     decode, prefill = med(decode), med(prefill)
-    names = ["tandem f32", "llama.cpp f32", "llama.cpp q8_0", "transformers f32"]
+    names = ["tandem f32", "tandem q8_0", "llama.cpp f32", "llama.cpp q8_0", "transformers f32"]
     print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds; "
           f"decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
     print(f"{'engine':18s} " + " ".join(f"{'decode@' + str(t):>10s} {'prefill@' + str(t):>11s}" for t in threads))
     for n in names:
         print(f"{n:18s} " + " ".join(f"{decode[(n, t)]:10.1f} {prefill[(n, t)]:11.1f}" for t in threads))
-    print("Tandem f32 / peer (>1: Tandem faster):")
-    for n in names[1:]:
-        print(f"  vs {n:16s} " + " ".join(
-            f"decode@{t} {decode[('tandem f32', t)] / decode[(n, t)]:.2f}x  "
-            f"prefill@{t} {prefill[('tandem f32', t)] / prefill[(n, t)]:.2f}x" for t in threads))
+    print("Tandem / peer of the same weights (>1: Tandem faster):")
+    for ours, peer in (("tandem f32", "llama.cpp f32"), ("tandem f32", "transformers f32"),
+                       ("tandem q8_0", "llama.cpp q8_0")):
+        print(f"  {ours:11s} vs {peer:16s} " + " ".join(
+            f"decode@{t} {decode[(ours, t)] / decode[(peer, t)]:.2f}x  "
+            f"prefill@{t} {prefill[(ours, t)] / prefill[(peer, t)]:.2f}x" for t in threads))
     ref = tokens["transformers f32"]
     for n in names:
         same = sum(1 for a, b in zip(tokens[n], ref) if a == b)

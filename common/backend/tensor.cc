@@ -1,5 +1,6 @@
 #include "common/backend/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -69,6 +70,25 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ToF16(src[i]);
       return;
+    case DType::kQ8_0: {
+      TANDEM_CHECK(n % kQ8BlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
+      auto* out = static_cast<uint8_t*>(dst);
+      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, out += kQ8BlockBytes) {
+        const float* x = src + b * kQ8BlockElems;
+        float amax = 0.f;
+        for (int i = 0; i < kQ8BlockElems; ++i) amax = std::max(amax, std::fabs(x[i]));
+        // As GGML: the f16 scale, and the values rounded against the scale
+        // before its rounding.
+        const float d = amax / 127.f;
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        const uint16_t dh = ToF16(d);
+        std::memcpy(out, &dh, 2);
+        for (int i = 0; i < kQ8BlockElems; ++i) {
+          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(x[i] * id)));
+        }
+      }
+      return;
+    }
     case DType::kI32:
       break;
   }
@@ -86,6 +106,19 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
+    case DType::kQ8_0: {
+      TANDEM_CHECK(n % kQ8BlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
+      const auto* in = static_cast<const uint8_t*>(src);
+      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, in += kQ8BlockBytes) {
+        uint16_t dh;
+        std::memcpy(&dh, in, 2);
+        const float d = F16ToF32(dh);
+        for (int i = 0; i < kQ8BlockElems; ++i) {
+          dst[b * kQ8BlockElems + i] = d * static_cast<int8_t>(in[2 + i]);
+        }
+      }
+      return;
+    }
     case DType::kI32:
       break;
   }
@@ -98,8 +131,16 @@ size_t DTypeSize(DType dtype) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
+    case DType::kQ8_0: return 0;
   }
   return 0;
+}
+
+size_t DTypeBytes(DType dtype, int64_t n) {
+  if (dtype == DType::kQ8_0) {
+    return static_cast<size_t>((n + kQ8BlockElems - 1) / kQ8BlockElems) * kQ8BlockBytes;
+  }
+  return static_cast<size_t>(n) * DTypeSize(dtype);
 }
 
 absl::string_view DTypeName(DType dtype) {
@@ -108,6 +149,7 @@ absl::string_view DTypeName(DType dtype) {
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
     case DType::kI32: return "i32";
+    case DType::kQ8_0: return "q8_0";
   }
   return "?";
 }

@@ -14,14 +14,23 @@
 
 namespace tandem {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32 };
+// kQ8_0 is a block type for weights only (GGML's Q8_0): every 32 consecutive
+// elements of a row are one block of an f16 scale d and 32 int8 q, value
+// d * q; rows are whole blocks.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0 };
 
+inline constexpr int64_t kQ8BlockElems = 32;
+inline constexpr size_t kQ8BlockBytes = 2 + 32;
+
+// Bytes of one element; 0 for a block type (see DTypeBytes).
 size_t DTypeSize(DType dtype);
+// Bytes of `n` elements (for kQ8_0, n a multiple of kQ8BlockElems).
+size_t DTypeBytes(DType dtype, int64_t n);
 absl::string_view DTypeName(DType dtype);
 
-// Host-side conversions between f32 and a storage dtype (f32, f16 or bf16),
-// rounding to nearest even. Used when weights are loaded and when tests read
-// device buffers back.
+// Host-side conversions between f32 and a storage dtype (f32, f16, bf16, or
+// q8_0 with n a multiple of 32), rounding to nearest (even). Used when
+// weights are loaded and when tests read device buffers back.
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n);
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 
@@ -40,7 +49,7 @@ struct Tensor {
 
   int64_t dim(int i) const { return shape[i]; }
   int64_t numel() const;
-  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  size_t nbytes() const { return DTypeBytes(dtype, numel()); }
   bool contiguous() const;
 
   template <typename T>

@@ -45,6 +45,12 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
+namespace {
+thread_local int current_thread = 0;
+}  // namespace
+
+int ThreadPool::CurrentThread() { return current_thread; }
+
 void ThreadPool::RunChunk(int index) {
   if (index >= chunks_) return;
   const int64_t begin = n_ * index / chunks_, end = n_ * (index + 1) / chunks_;
@@ -81,6 +87,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t min_chunk, const RangeFn& fn) {
 }
 
 void ThreadPool::WorkerLoop(int index) {
+  current_thread = index;
   uint64_t seen = 0;
   while (true) {
     uint64_t g = generation_.load(std::memory_order_acquire);

@@ -37,6 +37,11 @@ class ThreadPool {
   // `min_chunk` items each.
   void ParallelFor(int64_t n, int64_t min_chunk, const RangeFn& fn);
 
+  // The calling thread's index in the pool running it: 0 for the caller of
+  // ParallelFor (and any thread outside a pool), 1.. for the workers. For
+  // per-thread scratch buffers.
+  static int CurrentThread();
+
   // The number of threads the machine offers this process (its CPU affinity
   // mask, so `taskset` is honoured), at least 1.
   static int AvailableCpus();

@@ -89,6 +89,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     if (!parsed.ok()) return parsed.status();
     dtype = *parsed;
   }
+  if (options.weight_dtype != "auto" && options.weight_dtype != "q8_0") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_dtype must be auto or q8_0, got '", options.weight_dtype, "'"));
+  }
+  const bool q8 = options.weight_dtype == "q8_0";
+  if (q8 && !cpu) {
+    return absl::InvalidArgumentError(
+        "weight_dtype=q8_0 is implemented on device=cpu only; use weight_dtype=auto");
+  }
   auto backend = std::make_unique<Backend>();
   if (cpu) {
     if (dtype != DType::kF32) {
@@ -97,7 +106,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
           "use dtype=f32 or auto)"));
     }
     backend->device = CreateCpuDevice();
-    backend->ops = CreateCpuOps(backend->device.get(), options.threads);
+    backend->ops = CreateCpuOps(backend->device.get(), options.threads,
+                                q8 ? DType::kQ8_0 : DType::kF32);
     return backend;
   }
   auto create = LoadCudaModule();

@@ -29,6 +29,8 @@ struct BackendOptions {
   // f32 | bf16 | f16 | auto (f32 on cpu, bf16 on cuda).
   std::string dtype = "auto";
   int threads = 0;  // cpu: threads of every op (0: every CPU this process may use)
+  // Matmul weights: auto (the storage dtype) or q8_0 (cpu, weight-only 8-bit).
+  std::string weight_dtype = "auto";
 };
 
 struct Backend {

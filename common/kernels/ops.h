@@ -59,6 +59,9 @@ class Ops {
   // Storage dtype of weights, activations and the KV cache (f32, f16 or
   // bf16); arithmetic accumulates in f32 and logits are always f32.
   virtual DType dtype() const = 0;
+  // Dtype of the matmul weights (and the embedding table they may share): the
+  // storage dtype, or kQ8_0 on a CPU backend asked for weight-only 8-bit.
+  virtual DType weight_dtype() const { return dtype(); }
   // How much of PagedAttention a graph may contain (declared honestly: the
   // mode resolution at start-up trusts it).
   virtual AttentionCgSupport attention_cg_support() const = 0;
@@ -96,8 +99,10 @@ class Ops {
 };
 
 // CPU ops on the device's CpuStream, each split over a pool of `threads`
-// threads (<= 0: every CPU this process may use).
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads);
+// threads (<= 0: every CPU this process may use); matmul weights in
+// `weight_dtype` (kF32 or kQ8_0).
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads,
+                                  DType weight_dtype = DType::kF32);
 
 }  // namespace tandem
 

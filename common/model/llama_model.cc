@@ -130,9 +130,20 @@ size_t LlamaModel::KvBytesPerBlock(int block_size) const {
 absl::Status LlamaModel::PlaceWeights(Arena* arena) {
   const LlamaConfig& c = config_;
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
-  const DType w = ops_->dtype();
+  const DType w = ops_->weight_dtype();  // matmul weights and the embedding table
+  const DType act = ops_->dtype();       // norms
+  if (w == DType::kQ8_0) {
+    for (const auto& [field, value] :
+         {std::pair<const char*, int64_t>{"hidden_size", h}, {"intermediate_size", inter},
+          {"num_attention_heads x head_dim", int64_t{c.num_attention_heads} * c.head_dim}}) {
+      if (value % kQ8BlockElems != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "weight_dtype=q8_0 needs rows of whole 32-element blocks; ", field, " is ", value));
+      }
+    }
+  }
   ASSIGN_OR_RETURN(embed_, arena->Allocate(w, {c.vocab_size, h}));
-  ASSIGN_OR_RETURN(final_norm_, arena->Allocate(w, {h}));
+  ASSIGN_OR_RETURN(final_norm_, arena->Allocate(act, {h}));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
@@ -141,11 +152,11 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena) {
   ASSIGN_OR_RETURN(inv_freq_, arena->Allocate(DType::kF32, {c.head_dim / 2}));
   layers_.resize(c.num_hidden_layers);
   for (Layer& l : layers_) {
-    ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(act, {h}));
     ASSIGN_OR_RETURN(l.qkv, arena->Allocate(w, {c.qkv_size(), h}));
     ASSIGN_OR_RETURN(l.o, arena->Allocate(
                               w, {h, int64_t{c.num_attention_heads} * c.head_dim}));
-    ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(w, {h}));
+    ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(act, {h}));
     ASSIGN_OR_RETURN(l.gate_up, arena->Allocate(w, {2 * inter, h}));
     ASSIGN_OR_RETURN(l.down, arena->Allocate(w, {h, inter}));
   }
@@ -283,8 +294,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "
                    << c.hidden_size << ", heads " << c.num_attention_heads << "/"
                    << c.num_key_value_heads << ", vocab " << c.vocab_size << ", "
-                   << DTypeName(ops->dtype()) << ", "
-                   << m->arena_->used() / (1 << 20) << " MiB of weights in "
+                   << DTypeName(ops->dtype())
+                   << (ops->weight_dtype() != ops->dtype()
+                           ? absl::StrCat(" (weights ", DTypeName(ops->weight_dtype()), ")")
+                           : "")
+                   << ", " << m->arena_->used() / (1 << 20) << " MiB of weights in "
                    << absl::StrFormat("%.2f", secs) << " s";
   return m;
 }

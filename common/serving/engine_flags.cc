@@ -13,6 +13,9 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("dtype", &dtype,
          "storage dtype of weights, activations and KV: auto (cpu: f32, cuda: bf16), f32, "
          "bf16 or f16");
+  f->Add("weight-dtype", &weight_dtype,
+         "matmul weights: auto (the storage dtype) or q8_0 (cpu: 8-bit weights, f32 "
+         "activations and KV)");
   f->Add("cudagraph-mode", &cudagraph_mode,
          "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE");
   f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");
@@ -43,6 +46,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.backend.device = device;
   c.backend.dtype = dtype;
   c.backend.threads = threads;
+  c.backend.weight_dtype = weight_dtype;
   c.block_size = block_size;
   c.num_kv_blocks = num_kv_blocks;
   c.kv_cache_bytes = kv_cache_mb << 20;

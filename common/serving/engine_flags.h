@@ -15,6 +15,7 @@ struct EngineFlags {
   std::string model = "synthetic";
   std::string device = "cpu";
   std::string dtype = "auto";
+  std::string weight_dtype = "auto";
   std::string cudagraph_mode;  // default given by the caller
   int max_num_batched_tokens = 2048;
   int max_num_seqs = 64;

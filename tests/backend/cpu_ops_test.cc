@@ -151,6 +151,63 @@ TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
   }
 }
 
+// Q8_0 weights: the small-batch kernel and the dequantize-then-sgemm path
+// against double loops over the dequantized weights (what the kernels must
+// compute exactly, up to f32 rounding), and the embedding of a q8_0 table.
+TEST_P(CpuOpsTest, Q8MatmulAndEmbeddingMatchTheDequantizedWeights) {
+  BackendOptions o;
+  o.threads = GetParam();
+  o.weight_dtype = "q8_0";
+  auto q8 = CreateBackend(o).value();
+  EXPECT_EQ(q8->ops->weight_dtype(), DType::kQ8_0);
+  for (auto [big_n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 32}, {64, 576}, {100, 96}}) {
+    Tensor wf = Random({big_n, k});
+    Tensor wq = arena_->Allocate(DType::kQ8_0, {big_n, k}).value();
+    ASSERT_EQ(wq.nbytes(), static_cast<size_t>(big_n * k / 32 * 34));
+    ConvertFromF32(wf.f32(), DType::kQ8_0, wq.data, wf.numel());
+    std::vector<float> deq(wf.numel());
+    ConvertToF32(wq.data, DType::kQ8_0, deq.data(), wf.numel());
+    for (int64_t i = 0; i < wf.numel(); ++i) {
+      // Within half a quantization step of the original (|w| <= 1: d <= 1/127).
+      ASSERT_LE(std::fabs(deq[i] - wf.f32()[i]), 0.5f / 127 + 1e-3f) << i;
+    }
+    for (int64_t n : {1, 2, 3, 5, 32, 33, 70}) {
+      Tensor x = Random({n, k});
+      Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
+      q8->ops->Matmul(x, wq, out);
+      std::vector<double> want(n * big_n), scale(n * big_n);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < big_n; ++j) {
+          double sum = 0, a = 0;
+          for (int64_t d = 0; d < k; ++d) {
+            sum += double(x.f32()[i * k + d]) * deq[j * k + d];
+            a += std::fabs(double(x.f32()[i * k + d]) * deq[j * k + d]);
+          }
+          want[i * big_n + j] = sum;
+          scale[i * big_n + j] = a;
+        }
+      }
+      ExpectNear(out.f32(), want, scale, 1e-6,
+                 "q8 matmul n=" + std::to_string(n) + " N=" + std::to_string(big_n) +
+                     " K=" + std::to_string(k));
+    }
+    Tensor ids = Ints({3}, {0, static_cast<int32_t>(big_n) - 1, 5});
+    Tensor emb = arena_->Allocate(DType::kF32, {3, k}).value();
+    q8->ops->Embedding(ids, wq, emb);
+    for (int r = 0; r < 3; ++r) {
+      const int64_t row = ids.i32()[r];
+      for (int64_t d = 0; d < k; ++d) ASSERT_EQ(emb.f32()[r * k + d], deq[row * k + d]);
+    }
+  }
+  // Only where it is implemented, and only by name.
+  o.device = "cuda";
+  EXPECT_EQ(CreateBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.device = "cpu";
+  o.weight_dtype = "q4";
+  EXPECT_NE(CreateBackend(o).status().message().find("weight_dtype must be auto or q8_0"),
+            std::string::npos);
+}
+
 TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
   for (int64_t n : {1, 37}) {
     const int64_t h = 40;

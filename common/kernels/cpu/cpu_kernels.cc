@@ -18,7 +18,8 @@ namespace {
 // their loads and stores, which would otherwise make a TSan build of the
 // engine an order of magnitude slower; the pool's hand-offs around them stay
 // checked.
-#define TANDEM_AVX512 __attribute__((target("avx512f,avx512dq,fma"), no_sanitize("thread")))
+#define TANDEM_AVX512 \
+  __attribute__((target("avx512f,avx512dq,fma,f16c"), no_sanitize("thread")))
 
 TANDEM_AVX512 inline __mmask16 TailMask(int64_t left) {
   return static_cast<__mmask16>((1u << left) - 1u);
@@ -127,7 +128,65 @@ TANDEM_AVX512 inline void Columns(const float* x, int64_t ldx, int64_t n, const 
   for (; i < n; ++i) Tile<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
 }
 
+// R rows of x against one Q8_0 weight row: each block's 32 int8 become two
+// f32 vectors scaled by the block's f16 scale, used by all R rows; two
+// accumulators per row keep the FMA chains apart. With `next`, prefetches
+// the next weight row's block as this one is used.
+template <int R, bool kPrefetch = false>
+TANDEM_AVX512 inline void TileQ8(const float* x, int64_t ldx, const uint8_t* w, int64_t K,
+                                 float* out, int64_t ldo, const uint8_t* next = nullptr) {
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  const int64_t blocks = K / 32;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = w + b * 34;
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(next + b * 34), _MM_HINT_T0);
+    uint16_t dh;
+    __builtin_memcpy(&dh, blk, 2);
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+    const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * ldx + b * 32;
+      acc0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), w0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), w1, acc1[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r * ldo] = ReduceAdd(_mm512_add_ps(acc0[r], acc1[r]));
+}
+
 }  // namespace
+
+TANDEM_AVX512 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w,
+                                 int64_t K, int64_t j_begin, int64_t j_end, float* out,
+                                 int64_t ldo) {
+  const int64_t row_bytes = K / 32 * 34;
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const uint8_t* wj = w + j * row_bytes;
+    const uint8_t* next = j + 1 < j_end ? wj + row_bytes : nullptr;
+    int64_t i = 0;
+    if (next != nullptr) {  // the first group of rows prefetches the next weight row
+      if (n >= 4) {
+        TileQ8<4, true>(x, ldx, wj, K, out + j, ldo, next);
+        i = 4;
+      } else if (n >= 2) {
+        TileQ8<2, true>(x, ldx, wj, K, out + j, ldo, next);
+        i = 2;
+      } else {
+        TileQ8<1, true>(x, ldx, wj, K, out + j, ldo, next);
+        i = 1;
+      }
+    }
+    for (; i + 4 <= n; i += 4) TileQ8<4>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+    for (; i + 2 <= n; i += 2) TileQ8<2>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+    for (; i < n; ++i) TileQ8<1>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+  }
+}
 
 bool HasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");

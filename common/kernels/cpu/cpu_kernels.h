@@ -26,6 +26,13 @@ constexpr int64_t kSmallMatmulMaxRows = 32;
 void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
                  int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
 
+// As SmallMatmul, with Q8_0 weights (DType::kQ8_0: rows of K / 32 blocks of
+// an f16 scale and 32 int8, K a multiple of 32), dequantized in registers as
+// they stream: a decode step reads about a quarter of the f32 bytes.
+// AVX-512 only.
+void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w, int64_t K,
+                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+
 // dot(a, b) over n floats; y += alpha * x over n floats (AVX-512 when
 // available, else scalar).
 float Dot(const float* a, const float* b, int64_t n);

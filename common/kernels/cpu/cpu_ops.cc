@@ -22,19 +22,26 @@ namespace {
 
 class CpuOps : public Ops {
  public:
-  CpuOps(Device* device, int threads)
+  CpuOps(Device* device, int threads, DType weight_dtype)
       : device_(device),
         stream_(static_cast<CpuStream*>(device->stream())),
-        pool_(std::make_unique<ThreadPool>(threads > 0 ? threads : ThreadPool::AvailableCpus())) {
+        pool_(std::make_unique<ThreadPool>(threads > 0 ? threads : ThreadPool::AvailableCpus())),
+        weight_dtype_(weight_dtype) {
     // Parallelism is the pool's: each thread's sgemm runs on that thread.
     openblas_set_num_threads(1);
+    if (weight_dtype_ == DType::kQ8_0) {
+      // Per-thread rows of dequantized weights for the sgemm path, allocated
+      // here so that no step allocates.
+      scratch_.assign(pool_->num_threads(), std::vector<float>(kScratchFloats));
+    }
     TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
                      << (cpu::HasAvx512() ? "AVX-512 kernels" : "portable kernels")
-                     << " + OpenBLAS sgemm";
+                     << " + OpenBLAS sgemm, weights " << DTypeName(weight_dtype_);
   }
 
   Device* device() override { return device_; }
   DType dtype() const override { return DType::kF32; }
+  DType weight_dtype() const override { return weight_dtype_; }
   // Attention reads num_reqs, offsets, lengths and block tables from buffers
   // when it runs, so any batch may be captured.
   AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
@@ -45,12 +52,14 @@ class CpuOps : public Ops {
         << out.ShapeString() << " " << ids.ShapeString() << " " << table.ShapeString();
     const int64_t n = out.dim(0), h = table.dim(1), vocab = table.dim(0);
     const int32_t* id = ids.i32();
-    const float* t = table.f32();
+    const void* t = table.data;
+    const DType dt = table.dtype;
+    const size_t row_bytes = DTypeBytes(dt, h);
     float* o = out.f32();
     stream_->Launch([=] {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = std::min<int64_t>(std::max<int32_t>(id[i], 0), vocab - 1);
-        std::memcpy(o + i * h, t + row * h, sizeof(float) * h);
+        ConvertToF32(static_cast<const char*>(t) + row * row_bytes, dt, o + i * h, h);
       }
     });
   }
@@ -126,10 +135,33 @@ class CpuOps : public Ops {
         << "matmul " << x.ShapeString() << " x " << w.ShapeString() << " -> "
         << out.ShapeString();
     const float* a = x.f32();
-    const float* b = w.f32();
     float* c = out.f32();
     ThreadPool* pool = pool_.get();
     const bool small = cpu::HasAvx512() && n <= cpu::kSmallMatmulMaxRows;
+    if (w.dtype == DType::kQ8_0) {
+      TANDEM_CHECK(k % kQ8BlockElems == 0) << "q8_0 weights " << w.ShapeString();
+      const uint8_t* b = w.as<uint8_t>();
+      const size_t row_bytes = DTypeBytes(DType::kQ8_0, k);
+      std::vector<std::vector<float>>* scratch = &scratch_;
+      stream_->Launch([=] {
+        if (n == 0) return;
+        pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
+          if (small) return cpu::SmallMatmulQ8(a, k, n, b, k, j0, j1, c, big_n);
+          // Prefill: dequantize this slice's weight rows a chunk at a time
+          // into the thread's scratch, and multiply each chunk with sgemm.
+          float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
+          const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
+          for (int64_t j = j0; j < j1; j += chunk) {
+            const int64_t m = std::min(chunk, j1 - j);
+            ConvertToF32(b + j * row_bytes, DType::kQ8_0, rows, m * k);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, a, k, rows, k,
+                        0.f, c + j, big_n);
+          }
+        });
+      });
+      return;
+    }
+    const float* b = w.f32();
     stream_->Launch([=] {
       if (n == 0) return;
       // Slices of output columns, 16 at least (64 bytes of each output row).
@@ -306,15 +338,20 @@ class CpuOps : public Ops {
     for (int64_t j = 0; j < h; ++j) out[j] = x[j] * inv * w[j];
   }
 
+  // Floats of dequantized weight rows per thread (256 KiB: within L2).
+  static constexpr int64_t kScratchFloats = 64 * 1024;
+
   Device* device_;
   CpuStream* stream_;
   std::unique_ptr<ThreadPool> pool_;
+  DType weight_dtype_;
+  std::vector<std::vector<float>> scratch_;  // [thread][kScratchFloats], q8_0 only
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads) {
-  return std::make_unique<CpuOps>(cpu_device, threads);
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads, DType weight_dtype) {
+  return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype);
 }
 
 }  // namespace tandem
