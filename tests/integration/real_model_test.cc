@@ -45,12 +45,12 @@ TEST(RealModelTest, PromptIdsEqualTokenizers) {
 
 class RealModelModeTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
 
-// All prompts at once (prefills and decodes batched together), greedy, EOS
-// ignored: every continuation equals transformers' 32 tokens.
-TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
-  EngineConfig config;
+// Runs every reference prompt through one engine made from `config` (the
+// model and batch limits filled in), all at once (prefills and decodes
+// batched together), greedy, EOS ignored; outputs by id "r<i>". No block may
+// be left held.
+void RunReferencePrompts(EngineConfig config, std::map<std::string, std::vector<int32_t>>* out) {
   config.model = ModelPath();
-  config.runner.graph.requested_mode = GetParam();
   config.runner.max_num_seqs = 8;
   config.runner.max_num_batched_tokens = 256;
   config.runner.max_model_len = 512;
@@ -66,19 +66,27 @@ TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
                                       cases[i]["prompt_ids"].get<std::vector<int32_t>>(), p)
                     .ok());
   }
-  std::map<std::string, std::vector<int32_t>> out;
   while ((*engine)->HasWork()) {
     auto outputs = (*engine)->Step();
     ASSERT_TRUE(outputs.ok()) << outputs.status();
     for (const RequestOutput& o : *outputs) {
-      out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
+      (*out)[o.id].insert((*out)[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
     }
   }
+  EXPECT_EQ((*engine)->kv_cache().pool().num_used(), 0);
+}
+
+// Every continuation equals transformers' 32 tokens, in every graph mode.
+TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
+  EngineConfig config;
+  config.runner.graph.requested_mode = GetParam();
+  std::map<std::string, std::vector<int32_t>> out;
+  ASSERT_NO_FATAL_FAILURE(RunReferencePrompts(config, &out));
+  const Json& cases = Reference()["cases"];
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_EQ(out["r" + std::to_string(i)], cases[i]["output_ids"].get<std::vector<int32_t>>())
         << "prompt " << i << " in " << CudaGraphMode(GetParam()).name();
   }
-  EXPECT_EQ((*engine)->kv_cache().pool().num_used(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllModes, RealModelModeTest,
@@ -93,31 +101,10 @@ INSTANTIATE_TEST_SUITE_P(AllModes, RealModelModeTest,
 // within kNearTie of each other (the fixture records each step's margin).
 TEST(RealModelQ8Test, GreedyContinuationsStayWithTransformers) {
   EngineConfig config;
-  config.model = ModelPath();
   config.backend.weight_dtype = "q8_0";
-  config.runner.max_num_seqs = 8;
-  config.runner.max_num_batched_tokens = 256;
-  config.runner.max_model_len = 512;
-  config.num_kv_blocks = 256;
-  auto engine = LlmEngine::Create(config);
-  ASSERT_TRUE(engine.ok()) << engine.status() << " (run scripts/fetch_model.sh)";
-  SamplingParams p;
-  p.max_tokens = Reference()["new_tokens"];
-  p.ignore_eos = true;
-  const Json& cases = Reference()["cases"];
-  for (size_t i = 0; i < cases.size(); ++i) {
-    ASSERT_TRUE((*engine)->AddRequest("r" + std::to_string(i),
-                                      cases[i]["prompt_ids"].get<std::vector<int32_t>>(), p)
-                    .ok());
-  }
   std::map<std::string, std::vector<int32_t>> out;
-  while ((*engine)->HasWork()) {
-    auto outputs = (*engine)->Step();
-    ASSERT_TRUE(outputs.ok()) << outputs.status();
-    for (const RequestOutput& o : *outputs) {
-      out[o.id].insert(out[o.id].end(), o.new_tokens.begin(), o.new_tokens.end());
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(RunReferencePrompts(config, &out));
+  const Json& cases = Reference()["cases"];
   constexpr double kNearTie = 0.1;
   int identical = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
