@@ -16,7 +16,10 @@ class BenchServeTest : public ::testing::Test {
   static int Bench(const std::vector<std::string>& flags, std::string* log) {
     std::vector<std::string> argv = {BinDir() + "/tandem", "bench", "serve"};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    const std::string path = ::testing::TempDir() + "/bench_serve.log";
+    // One log per test: CTest runs these tests side by side.
+    const std::string path = ::testing::TempDir() + "/bench_serve." +
+                             ::testing::UnitTest::GetInstance()->current_test_info()->name() +
+                             ".log";
     Process p(argv, path);
     const int code = p.Wait(std::chrono::seconds(120));
     *log = p.Log();
