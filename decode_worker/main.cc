@@ -87,6 +87,16 @@ int main(int argc, char** argv) {
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   grpc::ChannelArguments args;
   args.SetLoadBalancingPolicyName("round_robin");
+  // A Prefill call that fails UNAVAILABLE before its first response (a
+  // connection still being made, a handshake cut short) is retried by gRPC,
+  // twice, 0.1-0.2 s apart; one that fails after its KV began to arrive is not
+  // (the call is committed), and a prefill worker that stays unreachable still
+  // ends as UNAVAILABLE, for --prefill-fallback to act on.
+  args.SetServiceConfigJSON(R"({"methodConfig": [{
+      "name": [{"service": "tandem.v1.Prefill"}],
+      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "0.5s",
+                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
   args.SetMaxReceiveMessageSize(8 << 20);
   // Reconnect to a restarted prefill worker within ~2 s, not gRPC's default 2 min.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
