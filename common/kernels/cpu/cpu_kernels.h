@@ -28,10 +28,13 @@ void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t
 
 // As SmallMatmul, with Q8_0 weights (DType::kQ8_0: rows of K / 32 blocks of
 // an f16 scale and 32 int8, K a multiple of 32), dequantized in registers as
-// they stream: a decode step reads about a quarter of the f32 bytes.
-// AVX-512 only.
+// they stream: a decode step reads about a quarter of the f32 bytes. For
+// more than 8 rows of x, 4 weight rows at a time are dequantized once into
+// `scratch` (at least 4 * K floats, else the register path is kept) and
+// multiplied as f32. AVX-512 only.
 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w, int64_t K,
-                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
+                   float* scratch = nullptr, int64_t scratch_floats = 0);
 
 // dot(a, b) over n floats; y += alpha * x over n floats (AVX-512 when
 // available, else scalar).

@@ -146,10 +146,12 @@ class CpuOps : public Ops {
       stream_->Launch([=] {
         if (n == 0) return;
         pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
-          if (small) return cpu::SmallMatmulQ8(a, k, n, b, k, j0, j1, c, big_n);
+          float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
+          if (small) {
+            return cpu::SmallMatmulQ8(a, k, n, b, k, j0, j1, c, big_n, rows, kScratchFloats);
+          }
           // Prefill: dequantize this slice's weight rows a chunk at a time
           // into the thread's scratch, and multiply each chunk with sgemm.
-          float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
           const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
           for (int64_t j = j0; j < j1; j += chunk) {
             const int64_t m = std::min(chunk, j1 - j);
