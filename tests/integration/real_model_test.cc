@@ -6,8 +6,10 @@
 // question answered in English.
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "common/engine/engine.h"
 #include "common/serving/tokenizer_loader.h"
@@ -136,6 +138,13 @@ class RealModelPairTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     for (Worker* w : {decode_, prefill_}) {
+      // A stream ended by a stop string frees its blocks on the engine thread
+      // just after the client has its last message: wait for the gauge.
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (w->Metric("tandem_kv_cache_blocks_in_use") != 0 &&
+             std::chrono::steady_clock::now() < end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       EXPECT_EQ(w->Metric("tandem_kv_cache_blocks_in_use"), 0);
       StopWorker(*w);
       delete w;
