@@ -195,6 +195,17 @@ void StopWorker(Worker& w) {
   EXPECT_EQ(w.process->Wait(std::chrono::seconds(20)), 0) << w.process->Log();
 }
 
+double AwaitMetric(const Worker& w, const std::string& name, double want,
+                   std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  double v = w.Metric(name);
+  while (v != want && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    v = w.Metric(name);
+  }
+  return v;
+}
+
 std::vector<int32_t> TestPrompt(int n, int seed) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = (seed * 131 + i * 29) % 500 + 3;

@@ -60,6 +60,12 @@ struct Worker {
   double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
 };
 
+// Polls `name` on `w` until it equals `want` or `timeout` passes (gauges are
+// refreshed by the engine thread after steps, a little after a stream ends);
+// returns the last value read.
+double AwaitMetric(const Worker& w, const std::string& name, double want,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
 // Starts `binary` (prefill_worker or decode_worker) with free ports and
 // `flags`; waits until it is SERVING (fails the test otherwise).
 Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags,

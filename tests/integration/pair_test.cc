@@ -179,7 +179,7 @@ TEST(PairFailureTest, PrefillUnreachableIsUnavailable) {
                               {"--prefill-address=127.0.0.1:" + std::to_string(FreePort())});
   GenerateResult r = Generate(decode.address(), MakeRequest("nowhere", {1, 2, 3}, 4));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
-  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0), 0);
   EXPECT_EQ(decode.Metric("tandem_kv_transfer_failures_total", {{"reason", "unavailable"}}), 1);
 }
 
@@ -196,7 +196,7 @@ TEST(PairFailureTest, KilledPrefillIsUnavailableThenRecovers) {
   prefill.process->Signal(SIGKILL);
   t.join();
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
-  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_in_use"), 0);
+  EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0), 0);
   Worker restarted = StartWorker("prefill_worker", {model}, port);
   GenerateResult ok;
   for (int attempt = 0; attempt < 20; ++attempt) {  // the channel reconnects with backoff

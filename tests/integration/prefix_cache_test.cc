@@ -9,17 +9,6 @@
 namespace tandem::testing {
 namespace {
 
-// Waits until `name` on `w` reaches `want` (metrics refresh after steps).
-double AwaitMetric(const Worker& w, const std::string& name, double want) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  double v = w.Metric(name);
-  while (v != want && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    v = w.Metric(name);
-  }
-  return v;
-}
-
 struct Pair {
   Worker prefill, decode;
 };
