@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                         static_cast<int64_t>(e->model_->KvBytesPerBlock(config.block_size));
     num_blocks = static_cast<int>(std::max<int64_t>(1, std::min(need, fit)));
   }
-  ASSIGN_OR_RETURN(e->kv_cache_, KvCache::Create(e->backend_->device.get(), ops->dtype(),
+  ASSIGN_OR_RETURN(e->kv_cache_, KvCache::Create(e->backend_->device.get(), ops->kv_dtype(),
                                                  mc.num_hidden_layers, num_blocks,
                                                  config.block_size, mc.num_key_value_heads,
                                                  mc.head_dim, config.enable_prefix_caching));

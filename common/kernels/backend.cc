@@ -100,14 +100,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   }
   auto backend = std::make_unique<Backend>();
   if (cpu) {
-    if (dtype != DType::kF32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dtype=", options.dtype, " is not supported by device=cpu (it computes in f32; "
-          "use dtype=f32 or auto)"));
+    // The CPU computes in f32; bf16 is the storage of weights and KV.
+    if (dtype == DType::kF16) {
+      return absl::InvalidArgumentError(
+          "dtype=f16 is not supported by device=cpu (use f32, bf16 or auto)");
     }
+    const DType weights = q8 ? DType::kQ8_0 : dtype;
     backend->device = CreateCpuDevice();
-    backend->ops = CreateCpuOps(backend->device.get(), options.threads,
-                                q8 ? DType::kQ8_0 : DType::kF32);
+    backend->ops = CreateCpuOps(backend->device.get(), options.threads, weights, dtype);
     return backend;
   }
   auto create = LoadCudaModule();

@@ -62,6 +62,9 @@ class Ops {
   // Dtype of the matmul weights (and the embedding table they may share): the
   // storage dtype, or kQ8_0 on a CPU backend asked for weight-only 8-bit.
   virtual DType weight_dtype() const { return dtype(); }
+  // Dtype of the KV cache: the storage dtype, or bf16 on a CPU backend that
+  // computes in f32 over bf16 weights and KV.
+  virtual DType kv_dtype() const { return dtype(); }
   // How much of PagedAttention a graph may contain (declared honestly: the
   // mode resolution at start-up trusts it).
   virtual AttentionCgSupport attention_cg_support() const = 0;
@@ -99,10 +102,12 @@ class Ops {
 };
 
 // CPU ops on the device's CpuStream, each split over a pool of `threads`
-// threads (<= 0: every CPU this process may use); matmul weights in
-// `weight_dtype` (kF32 or kQ8_0).
+// threads (<= 0: every CPU this process may use); activations in f32, matmul
+// weights in `weight_dtype` (kF32, kBF16 or kQ8_0), the KV cache in
+// `kv_dtype` (kF32 or kBF16).
 std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads,
-                                  DType weight_dtype = DType::kF32);
+                                  DType weight_dtype = DType::kF32,
+                                  DType kv_dtype = DType::kF32);
 
 }  // namespace tandem
 

@@ -124,7 +124,7 @@ std::vector<Tensor> LlamaModel::StreamedWeights() const {
 
 size_t LlamaModel::KvBytesPerBlock(int block_size) const {
   return static_cast<size_t>(block_size) * config_.num_key_value_heads * config_.head_dim *
-         DTypeSize(ops_->dtype()) * 2 * config_.num_hidden_layers;
+         DTypeSize(ops_->kv_dtype()) * 2 * config_.num_hidden_layers;
 }
 
 absl::Status LlamaModel::PlaceWeights(Arena* arena) {

@@ -12,10 +12,10 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("device", &device, "cpu or cuda (loads the CUDA backend module)");
   f->Add("dtype", &dtype,
          "storage dtype of weights, activations and KV: auto (cpu: f32, cuda: bf16), f32, "
-         "bf16 or f16");
+         "bf16 or f16 (cuda); cpu bf16 keeps weights and KV in bf16, activations in f32");
   f->Add("weight-dtype", &weight_dtype,
          "matmul weights: auto (the storage dtype) or q8_0 (cpu: 8-bit weights, f32 "
-         "activations and KV)");
+         "activations, KV in --dtype)");
   f->Add("cudagraph-mode", &cudagraph_mode,
          "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE");
   f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");

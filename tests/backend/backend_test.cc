@@ -13,16 +13,26 @@
 namespace tandem {
 namespace {
 
-TEST(BackendTest, CpuIsF32AndRefusesOtherDTypes) {
+// The CPU computes in f32; bf16 is a storage dtype for weights and KV there,
+// f16 is refused.
+TEST(BackendTest, CpuComputesInF32OverF32OrBf16Storage) {
   auto cpu = CreateBackend({});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ((*cpu)->device->name(), "cpu");
   EXPECT_EQ((*cpu)->ops->dtype(), DType::kF32);
+  EXPECT_EQ((*cpu)->ops->weight_dtype(), DType::kF32);
+  EXPECT_EQ((*cpu)->ops->kv_dtype(), DType::kF32);
   EXPECT_TRUE(CreateBackend({"cpu", "f32"}).ok());
 
   auto bf16 = CreateBackend({"cpu", "bf16"});
-  EXPECT_EQ(bf16.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bf16.status().message().find("dtype=bf16"), std::string::npos) << bf16.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*bf16)->ops->dtype(), DType::kF32);
+  EXPECT_EQ((*bf16)->ops->weight_dtype(), DType::kBF16);
+  EXPECT_EQ((*bf16)->ops->kv_dtype(), DType::kBF16);
+
+  auto f16 = CreateBackend({"cpu", "f16"});
+  EXPECT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f16.status().message().find("dtype=f16"), std::string::npos) << f16.status();
 }
 
 TEST(BackendTest, BadDeviceAndDTypeNameTheField) {

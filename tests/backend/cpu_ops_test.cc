@@ -3,6 +3,7 @@
 // threshold, odd sizes (vector tails), paged attention over a mixed batch
 // (a prefill chunk after cached context, a decode, a fresh prompt, padding),
 // and the row-wise ops. Also the pool they all run on.
+#include <cstdio>
 #include <atomic>
 #include <algorithm>
 #include <cmath>
@@ -103,6 +104,19 @@ class CpuOpsTest : public ::testing::TestWithParam<int> {
     for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = d(rng_);
     return t;
   }
+  // Random values stored in `dt` (f32, bf16 or q8_0).
+  Tensor RandomAs(DType dt, std::initializer_list<int64_t> dims) {
+    Tensor f = Random(dims);
+    if (dt == DType::kF32) return f;
+    Tensor t = arena_->Allocate(dt, dims).value();
+    ConvertFromF32(f.f32(), dt, t.data, f.numel());
+    return t;
+  }
+  static std::vector<float> AsF32(const Tensor& t) {
+    std::vector<float> out(t.numel());
+    ConvertToF32(t.data, t.dtype, out.data(), t.numel());
+    return out;
+  }
   Tensor Ints(std::initializer_list<int64_t> dims, const std::vector<int32_t>& v) {
     Tensor t = arena_->Allocate(DType::kI32, dims).value();
     EXPECT_EQ(t.numel(), static_cast<int64_t>(v.size()));
@@ -151,61 +165,96 @@ TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
   }
 }
 
-// Q8_0 weights: the small-batch kernel and the dequantize-then-sgemm path
-// against double loops over the dequantized weights (what the kernels must
-// compute exactly, up to f32 rounding), and the embedding of a q8_0 table.
-TEST_P(CpuOpsTest, Q8MatmulAndEmbeddingMatchTheDequantizedWeights) {
-  BackendOptions o;
-  o.threads = GetParam();
-  o.weight_dtype = "q8_0";
-  auto q8 = CreateBackend(o).value();
-  EXPECT_EQ(q8->ops->weight_dtype(), DType::kQ8_0);
-  for (auto [big_n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 32}, {64, 576}, {100, 96}}) {
-    Tensor wf = Random({big_n, k});
-    Tensor wq = arena_->Allocate(DType::kQ8_0, {big_n, k}).value();
-    ASSERT_EQ(wq.nbytes(), static_cast<size_t>(big_n * k / 32 * 34));
-    ConvertFromF32(wf.f32(), DType::kQ8_0, wq.data, wf.numel());
-    std::vector<float> deq(wf.numel());
-    ConvertToF32(wq.data, DType::kQ8_0, deq.data(), wf.numel());
-    for (int64_t i = 0; i < wf.numel(); ++i) {
-      // Within half a quantization step of the original (|w| <= 1: d <= 1/127).
-      ASSERT_LE(std::fabs(deq[i] - wf.f32()[i]), 0.5f / 127 + 1e-3f) << i;
-    }
-    for (int64_t n : {1, 2, 3, 5, 32, 33, 70}) {
-      Tensor x = Random({n, k});
-      Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
-      q8->ops->Matmul(x, wq, out);
-      std::vector<double> want(n * big_n), scale(n * big_n);
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < big_n; ++j) {
-          double sum = 0, a = 0;
-          for (int64_t d = 0; d < k; ++d) {
-            sum += double(x.f32()[i * k + d]) * deq[j * k + d];
-            a += std::fabs(double(x.f32()[i * k + d]) * deq[j * k + d]);
-          }
-          want[i * big_n + j] = sum;
-          scale[i * big_n + j] = a;
-        }
+// Narrow weights (q8_0 by --weight-dtype, bf16 by --dtype): the small-batch
+// kernels and the widen-then-sgemm path against double loops over the widened
+// weights (what the kernels must compute exactly, up to f32 rounding), and
+// the embedding of a narrow table.
+TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
+  struct Case {
+    DType dt;
+    std::vector<std::pair<int64_t, int64_t>> shapes;  // {N, K}
+  };
+  for (const Case& tc : {Case{DType::kQ8_0, {{37, 32}, {64, 576}, {100, 96}}},
+                         Case{DType::kBF16, {{37, 19}, {64, 576}, {100, 33}}}}) {
+    BackendOptions o;
+    o.threads = GetParam();
+    (tc.dt == DType::kQ8_0 ? o.weight_dtype : o.dtype) = std::string(DTypeName(tc.dt));
+    auto narrow = CreateBackend(o).value();
+    EXPECT_EQ(narrow->ops->weight_dtype(), tc.dt);
+    for (auto [big_n, k] : tc.shapes) {
+      const std::string what = std::string(DTypeName(tc.dt)) + " N=" + std::to_string(big_n) +
+                               " K=" + std::to_string(k);
+      Tensor wf = Random({big_n, k});
+      Tensor wq = arena_->Allocate(tc.dt, {big_n, k}).value();
+      ConvertFromF32(wf.f32(), tc.dt, wq.data, wf.numel());
+      ASSERT_EQ(wq.nbytes(), tc.dt == DType::kQ8_0 ? static_cast<size_t>(big_n * k / 32 * 34)
+                                                   : static_cast<size_t>(big_n * k * 2));
+      const std::vector<float> deq = AsF32(wq);
+      for (int64_t i = 0; i < wf.numel(); ++i) {
+        // Within half a step of the original: q8_0 (|w| <= 1: d <= 1/127),
+        // bf16 (8 significant bits).
+        const float tol = tc.dt == DType::kQ8_0 ? 0.5f / 127 + 1e-3f
+                                                : std::fabs(wf.f32()[i]) / 256 + 1e-30f;
+        ASSERT_LE(std::fabs(deq[i] - wf.f32()[i]), tol) << what << " " << i;
       }
-      ExpectNear(out.f32(), want, scale, 1e-6,
-                 "q8 matmul n=" + std::to_string(n) + " N=" + std::to_string(big_n) +
-                     " K=" + std::to_string(k));
-    }
-    Tensor ids = Ints({3}, {0, static_cast<int32_t>(big_n) - 1, 5});
-    Tensor emb = arena_->Allocate(DType::kF32, {3, k}).value();
-    q8->ops->Embedding(ids, wq, emb);
-    for (int r = 0; r < 3; ++r) {
-      const int64_t row = ids.i32()[r];
-      for (int64_t d = 0; d < k; ++d) ASSERT_EQ(emb.f32()[r * k + d], deq[row * k + d]);
+      for (int64_t n : {1, 2, 3, 5, 8, 9, 32, 33, 70}) {
+        Tensor x = Random({n, k});
+        Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
+        narrow->ops->Matmul(x, wq, out);
+        std::vector<double> want(n * big_n), scale(n * big_n);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < big_n; ++j) {
+            double sum = 0, a = 0;
+            for (int64_t d = 0; d < k; ++d) {
+              sum += double(x.f32()[i * k + d]) * deq[j * k + d];
+              a += std::fabs(double(x.f32()[i * k + d]) * deq[j * k + d]);
+            }
+            want[i * big_n + j] = sum;
+            scale[i * big_n + j] = a;
+          }
+        }
+        ExpectNear(out.f32(), want, scale, 1e-6, "matmul n=" + std::to_string(n) + " " + what);
+      }
+      Tensor ids = Ints({3}, {0, static_cast<int32_t>(big_n) - 1, 5});
+      Tensor emb = arena_->Allocate(DType::kF32, {3, k}).value();
+      narrow->ops->Embedding(ids, wq, emb);
+      for (int r = 0; r < 3; ++r) {
+        const int64_t row = ids.i32()[r];
+        for (int64_t d = 0; d < k; ++d) ASSERT_EQ(emb.f32()[r * k + d], deq[row * k + d]);
+      }
     }
   }
   // Only where it is implemented, and only by name.
+  BackendOptions o;
+  o.weight_dtype = "q8_0";
   o.device = "cuda";
   EXPECT_EQ(CreateBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.device = "cpu";
   o.weight_dtype = "q4";
   EXPECT_NE(CreateBackend(o).status().message().find("weight_dtype must be auto or q8_0"),
             std::string::npos);
+  o.weight_dtype = "auto";
+  o.dtype = "f16";
+  EXPECT_NE(CreateBackend(o).status().message().find("dtype=f16 is not supported by device=cpu"),
+            std::string::npos);
+}
+
+// bf16 rounding: the AVX512-BF16 conversion (where the CPU has it) gives the
+// portable loop's bits, ties to even included, at every length (vector tails).
+TEST(CpuKernelsTest, Bf16ConversionEqualsThePortableRounding) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1e4f, 1e4f);
+  for (int n : {1, 15, 16, 17, 100}) {
+    std::vector<float> x(n);
+    for (int i = 0; i < n; ++i) x[i] = d(rng);
+    x[0] = 1.f + 1.f / 256;  // halfway between two bf16: rounds to even (1.0)
+    std::vector<uint16_t> fast(n), portable(n);
+    cpu::ToBf16(x.data(), fast.data(), n);
+    ConvertFromF32(x.data(), DType::kBF16, portable.data(), n);
+    EXPECT_EQ(fast, portable) << n;
+    EXPECT_EQ(fast[0], 0x3f80) << n;
+  }
+  std::printf("AVX512-BF16: %s\n", cpu::HasAvx512Bf16() ? "yes" : "no (portable path)");
 }
 
 TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
@@ -273,8 +322,18 @@ TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
   }
 }
 
+// With an f32 cache and with a bf16 one (--dtype=bf16 on the CPU): the new
+// tokens' k and v are rounded to bf16 in their slots, and attention reads the
+// cache as it is stored.
 TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
+  for (DType kv : {DType::kF32, DType::kBF16})
   for (int hd : {24, 64}) {
+    BackendOptions o;
+    o.threads = GetParam();
+    o.dtype = std::string(DTypeName(kv));
+    auto backend = CreateBackend(o).value();
+    ASSERT_EQ(backend->ops->kv_dtype(), kv);
+    ASSERT_EQ(backend->ops->dtype(), DType::kF32);
     const int nh = 4, nkv = 2, bs = 4, num_blocks = 100, max_seqs = 5, width = 24;
     const AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
     // r0: a 70-token prefill chunk after 13 cached (sgemm path, two query
@@ -306,16 +365,26 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     meta.block_tables = Ints({max_seqs, width}, tables);
     meta.slot_mapping = Ints({n}, slots);
     meta.block_size = bs;
-    KvLayer cache{Random({num_blocks, bs, nkv, hd}), Random({num_blocks, bs, nkv, hd})};
+    KvLayer cache{RandomAs(kv, {num_blocks, bs, nkv, hd}), RandomAs(kv, {num_blocks, bs, nkv, hd})};
     Tensor qkv = Random({n, row});
     Tensor out = Random({n, nh * hd});  // garbage that must be overwritten
-    ops().PagedAttention(qkv, cache, meta, shape, out);
+    backend->ops->PagedAttention(qkv, cache, meta, shape, out);
 
-    // The new tokens' k and v are in their slots.
+    // The new tokens' k and v are in their slots, rounded to the cache's dtype.
+    const std::vector<float> kf = AsF32(cache.k), vf = AsF32(cache.v);
+    std::vector<float> stored(kv_row);
     for (int64_t i = 0; i < 83; ++i) {
-      for (int64_t d = 0; d < kv_row; ++d) {
-        ASSERT_EQ(cache.k.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + d]);
-        ASSERT_EQ(cache.v.f32()[slots[i] * kv_row + d], qkv.f32()[i * row + nh * hd + kv_row + d]);
+      for (int part = 0; part < 2; ++part) {
+        const float* src = qkv.f32() + i * row + nh * hd + part * kv_row;
+        std::vector<uint16_t> bits(kv_row);
+        if (kv == DType::kBF16) {
+          ConvertFromF32(src, kv, bits.data(), kv_row);
+          ConvertToF32(bits.data(), kv, stored.data(), kv_row);
+        } else {
+          stored.assign(src, src + kv_row);
+        }
+        const std::vector<float>& c = part == 0 ? kf : vf;
+        for (int64_t d = 0; d < kv_row; ++d) ASSERT_EQ(c[slots[i] * kv_row + d], stored[d]);
       }
     }
     std::vector<double> want(n * nh * hd, 0.0), ones(n * nh * hd, 1.0);
@@ -331,7 +400,7 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
           for (int j = 0; j < ctx; ++j) {
             const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
             double dot = 0;
-            for (int d = 0; d < hd; ++d) dot += double(q[d]) * cache.k.f32()[slot * kv_row + kvh * hd + d];
+            for (int d = 0; d < hd; ++d) dot += double(q[d]) * kf[slot * kv_row + kvh * hd + d];
             p[j] = dot * shape.scale;
             mx = std::max(mx, p[j]);
           }
@@ -340,13 +409,14 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
             const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
             for (int d = 0; d < hd; ++d) {
               want[tok * nh * hd + h * hd + d] +=
-                  p[j] / sum * cache.v.f32()[slot * kv_row + kvh * hd + d];
+                  p[j] / sum * vf[slot * kv_row + kvh * hd + d];
             }
           }
         }
       }
     }
-    ExpectNear(out.f32(), want, ones, 1e-5, "attention hd=" + std::to_string(hd));
+    ExpectNear(out.f32(), want, ones, 1e-5,
+               "attention hd=" + std::to_string(hd) + " kv " + std::string(DTypeName(kv)));
   }
 }
 

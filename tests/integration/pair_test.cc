@@ -243,6 +243,51 @@ TEST(PairFailureTest, FingerprintMismatchIsFailedPrecondition) {
   ExpectBlocksFreed(prefill, decode);  // freed on the engine thread, just after the error
 }
 
+// --dtype=bf16 on both CPU workers: bf16 KV travels and the pair's greedy
+// tokens equal a local bf16 engine's; a pair whose KV dtypes differ refuses
+// the transfer by name.
+TEST(PairBf16Test, Bf16KvTravelsAndDtypeMismatchIsNamed) {
+  EngineConfig config;
+  config.backend.dtype = "bf16";
+  config.runner.graph.requested_mode = CudaGraphMode::kNone;
+  auto local = LlmEngine::Create(config).value();
+  ASSERT_EQ(local->kv_cache().dtype(), DType::kBF16);
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(Prompt(3 + i * 37, i));
+  std::map<std::string, std::vector<int32_t>> expected;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(local->AddRequest("p" + std::to_string(i), prompts[i], p).ok());
+  }
+  while (local->HasWork()) {
+    auto step = local->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const auto& o : *step) {
+      auto& v = expected[o.id];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  Worker prefill = StartWorker("prefill_worker", {"--dtype=bf16"});
+  Worker decode =
+      StartWorker("decode_worker", {"--dtype=bf16", "--prefill-address=" + prefill.address()});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = "p" + std::to_string(i);
+    GenerateResult r = Generate(decode.address(), MakeRequest("bf16-" + id, prompts[i], 8));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected[id]) << "prompt " << i;
+  }
+  EXPECT_GT(decode.Metric("tandem_kv_transfer_bytes_total", {{"role", "decode"}}), 0);
+
+  Worker f32_decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  GenerateResult r = Generate(f32_decode.address(), MakeRequest("mixed", {5, 6, 7}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(r.status.error_message().find("dtype"), std::string::npos) << r.status.error_message();
+  ExpectBlocksFreed(prefill, decode);
+  ExpectBlocksFreed(prefill, f32_decode);
+}
+
 // A cache too small for two requests: the second waits in the bounded queue,
 // then gets RESOURCE_EXHAUSTED; the worker keeps serving.
 TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/backend/tensor.h"
+
 namespace tandem::cpu {
 namespace {
 
@@ -19,7 +21,7 @@ namespace {
 // engine an order of magnitude slower; the pool's hand-offs around them stay
 // checked.
 #define TANDEM_AVX512 \
-  __attribute__((target("avx512f,avx512dq,fma,f16c"), no_sanitize("thread")))
+  __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma,f16c"), no_sanitize("thread")))
 
 TANDEM_AVX512 inline __mmask16 TailMask(int64_t left) {
   return static_cast<__mmask16>((1u << left) - 1u);
@@ -29,6 +31,19 @@ TANDEM_AVX512 inline __mmask16 TailMask(int64_t left) {
 // GCC 12 warning).
 TANDEM_AVX512 inline __m512 Max(__m512 a, __m512 b) { return _mm512_mask_max_ps(a, 0xFFFF, a, b); }
 TANDEM_AVX512 inline __m512 Min(__m512 a, __m512 b) { return _mm512_mask_min_ps(a, 0xFFFF, a, b); }
+
+// 16 weights as f32: float as they are, bf16 (uint16_t bits) widened by a
+// shift into the high half, which is exact.
+TANDEM_AVX512 inline __m512 Load(const float* p) { return _mm512_loadu_ps(p); }
+TANDEM_AVX512 inline __m512 Load(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+TANDEM_AVX512 inline __m512 MaskLoad(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+TANDEM_AVX512 inline __m512 MaskLoad(__mmask16 m, const uint16_t* p) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 template <bool kMax>
 TANDEM_AVX512 inline __m512 Combine(__m512 a, __m512 b) {
@@ -55,13 +70,14 @@ TANDEM_AVX512 inline float Reduce(__m512 v) {
 TANDEM_AVX512 inline float ReduceAdd(__m512 v) { return Reduce<false>(v); }
 TANDEM_AVX512 inline float ReduceMax(__m512 v) { return Reduce<true>(v); }
 
-// An R x C tile: R rows of x against C rows of w. Each w vector is loaded
-// once per k-step and used by R rows; the accumulators stay in registers.
-// With `next` (the next C weight rows), also prefetches them into L1, one
-// cache line of each per step: they arrive while this tile computes.
-template <int R, int C, bool kPrefetch = false>
-TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int64_t K,
-                               float* out, int64_t ldo, const float* next = nullptr) {
+// An R x C tile: R rows of x against C rows of w (W: float or bf16 bits).
+// Each w vector is loaded once per k-step and used by R rows; the
+// accumulators stay in registers. With `next` (the next C weight rows), also
+// prefetches them into L1, one cache line of each per line consumed: they
+// arrive while this tile computes.
+template <int R, int C, bool kPrefetch = false, typename W>
+TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const W* w, int64_t K,
+                               float* out, int64_t ldo, const W* next = nullptr) {
   // Fully unrolled (R and C are constants), so that the accumulators live in
   // registers.
   __m512 acc[R][C];
@@ -72,14 +88,16 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int6
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     if constexpr (kPrefetch) {
+      if (sizeof(W) == 4 || k % 32 == 0) {  // once per 64-byte line
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(next + c * K + k), _MM_HINT_T0);
+        for (int c = 0; c < C; ++c) {
+          _mm_prefetch(reinterpret_cast<const char*>(next + c * K + k), _MM_HINT_T0);
+        }
       }
     }
     __m512 wv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * K + k);
+    for (int c = 0; c < C; ++c) wv[c] = Load(w + c * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
@@ -91,7 +109,7 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int6
     const __mmask16 m = TailMask(K - k);
     __m512 wv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(m, w + c * K + k);
+    for (int c = 0; c < C; ++c) wv[c] = MaskLoad(m, w + c * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * ldx + k);
@@ -107,9 +125,9 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const float* w, int6
 
 // Rows of x in groups of 4 (then 2, 1) against one group of C weight rows.
 // The first group prefetches the next C weight rows (`next`, null at the end).
-template <int C>
-TANDEM_AVX512 inline void Columns(const float* x, int64_t ldx, int64_t n, const float* w,
-                                  int64_t K, float* out, int64_t ldo, const float* next) {
+template <int C, typename W>
+TANDEM_AVX512 inline void Columns(const float* x, int64_t ldx, int64_t n, const W* w,
+                                  int64_t K, float* out, int64_t ldo, const W* next) {
   int64_t i = 0;
   if (next != nullptr) {
     if (n >= 4) {
@@ -190,11 +208,11 @@ TANDEM_AVX512 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const u
     int64_t j = j_begin;
     for (; j + 4 <= j_end; j += 4) {
       DequantizeQ8(w + j * row_bytes, K, 4, scratch);
-      Columns<4>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
+      Columns<4, float>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
     }
     for (; j < j_end; ++j) {
       DequantizeQ8(w + j * row_bytes, K, 1, scratch);
-      Columns<1>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
+      Columns<1, float>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
     }
     return;
   }
@@ -221,52 +239,99 @@ TANDEM_AVX512 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const u
 }
 
 bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   return has;
 }
 
-TANDEM_AVX512 void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
-                               int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
-  // 4 weight rows at a time: the same x rows are reused from L1 while the
-  // weights stream from memory once.
-  int64_t j = j_begin;
-  for (; j + 4 <= j_end; j += 4) {
-    const float* next = j + 8 <= j_end ? w + (j + 4) * K : nullptr;
-    Columns<4>(x, ldx, n, w + j * K, K, out + j, ldo, next);
-  }
-  for (; j < j_end; ++j) Columns<1>(x, ldx, n, w + j * K, K, out + j, ldo, nullptr);
+bool HasAvx512Bf16() {
+  static const bool has = HasAvx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
 }
 
 namespace {
 
-TANDEM_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
+// 4 weight rows at a time: the same x rows are reused from L1 while the
+// weights stream from memory once.
+template <typename W>
+TANDEM_AVX512 void SmallMatmulRows(const float* x, int64_t ldx, int64_t n, const W* w, int64_t K,
+                                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  int64_t j = j_begin;
+  for (; j + 4 <= j_end; j += 4) {
+    const W* next = j + 8 <= j_end ? w + (j + 4) * K : nullptr;
+    Columns<4, W>(x, ldx, n, w + j * K, K, out + j, ldo, next);
+  }
+  for (; j < j_end; ++j) Columns<1, W>(x, ldx, n, w + j * K, K, out + j, ldo, nullptr);
+}
+
+}  // namespace
+
+void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
+                 int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  SmallMatmulRows<float>(x, ldx, n, w, K, j_begin, j_end, out, ldo);
+}
+
+void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
+                     int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  SmallMatmulRows<uint16_t>(x, ldx, n, w, K, j_begin, j_end, out, ldo);
+}
+
+namespace {
+
+template <typename W>
+TANDEM_AVX512 float DotAvx512(const float* a, const W* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), Load(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), Load(b + i + 16), acc1);
   }
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), Load(b + i), acc0);
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), MaskLoad(m, b + i), acc1);
   }
   return ReduceAdd(_mm512_add_ps(acc0, acc1));
 }
 
-TANDEM_AVX512 void AxpyAvx512(float alpha, const float* x, float* y, int64_t n) {
+template <typename W>
+TANDEM_AVX512 void AxpyAvx512(float alpha, const W* x, float* y, int64_t n) {
   const __m512 a = _mm512_set1_ps(alpha);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, Load(x + i), _mm512_loadu_ps(y + i)));
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(
-        y + i, m, _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    _mm512_mask_storeu_ps(y + i, m,
+                          _mm512_fmadd_ps(a, MaskLoad(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
+}
+
+// f32 to bf16, rounding to nearest even, 16 at a time with AVX512-BF16's
+// vcvtneps2bf16 (the same rounding as the portable loop for every non-NaN).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), no_sanitize("thread")))
+void ToBf16Avx512(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(h));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+    _mm256_mask_storeu_epi16(out + i, m, reinterpret_cast<const __m256i&>(h));
+  }
+}
+
+float Bf16Bits(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
 }
 
 // exp of 16 lanes: x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf
@@ -364,9 +429,26 @@ float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+float Dot(const float* a, const uint16_t* b, int64_t n) {
+  if (HasAvx512()) return DotAvx512(a, b, n);
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * Bf16Bits(b[i]);
+  return s;
+}
+
 void Axpy(float alpha, const float* x, float* y, int64_t n) {
   if (HasAvx512()) return AxpyAvx512(alpha, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void Axpy(float alpha, const uint16_t* x, float* y, int64_t n) {
+  if (HasAvx512()) return AxpyAvx512(alpha, x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Bf16Bits(x[i]);
+}
+
+void ToBf16(const float* x, uint16_t* out, int64_t n) {
+  if (HasAvx512Bf16()) return ToBf16Avx512(x, out, n);
+  ConvertFromF32(x, DType::kBF16, out, n);
 }
 
 }  // namespace tandem::cpu

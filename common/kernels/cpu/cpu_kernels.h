@@ -14,8 +14,10 @@
 
 namespace tandem::cpu {
 
-// Whether the AVX-512 kernels below may run on this CPU.
+// Whether the AVX-512 kernels below may run on this CPU (F, DQ, BW, VL), and
+// whether it also converts to bf16 in hardware (AVX512-BF16).
 bool HasAvx512();
+bool HasAvx512Bf16();
 
 // The largest row count SmallMatmul is used for (above it, sgemm's packing
 // pays for itself).
@@ -25,6 +27,13 @@ constexpr int64_t kSmallMatmulMaxRows = 32;
 // x rows `ldx` apart, out rows `ldo` apart. AVX-512 only.
 void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
                  int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+
+// As SmallMatmul, with bf16 weights (the high 16 bits of an f32; widened in
+// registers, exactly, as they stream: half the f32 bytes). AVX-512 only.
+// Not AVX512-BF16's dot product: that would round x to bf16 too, and a
+// decode step waits on the weight stream, not on the FMAs.
+void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
+                     int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
 
 // As SmallMatmul, with Q8_0 weights (DType::kQ8_0: rows of K / 32 blocks of
 // an f16 scale and 32 int8, K a multiple of 32), dequantized in registers as
@@ -36,10 +45,15 @@ void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w, int
                    int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
                    float* scratch = nullptr, int64_t scratch_floats = 0);
 
-// dot(a, b) over n floats; y += alpha * x over n floats (AVX-512 when
-// available, else scalar).
+// dot(a, b) over n elements; y += alpha * x over n elements; b and x f32 or
+// bf16 bits (a bf16 KV cache). AVX-512 when available, else scalar.
 float Dot(const float* a, const float* b, int64_t n);
+float Dot(const float* a, const uint16_t* b, int64_t n);
 void Axpy(float alpha, const float* x, float* y, int64_t n);
+void Axpy(float alpha, const uint16_t* x, float* y, int64_t n);
+// out = bf16(x), rounding to nearest even (AVX512-BF16 where the CPU has
+// it, else ConvertFromF32's loop; the same bits either way).
+void ToBf16(const float* x, uint16_t* out, int64_t n);
 
 // x[:n] = softmax(x[:n]), in place.
 void Softmax(float* x, int64_t n);

@@ -22,26 +22,34 @@ namespace {
 
 class CpuOps : public Ops {
  public:
-  CpuOps(Device* device, int threads, DType weight_dtype)
+  CpuOps(Device* device, int threads, DType weight_dtype, DType kv_dtype)
       : device_(device),
         stream_(static_cast<CpuStream*>(device->stream())),
         pool_(std::make_unique<ThreadPool>(threads > 0 ? threads : ThreadPool::AvailableCpus())),
-        weight_dtype_(weight_dtype) {
+        weight_dtype_(weight_dtype),
+        kv_dtype_(kv_dtype) {
+    TANDEM_CHECK(weight_dtype_ == DType::kF32 || weight_dtype_ == DType::kBF16 ||
+                 weight_dtype_ == DType::kQ8_0)
+        << DTypeName(weight_dtype_);
+    TANDEM_CHECK(kv_dtype_ == DType::kF32 || kv_dtype_ == DType::kBF16) << DTypeName(kv_dtype_);
     // Parallelism is the pool's: each thread's sgemm runs on that thread.
     openblas_set_num_threads(1);
-    if (weight_dtype_ == DType::kQ8_0) {
-      // Per-thread rows of dequantized weights for the sgemm path, allocated
+    if (weight_dtype_ != DType::kF32) {
+      // Per-thread rows of widened weights for the sgemm path, allocated
       // here so that no step allocates.
       scratch_.assign(pool_->num_threads(), std::vector<float>(kScratchFloats));
     }
     TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
                      << (cpu::HasAvx512() ? "AVX-512 kernels" : "portable kernels")
-                     << " + OpenBLAS sgemm, weights " << DTypeName(weight_dtype_);
+                     << " + OpenBLAS sgemm (" << openblas_get_corename() << " kernels), weights "
+                     << DTypeName(weight_dtype_) << ", KV "
+                     << DTypeName(kv_dtype_) << ", activations f32";
   }
 
   Device* device() override { return device_; }
   DType dtype() const override { return DType::kF32; }
   DType weight_dtype() const override { return weight_dtype_; }
+  DType kv_dtype() const override { return kv_dtype_; }
   // Attention reads num_reqs, offsets, lengths and block tables from buffers
   // when it runs, so any batch may be captured.
   AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
@@ -138,24 +146,30 @@ class CpuOps : public Ops {
     float* c = out.f32();
     ThreadPool* pool = pool_.get();
     const bool small = cpu::HasAvx512() && n <= cpu::kSmallMatmulMaxRows;
-    if (w.dtype == DType::kQ8_0) {
-      TANDEM_CHECK(k % kQ8BlockElems == 0) << "q8_0 weights " << w.ShapeString();
+    if (w.dtype != DType::kF32) {
+      const DType wt = w.dtype;
+      TANDEM_CHECK(wt == DType::kBF16 || (wt == DType::kQ8_0 && k % kQ8BlockElems == 0))
+          << DTypeName(wt) << " weights " << w.ShapeString();
       const uint8_t* b = w.as<uint8_t>();
-      const size_t row_bytes = DTypeBytes(DType::kQ8_0, k);
+      const size_t row_bytes = DTypeBytes(wt, k);
       std::vector<std::vector<float>>* scratch = &scratch_;
       stream_->Launch([=] {
         if (n == 0) return;
         pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
           float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
-          if (small) {
+          if (small && wt == DType::kQ8_0) {
             return cpu::SmallMatmulQ8(a, k, n, b, k, j0, j1, c, big_n, rows, kScratchFloats);
           }
-          // Prefill: dequantize this slice's weight rows a chunk at a time
-          // into the thread's scratch, and multiply each chunk with sgemm.
+          if (small) {
+            return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
+                                        c, big_n);
+          }
+          // Prefill: widen this slice's weight rows a chunk at a time into
+          // the thread's scratch, and multiply each chunk with sgemm.
           const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
           for (int64_t j = j0; j < j1; j += chunk) {
             const int64_t m = std::min(chunk, j1 - j);
-            ConvertToF32(b + j * row_bytes, DType::kQ8_0, rows, m * k);
+            ConvertToF32(b + j * row_bytes, wt, rows, m * k);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, a, k, rows, k,
                         0.f, c + j, big_n);
           }
@@ -212,8 +226,11 @@ class CpuOps : public Ops {
     const int nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;
     TANDEM_CHECK(out.dim(1) == nh * hd && row == (nh + 2 * nkv) * hd);
     const float* q_base = qkv.f32();
-    float* kc = cache.k.f32();
-    float* vc = cache.v.f32();
+    const DType kv_dt = cache.k.dtype;
+    TANDEM_CHECK(kv_dt == kv_dtype_ && cache.v.dtype == kv_dt) << DTypeName(kv_dt);
+    char* kc = static_cast<char*>(cache.k.data);
+    char* vc = static_cast<char*>(cache.v.data);
+    const int64_t es = static_cast<int64_t>(DTypeSize(kv_dt));
     const int32_t* num_reqs_p = meta.num_reqs.i32();
     const int32_t* qsl = meta.query_start_loc.i32();
     const int32_t* seq_lens = meta.seq_lens.i32();
@@ -232,8 +249,8 @@ class CpuOps : public Ops {
         const int32_t slot = slots[i];
         if (slot < 0) continue;
         const float* k = q_base + i * row + nh * hd;
-        std::memcpy(kc + slot * kv_row, k, sizeof(float) * kv_row);
-        std::memcpy(vc + slot * kv_row, k + kv_row, sizeof(float) * kv_row);
+        StoreKv(k, kv_dt, kc + slot * kv_row * es, kv_row);
+        StoreKv(k + kv_row, kv_dt, vc + slot * kv_row * es, kv_row);
       }
       // 2. Attention. Rows past the last request's tokens are padding and
       // stay zero.
@@ -272,8 +289,9 @@ class CpuOps : public Ops {
           }
           for (int32_t j = 0; j < ctx; ++j) {
             const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-            std::memcpy(&k_rows[int64_t{j} * hd], kc + slot * kv_row + kvh * hd, sizeof(float) * hd);
-            std::memcpy(&v_rows[int64_t{j} * hd], vc + slot * kv_row + kvh * hd, sizeof(float) * hd);
+            const int64_t at = (slot * kv_row + kvh * hd) * es;
+            ConvertToF32(kc + at, kv_dt, &k_rows[int64_t{j} * hd], hd);
+            ConvertToF32(vc + at, kv_dt, &v_rows[int64_t{j} * hd], hd);
           }
           const float* q = q_base + int64_t{qt.t_begin} * row + qt.h * hd;
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, row,
@@ -305,15 +323,22 @@ class CpuOps : public Ops {
           const float* q = q_base + t * row + h * hd;
           const int kvh = h / group;
           for (int32_t j = 0; j < ctx; ++j) {
-            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-            scores[j] = cpu::Dot(q, kc + slot * kv_row + kvh * hd, hd) * scale;
+            const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_row + kvh * hd;
+            scores[j] = (kv_dt == DType::kBF16
+                             ? cpu::Dot(q, reinterpret_cast<const uint16_t*>(kc) + at, hd)
+                             : cpu::Dot(q, reinterpret_cast<const float*>(kc) + at, hd)) *
+                        scale;
           }
           cpu::Softmax(scores.data(), ctx);
           float* oh = o + t * nh * hd + h * hd;
           std::memset(oh, 0, sizeof(float) * hd);
           for (int32_t j = 0; j < ctx; ++j) {
-            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-            cpu::Axpy(scores[j], vc + slot * kv_row + kvh * hd, oh, hd);
+            const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_row + kvh * hd;
+            if (kv_dt == DType::kBF16) {
+              cpu::Axpy(scores[j], reinterpret_cast<const uint16_t*>(vc) + at, oh, hd);
+            } else {
+              cpu::Axpy(scores[j], reinterpret_cast<const float*>(vc) + at, oh, hd);
+            }
           }
         }
       });
@@ -333,6 +358,12 @@ class CpuOps : public Ops {
     int32_t t_begin, t_end;
   };
 
+  // One token's k or v row into its cache slot, in the cache's dtype.
+  static void StoreKv(const float* src, DType dt, char* dst, int64_t n) {
+    if (dt == DType::kBF16) return cpu::ToBf16(src, reinterpret_cast<uint16_t*>(dst), n);
+    std::memcpy(dst, src, sizeof(float) * n);
+  }
+
   static void NormRow(const float* x, const float* w, float eps, int64_t h, float* out) {
     float sum = 0.f;
     for (int64_t j = 0; j < h; ++j) sum += x[j] * x[j];
@@ -340,20 +371,24 @@ class CpuOps : public Ops {
     for (int64_t j = 0; j < h; ++j) out[j] = x[j] * inv * w[j];
   }
 
-  // Floats of dequantized weight rows per thread (256 KiB: within L2).
-  static constexpr int64_t kScratchFloats = 64 * 1024;
+  // Floats of widened weight rows per thread (4 MiB). sgemm packs the
+  // activations again for every chunk of weight rows, so chunks are large:
+  // a 512-token bf16 prefill took 1317 ms with 256 KiB chunks, 1217 with these.
+  static constexpr int64_t kScratchFloats = 1024 * 1024;
 
   Device* device_;
   CpuStream* stream_;
   std::unique_ptr<ThreadPool> pool_;
   DType weight_dtype_;
-  std::vector<std::vector<float>> scratch_;  // [thread][kScratchFloats], q8_0 only
+  DType kv_dtype_;
+  std::vector<std::vector<float>> scratch_;  // [thread][kScratchFloats], weights not f32
 };
 
 }  // namespace
 
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads, DType weight_dtype) {
-  return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype);
+std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads, DType weight_dtype,
+                                  DType kv_dtype) {
+  return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype, kv_dtype);
 }
 
 }  // namespace tandem
