@@ -6,7 +6,9 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "common/backend/cpu/cpu_stream.h"
 #include "common/base/flags.h"
+#include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "absl/strings/str_format.h"
 #include "common/engine/engine.h"
@@ -83,6 +85,46 @@ ReadProbe MeasureWeightRead(const LlamaModel& model, int threads, int iters) {
   return probe;
 }
 
+// The machine's matmul rate as the engine gets it: the median time of
+// Ops::Matmul (f32 weights: the sgemm path, all threads) for `rows` rows
+// against an [N, K] weight shaped like the model's largest layer matmul.
+struct SgemmProbe {
+  int64_t m = 0, n = 0, k = 0;
+  double gflops = 0;
+};
+absl::StatusOr<SgemmProbe> MeasureSgemm(Backend& backend, int64_t rows, int64_t big_n, int64_t k,
+                                        int iters) {
+  ASSIGN_OR_RETURN(auto arena,
+                   Arena::Create(backend.device.get(),
+                                 sizeof(float) * (rows * k + big_n * k + rows * big_n) + 4096,
+                                 "sgemm probe"));
+  ASSIGN_OR_RETURN(Tensor x, arena->Allocate(DType::kF32, {rows, k}));
+  ASSIGN_OR_RETURN(Tensor w, arena->Allocate(DType::kF32, {big_n, k}));
+  ASSIGN_OR_RETURN(Tensor out, arena->Allocate(DType::kF32, {rows, big_n}));
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = static_cast<float>(i % 13) * 0.01f;
+  for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = static_cast<float>(i % 7) * 0.01f;
+  std::vector<double> ms;
+  for (int it = 0; it < iters + 1; ++it) {
+    const auto start = std::chrono::steady_clock::now();
+    backend.ops->Matmul(x, w, out);
+    const double took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (it > 0) ms.push_back(took);
+  }
+  std::sort(ms.begin(), ms.end());
+  SgemmProbe p{rows, big_n, k, 0};
+  p.gflops = 2.0 * rows * big_n * k / (ms[ms.size() / 2] * 1e6);
+  return p;
+}
+
+// FLOPs of one step's matmuls: every token through every layer, and the
+// LM head for the `sampled` rows only.
+double MatmulFlops(const LlamaConfig& c, int tokens, int sampled) {
+  const double h = c.hidden_size, q = double(c.num_attention_heads) * c.head_dim;
+  const double per_layer = h * c.qkv_size() + q * h + 3.0 * h * c.intermediate_size;
+  return 2.0 * tokens * per_layer * c.num_hidden_layers + 2.0 * sampled * h * c.vocab_size;
+}
+
 int RunStep(const std::vector<std::string>& args) {
   FlagSet flags("tandem bench step");
   EngineFlags engine_flags("FULL_AND_PIECEWISE");
@@ -127,20 +169,32 @@ int RunStep(const std::vector<std::string>& args) {
 
   const int threads =
       config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus();
-  std::printf("model %s | device %s | dtype %s | mode %s | threads %d | median of %d\n",
+  std::printf("model %s | device %s | weights %s | KV %s | mode %s | threads %d | median of %d\n",
               config->model.c_str(), (*engine)->device_name().c_str(),
+              std::string(DTypeName((*engine)->backend().ops->weight_dtype())).c_str(),
               std::string(DTypeName(kv.dtype())).c_str(),
               std::string(runner.resolved_mode().name()).c_str(), threads, iters);
   ReadProbe probe;
-  if (config->backend.device == "cpu") {
+  SgemmProbe sgemm;
+  const bool cpu = config->backend.device == "cpu";
+  const LlamaConfig& mc = (*engine)->model_config();
+  if (cpu) {
     probe = MeasureWeightRead(runner.model(), threads, std::max(iters, 5));
     std::printf("read probe: a decode step streams %.1f MB of weights; reading them once takes "
                 "%.3f ms (%.1f GB/s, %d threads)\n",
                 probe.bytes / 1e6, probe.median_ms, probe.bytes / probe.median_ms / 1e6, threads);
+    auto s = MeasureSgemm((*engine)->backend(), max_prefill, 2 * mc.intermediate_size,
+                          mc.hidden_size, std::max(iters, 3));
+    if (!s.ok()) return Fail(s.status());
+    sgemm = *s;
+    std::printf("sgemm probe: [%ld x %ld] x [%ld x %ld]^T in f32 at %.1f GFLOP/s (%d threads)\n",
+                static_cast<long>(sgemm.m), static_cast<long>(sgemm.k),
+                static_cast<long>(sgemm.n), static_cast<long>(sgemm.k), sgemm.gflops, threads);
   }
-  std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s\n", "step", "tokens", "batch", "graph",
-              "graph_ms", "eager_ms", "speedup", "x_probe");
+  std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s %8s %8s %6s\n", "step", "tokens", "batch",
+              "graph", "graph_ms", "eager_ms", "speedup", "x_probe", "GFLOP/s", "x_sgemm", "attn");
   std::vector<int32_t> tokens(std::max(max_prefill, max_batch), 7);
+  CpuStream* stream = cpu ? static_cast<CpuStream*>((*engine)->backend().device->stream()) : nullptr;
   auto report = [&](const char* kind, int n_tokens, int batch,
                     const std::vector<ScheduledSeq>& seqs) -> absl::Status {
     auto graph = TimeStep(runner, seqs, false, iters);
@@ -148,12 +202,32 @@ int RunStep(const std::vector<std::string>& args) {
     auto eager = TimeStep(runner, seqs, true, iters);
     if (!eager.ok()) return eager.status();
     const bool decode = std::string(kind) == "decode";
-    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx %8s\n", kind, n_tokens, batch,
-                std::string(graph->mode.name()).c_str(), graph->median_ms, eager->median_ms,
-                eager->median_ms / graph->median_ms,
+    const double gflops = MatmulFlops(mc, n_tokens, batch) / (graph->median_ms * 1e6);
+    std::string attn = "-";
+    if (stream != nullptr) {
+      // One more run with the op profile on: attention's share of the ops' time.
+      stream->ClearOpTimes();
+      stream->set_profiling(true);
+      auto r = runner.Execute(seqs, false);
+      stream->set_profiling(false);
+      if (!r.ok()) return r.status();
+      double total = 0, attention = 0;
+      for (const CpuStream::OpTime& t : stream->op_times()) {
+        total += t.seconds;
+        if (std::string(t.kind) == "attention") attention += t.seconds;
+      }
+      if (total > 0) attn = absl::StrFormat("%.0f%%", 100 * attention / total);
+    }
+    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx %8s %8.1f %8s %6s\n", kind, n_tokens,
+                batch, std::string(graph->mode.name()).c_str(), graph->median_ms,
+                eager->median_ms, eager->median_ms / graph->median_ms,
                 decode && probe.median_ms > 0
                     ? absl::StrFormat("%.2fx", graph->median_ms / probe.median_ms).c_str()
-                    : "-");
+                    : "-",
+                gflops,
+                !decode && sgemm.gflops > 0 ? absl::StrFormat("%.2f", gflops / sgemm.gflops).c_str()
+                                            : "-",
+                attn.c_str());
     std::fflush(stdout);
     return absl::OkStatus();
   };

@@ -124,6 +124,8 @@ class LlmEngine {
   std::vector<StepRecord> TakeStepRecords();
   // "cpu", or the GPU's index and name for cuda.
   std::string device_name() const { return backend_->device->name(); }
+  // The device and ops the engine runs on (benchmarks probe them).
+  Backend& backend() { return *backend_; }
 
  private:
   LlmEngine() = default;

@@ -1,5 +1,7 @@
 #include "common/graph/cudagraph_wrapper.h"
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "common/backend/cpu/cpu_stream.h"
@@ -23,7 +25,7 @@ struct Doubler {
     float* src = in->data();
     float* dst = out->data();
     size_t n = in->size();
-    stream->Launch([src, dst, n] {
+    stream->Launch("copy", [src, dst, n] {
       for (size_t i = 0; i < n; ++i) dst[i] = src[i] * 2;
     });
     return absl::OkStatus();
@@ -132,24 +134,55 @@ struct NestedModel {
     piece1 = std::make_unique<CudaGraphWrapper>("piece1", M::kPiecewise, &stream, [this] {
       float* a = x.data();
       float* b = h.data();
-      stream.Launch([a, b] { b[0] = a[0] + 1; });
+      stream.Launch("add", [a, b] { b[0] = a[0] + 1; });
       return absl::OkStatus();
     });
     piece2 = std::make_unique<CudaGraphWrapper>("piece2", M::kPiecewise, &stream, [this] {
       float* a = h.data();
       float* b = y.data();
-      stream.Launch([a, b] { b[0] = a[0] * 10; });
+      stream.Launch("scale", [a, b] { b[0] = a[0] * 10; });
       return absl::OkStatus();
     });
     full = std::make_unique<CudaGraphWrapper>("full", M::kFull, &stream, [this] {
       if (auto s = piece1->Run(); !s.ok()) return s;
       ++attention_host_calls;  // attention: eager in PIECEWISE, captured in FULL
       float* a = h.data();
-      stream.Launch([a] { a[0] = a[0] * 2; });
+      stream.Launch("attention", [a] { a[0] = a[0] * 2; });
       return piece2->Run();
     });
   }
 };
+
+// The stream's op profile: off by default; on, every run of a closure counts
+// for its kind, eager or replayed from a graph.
+TEST(CpuStreamTest, ProfileCountsEagerAndReplayedRunsByKind) {
+  NestedModel m;
+  {
+    ForwardContextScope s(M::kNone, BatchDescriptor(1));
+    ASSERT_TRUE(m.full->Run().ok());
+  }
+  EXPECT_TRUE(m.stream.op_times().empty());
+  m.stream.set_profiling(true);
+  {
+    ForwardContextScope s(M::kNone, BatchDescriptor(1));
+    ASSERT_TRUE(m.full->Run().ok());
+  }
+  for (int i = 0; i < 3; ++i) {  // capture once, then replays
+    ForwardContextScope s(M::kFull, BatchDescriptor(1));
+    ASSERT_TRUE(m.full->Run().ok());
+  }
+  std::map<std::string, int64_t> runs;
+  for (const CpuStream::OpTime& t : m.stream.op_times()) {
+    runs[t.kind] = t.runs;
+    EXPECT_GE(t.seconds, 0.0);
+  }
+  // 1 eager run + the capture run + 2 replays: the capture itself runs
+  // nothing; its first run is a replay.
+  const std::map<std::string, int64_t> want = {{"add", 1 + 3}, {"attention", 1 + 3}, {"scale", 1 + 3}};
+  EXPECT_EQ(runs, want);
+  m.stream.ClearOpTimes();
+  EXPECT_TRUE(m.stream.op_times().empty());
+}
 
 TEST(CudaGraphWrapperTest, NestedWrappersFireOnlyForTheirMode) {
   NestedModel m;
@@ -194,7 +227,7 @@ TEST(CudaGraphWrapperTest, MovedInputIsAnErrorNamingAddresses) {
       [&] {
         float* src = current->data();
         float* dst = out.data();
-        stream.Launch([src, dst] { dst[0] = src[0]; });
+        stream.Launch("test", [src, dst] { dst[0] = src[0]; });
         return absl::OkStatus();
       },
       [&] { return std::vector<const void*>{current->data()}; }, {true});

@@ -9,6 +9,9 @@
 // Counters let tests prove that a replay issues no host op code:
 // ops_launched() counts Launch() calls (host code issuing an op),
 // ops_executed() counts closures actually run (eager or replayed).
+// With profiling on, every run of a closure (eager or replayed) also adds
+// its wall time to its kind (the op's name: "matmul", "attention", ...);
+// `tandem bench step` reads them. Off, it costs one branch per op.
 //
 // Owned and used by one thread.
 #ifndef TANDEM_COMMON_BACKEND_CPU_CPU_STREAM_H_
@@ -34,15 +37,25 @@ class CpuGraph : public Graph {
   friend class CpuStream;
   explicit CpuGraph(CpuStream* stream) : stream_(stream) {}
   CpuStream* stream_;
-  std::vector<std::function<void()>> ops_;
+  std::vector<std::pair<const char*, std::function<void()>>> ops_;
 };
 
 class CpuStream : public Stream {
  public:
   using Op = std::function<void()>;
 
-  // Runs `op` now, or records it when capturing.
-  void Launch(Op op);
+  // Runs `op` now, or records it when capturing; `kind` (a string literal)
+  // names it in the profile.
+  void Launch(const char* kind, Op op);
+
+  struct OpTime {
+    const char* kind;
+    double seconds = 0;
+    int64_t runs = 0;
+  };
+  void set_profiling(bool on) { profiling_ = on; }
+  const std::vector<OpTime>& op_times() const { return op_times_; }
+  void ClearOpTimes() { op_times_.clear(); }
 
   absl::Status BeginCapture() override;
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override;
@@ -54,7 +67,11 @@ class CpuStream : public Stream {
 
  private:
   friend class CpuGraph;
+  void Run(const char* kind, const Op& op);
+
   std::unique_ptr<CpuGraph> recording_;
+  bool profiling_ = false;
+  std::vector<OpTime> op_times_;
   int64_t ops_launched_ = 0;
   int64_t ops_executed_ = 0;
 };

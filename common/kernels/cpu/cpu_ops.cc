@@ -64,7 +64,7 @@ class CpuOps : public Ops {
     const DType dt = table.dtype;
     const size_t row_bytes = DTypeBytes(dt, h);
     float* o = out.f32();
-    stream_->Launch([=] {
+    stream_->Launch("embedding", [=] {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = std::min<int64_t>(std::max<int32_t>(id[i], 0), vocab - 1);
         ConvertToF32(static_cast<const char*>(t) + row * row_bytes, dt, o + i * h, h);
@@ -79,7 +79,7 @@ class CpuOps : public Ops {
     const float* w = weight.f32();
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
-    stream_->Launch([=] {
+    stream_->Launch("norm", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) NormRow(xs + i * h, w, eps, h, o + i * h);
       });
@@ -95,7 +95,7 @@ class CpuOps : public Ops {
     const float* w = weight.f32();
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
-    stream_->Launch([=] {
+    stream_->Launch("norm", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           float* ri = r + i * h;
@@ -117,7 +117,7 @@ class CpuOps : public Ops {
     const float* freq = inv_freq.f32();
     float* base = qkv.f32();
     ThreadPool* pool = pool_.get();
-    stream_->Launch([=] {
+    stream_->Launch("rope", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const float p = static_cast<float>(pos[i]);
@@ -153,7 +153,7 @@ class CpuOps : public Ops {
       const uint8_t* b = w.as<uint8_t>();
       const size_t row_bytes = DTypeBytes(wt, k);
       std::vector<std::vector<float>>* scratch = &scratch_;
-      stream_->Launch([=] {
+      stream_->Launch("matmul", [=] {
         if (n == 0) return;
         pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
           float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
@@ -178,7 +178,7 @@ class CpuOps : public Ops {
       return;
     }
     const float* b = w.f32();
-    stream_->Launch([=] {
+    stream_->Launch("matmul", [=] {
       if (n == 0) return;
       // Slices of output columns, 16 at least (64 bytes of each output row).
       pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
@@ -198,7 +198,7 @@ class CpuOps : public Ops {
     const float* g = gate_up.f32();
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
-    stream_->Launch([=] {
+    stream_->Launch("silu_mul", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
           const float* gi = g + i * 2 * inter;
@@ -215,7 +215,7 @@ class CpuOps : public Ops {
     const float* s = src.f32();
     const int32_t* idx = indices.i32();
     float* o = out.f32();
-    stream_->Launch([=] {
+    stream_->Launch("gather", [=] {
       for (int64_t i = 0; i < rows; ++i) std::memcpy(o + i * h, s + idx[i] * h, sizeof(float) * h);
     });
   }
@@ -242,7 +242,7 @@ class CpuOps : public Ops {
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
     // The op's own list of query tiles, reused by every run (eager or replay).
-    stream_->Launch([=, tiles = std::vector<QueryTile>()]() mutable {
+    stream_->Launch("attention", [=, tiles = std::vector<QueryTile>()]() mutable {
       const int64_t kv_row = static_cast<int64_t>(nkv) * hd;
       // 1. Write this step's k and v into their slots.
       for (int64_t i = 0; i < n; ++i) {
