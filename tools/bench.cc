@@ -171,7 +171,7 @@ int RunStep(const std::vector<std::string>& args) {
       config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus();
   std::printf("model %s | device %s | weights %s | KV %s | mode %s | threads %d | median of %d\n",
               config->model.c_str(), (*engine)->device_name().c_str(),
-              std::string(DTypeName((*engine)->backend().ops->weight_dtype())).c_str(),
+              runner.model().WeightDTypes().c_str(),
               std::string(DTypeName(kv.dtype())).c_str(),
               std::string(runner.resolved_mode().name()).c_str(), threads, iters);
   ReadProbe probe;

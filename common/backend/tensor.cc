@@ -89,6 +89,41 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
       }
       return;
     }
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      TANDEM_CHECK(n % kQ8BlockElems == 0) << DTypeName(dtype) << ": " << n
+                                           << " elements is not whole blocks";
+      const bool q4_1 = dtype == DType::kQ4_1;
+      auto* out = static_cast<uint8_t*>(dst);
+      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, out += BlockBytes(dtype)) {
+        const float* x = src + b * kQ8BlockElems;
+        float d, m = 0.f;
+        if (q4_1) {  // GGML quantize_row_q4_1_ref: [min, max] over 15 steps
+          float lo = x[0], hi = x[0];
+          for (int i = 1; i < kQ8BlockElems; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+          d = (hi - lo) / 15.f;
+          m = lo;
+        } else {  // quantize_row_q4_0_ref: the element of largest magnitude maps to -8
+          float amax = 0.f, max = 0.f;
+          for (int i = 0; i < kQ8BlockElems; ++i) {
+            if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
+          }
+          d = max / -8.f;
+        }
+        const float id = d != 0.f ? 1.f / d : 0.f;
+        const uint16_t dh = ToF16(d), mh = ToF16(m);
+        std::memcpy(out, &dh, 2);
+        if (q4_1) std::memcpy(out + 2, &mh, 2);
+        uint8_t* q = out + (q4_1 ? 4 : 2);
+        for (int j = 0; j < kQ8BlockElems / 2; ++j) {
+          const float bias = q4_1 ? 0.5f : 8.5f;
+          const int lo = std::min(15, static_cast<int>((x[j] - m) * id + bias));
+          const int hi = std::min(15, static_cast<int>((x[j + 16] - m) * id + bias));
+          q[j] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+      return;
+    }
     case DType::kI32:
       break;
   }
@@ -119,6 +154,26 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
       }
       return;
     }
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      TANDEM_CHECK(n % kQ8BlockElems == 0) << DTypeName(dtype) << ": " << n
+                                           << " elements is not whole blocks";
+      const bool q4_1 = dtype == DType::kQ4_1;
+      const auto* in = static_cast<const uint8_t*>(src);
+      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, in += BlockBytes(dtype), dst += 32) {
+        uint16_t dh, mh = 0;
+        std::memcpy(&dh, in, 2);
+        if (q4_1) std::memcpy(&mh, in + 2, 2);
+        const float d = F16ToF32(dh), m = F16ToF32(mh);
+        const uint8_t* q = in + (q4_1 ? 4 : 2);
+        const int offset = q4_1 ? 0 : 8;
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = d * static_cast<float>((q[j] & 0x0f) - offset) + m;
+          dst[j + 16] = d * static_cast<float>((q[j] >> 4) - offset) + m;
+        }
+      }
+      return;
+    }
     case DType::kI32:
       break;
   }
@@ -131,14 +186,27 @@ size_t DTypeSize(DType dtype) {
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
     case DType::kI32: return 4;
-    case DType::kQ8_0: return 0;
+    case DType::kQ8_0: case DType::kQ4_0: case DType::kQ4_1: return 0;
   }
   return 0;
 }
 
+bool IsBlockType(DType dtype) {
+  return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+}
+
+size_t BlockBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kQ8_0: return kQ8BlockBytes;
+    case DType::kQ4_0: return 2 + 16;
+    case DType::kQ4_1: return 4 + 16;
+    default: return 0;
+  }
+}
+
 size_t DTypeBytes(DType dtype, int64_t n) {
-  if (dtype == DType::kQ8_0) {
-    return static_cast<size_t>((n + kQ8BlockElems - 1) / kQ8BlockElems) * kQ8BlockBytes;
+  if (IsBlockType(dtype)) {
+    return static_cast<size_t>((n + kQ8BlockElems - 1) / kQ8BlockElems) * BlockBytes(dtype);
   }
   return static_cast<size_t>(n) * DTypeSize(dtype);
 }
@@ -150,6 +218,8 @@ absl::string_view DTypeName(DType dtype) {
     case DType::kBF16: return "bf16";
     case DType::kI32: return "i32";
     case DType::kQ8_0: return "q8_0";
+    case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_1: return "q4_1";
   }
   return "?";
 }

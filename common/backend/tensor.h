@@ -14,23 +14,30 @@
 
 namespace tandem {
 
-// kQ8_0 is a block type for weights only (GGML's Q8_0): every 32 consecutive
-// elements of a row are one block of an f16 scale d and 32 int8 q, value
-// d * q; rows are whole blocks.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0 };
+// kQ8_0, kQ4_0 and kQ4_1 are block types for weights only (GGML's): every
+// 32 consecutive elements of a row are one block; rows are whole blocks.
+//   Q8_0: f16 scale d, 32 int8 q; value d * q.
+//   Q4_0: f16 d, 16 bytes of 4-bit q (element j in the low nibble of byte j,
+//         element j + 16 in its high nibble); value d * (q - 8).
+//   Q4_1: f16 d, f16 minimum m, 16 bytes of q as Q4_0; value d * q + m.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1 };
 
-inline constexpr int64_t kQ8BlockElems = 32;
+inline constexpr int64_t kQ8BlockElems = 32;  // elements of every block type
 inline constexpr size_t kQ8BlockBytes = 2 + 32;
 
+// Whether `dtype` is one of the block types, and the bytes of one block.
+bool IsBlockType(DType dtype);
+size_t BlockBytes(DType dtype);
 // Bytes of one element; 0 for a block type (see DTypeBytes).
 size_t DTypeSize(DType dtype);
-// Bytes of `n` elements (for kQ8_0, n a multiple of kQ8BlockElems).
+// Bytes of `n` elements (for a block type, n a multiple of kQ8BlockElems).
 size_t DTypeBytes(DType dtype, int64_t n);
 absl::string_view DTypeName(DType dtype);
 
 // Host-side conversions between f32 and a storage dtype (f32, f16, bf16, or
-// q8_0 with n a multiple of 32), rounding to nearest (even). Used when
-// weights are loaded and when tests read device buffers back.
+// a block type with n a multiple of 32), rounding to nearest (even); the
+// block types quantize as GGML's reference code does. Used when weights are
+// loaded (and GGUF tensors read) and when tests read device buffers back.
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n);
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
 

@@ -89,14 +89,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     if (!parsed.ok()) return parsed.status();
     dtype = *parsed;
   }
-  if (options.weight_dtype != "auto" && options.weight_dtype != "q8_0") {
+  if (options.weight_dtype != "auto" && options.weight_dtype != "q8_0" &&
+      options.weight_dtype != "gguf") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "weight_dtype must be auto or q8_0, got '", options.weight_dtype, "'"));
+        "weight_dtype must be auto, q8_0 or gguf, got '", options.weight_dtype, "'"));
   }
   const bool q8 = options.weight_dtype == "q8_0";
-  if (q8 && !cpu) {
-    return absl::InvalidArgumentError(
-        "weight_dtype=q8_0 is implemented on device=cpu only; use weight_dtype=auto");
+  const bool keep_blocks = options.weight_dtype == "gguf";
+  if ((q8 || keep_blocks) && !cpu) {
+    return absl::InvalidArgumentError(absl::StrCat("weight_dtype=", options.weight_dtype,
+                                                   " is implemented on device=cpu only; use "
+                                                   "weight_dtype=auto"));
   }
   auto backend = std::make_unique<Backend>();
   if (cpu) {
@@ -107,7 +110,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     }
     const DType weights = q8 ? DType::kQ8_0 : dtype;
     backend->device = CreateCpuDevice();
-    backend->ops = CreateCpuOps(backend->device.get(), options.threads, weights, dtype);
+    backend->ops =
+        CreateCpuOps(backend->device.get(), options.threads, weights, dtype, keep_blocks);
     return backend;
   }
   auto create = LoadCudaModule();

@@ -29,7 +29,9 @@ struct BackendOptions {
   // f32 | bf16 | f16 | auto (f32 on cpu, bf16 on cuda).
   std::string dtype = "auto";
   int threads = 0;  // cpu: threads of every op (0: every CPU this process may use)
-  // Matmul weights: auto (the storage dtype) or q8_0 (cpu, weight-only 8-bit).
+  // Matmul weights: auto (the storage dtype), q8_0 (cpu, weight-only 8-bit) or
+  // gguf (cpu: a GGUF's Q4_0, Q4_1 and Q8_0 tensors kept as they are, the
+  // others in the storage dtype).
   std::string weight_dtype = "auto";
 };
 

@@ -60,11 +60,16 @@ class Ops {
   // bf16); arithmetic accumulates in f32 and logits are always f32.
   virtual DType dtype() const = 0;
   // Dtype of the matmul weights (and the embedding table they may share): the
-  // storage dtype, or kQ8_0 on a CPU backend asked for weight-only 8-bit.
+  // storage dtype, or kQ8_0 on a CPU backend asked for weight-only 8-bit
+  // (see also keeps_file_blocks()).
   virtual DType weight_dtype() const { return dtype(); }
   // Dtype of the KV cache: the storage dtype, or bf16 on a CPU backend that
   // computes in f32 over bf16 weights and KV.
   virtual DType kv_dtype() const { return dtype(); }
+  // Whether matmul weights a model file holds in a block type the ops
+  // multiply directly (GGUF Q4_0, Q4_1, Q8_0) stay in it, whatever
+  // weight_dtype() says for the others.
+  virtual bool keeps_file_blocks() const { return false; }
   // How much of PagedAttention a graph may contain (declared honestly: the
   // mode resolution at start-up trusts it).
   virtual AttentionCgSupport attention_cg_support() const = 0;
@@ -103,11 +108,11 @@ class Ops {
 
 // CPU ops on the device's CpuStream, each split over a pool of `threads`
 // threads (<= 0: every CPU this process may use); activations in f32, matmul
-// weights in `weight_dtype` (kF32, kBF16 or kQ8_0), the KV cache in
-// `kv_dtype` (kF32 or kBF16).
+// weights in `weight_dtype` (kF32, kBF16 or kQ8_0) unless `keep_file_blocks`
+// keeps a file's own block types, the KV cache in `kv_dtype` (kF32 or kBF16).
 std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads,
                                   DType weight_dtype = DType::kF32,
-                                  DType kv_dtype = DType::kF32);
+                                  DType kv_dtype = DType::kF32, bool keep_file_blocks = false);
 
 }  // namespace tandem
 

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/safetensors.h"
 
@@ -175,54 +176,22 @@ bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes) 
   return false;
 }
 
-void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-  auto half = [](const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return HalfToFloat(h);
-  };
+std::optional<DType> GgmlTypeToDType(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case GgmlType::kF16:
-      for (int64_t k = 0; k < n; ++k) dst[k] = half(src + 2 * k);
-      return;
-    case GgmlType::kBF16:
-      for (int64_t k = 0; k < n; ++k) {
-        uint16_t b;
-        std::memcpy(&b, src + 2 * k, 2);
-        dst[k] = Bf16ToFloat(b);
-      }
-      return;
-    case GgmlType::kQ8_0:  // x = d * q
-      for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
-        const float d = half(src);
-        const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
-        for (int j = 0; j < 32; ++j) dst[j] = d * q[j];
-      }
-      return;
-    case GgmlType::kQ4_0:  // x = d * (nibble - 8); low nibbles first half
-      for (int64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
-        const float d = half(src);
-        const uint8_t* q = src + 2;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * static_cast<float>((q[j] & 0x0f) - 8);
-          dst[j + 16] = d * static_cast<float>((q[j] >> 4) - 8);
-        }
-      }
-      return;
-    case GgmlType::kQ4_1:  // x = d * nibble + m
-      for (int64_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
-        const float d = half(src), m = half(src + 2);
-        const uint8_t* q = src + 4;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * static_cast<float>(q[j] & 0x0f) + m;
-          dst[j + 16] = d * static_cast<float>(q[j] >> 4) + m;
-        }
-      }
-      return;
+    case GgmlType::kF32: return DType::kF32;
+    case GgmlType::kF16: return DType::kF16;
+    case GgmlType::kBF16: return DType::kBF16;
+    case GgmlType::kQ8_0: return DType::kQ8_0;
+    case GgmlType::kQ4_0: return DType::kQ4_0;
+    case GgmlType::kQ4_1: return DType::kQ4_1;
   }
+  return std::nullopt;
+}
+
+void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
+  const std::optional<DType> dt = GgmlTypeToDType(type);
+  TANDEM_CHECK(dt.has_value()) << GgmlTypeName(static_cast<uint32_t>(type));
+  ConvertToF32(src, *dt, dst, n);
 }
 
 bool GgufValue::is_integer() const {

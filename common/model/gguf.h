@@ -15,12 +15,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/backend/tensor.h"
 #include "absl/strings/string_view.h"
 
 namespace tandem {
@@ -39,6 +41,8 @@ enum class GgmlType : uint32_t {
 std::string GgmlTypeName(uint32_t type);
 // Elements per block and bytes per block of a supported type; false otherwise.
 bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes);
+// The engine's dtype with the same layout (every type the reader decodes).
+std::optional<DType> GgmlTypeToDType(GgmlType type);
 
 // Decodes `n` elements (a multiple of the type's block size) of a supported
 // type to f32. The block decoders shared by every reader of ggml data.

@@ -38,17 +38,17 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 
 // Inverse of llama.cpp's permute(): rows of each head go from
 // [half, 2] (interleaved) back to [2, half] (rotate_half layout).
-void UnpermuteRows(float* w, int64_t rows, int64_t cols, int heads) {
+void UnpermuteRows(char* w, int64_t rows, size_t row_bytes, int heads) {
   const int64_t head_dim = rows / heads, half = head_dim / 2;
-  std::vector<float> tmp(head_dim * cols);
+  std::vector<char> tmp(head_dim * row_bytes);
   for (int h = 0; h < heads; ++h) {
-    float* base = w + h * head_dim * cols;
+    char* base = w + h * head_dim * row_bytes;
     for (int64_t i = 0; i < half; ++i) {
       for (int64_t k = 0; k < 2; ++k) {
-        std::memcpy(&tmp[(k * half + i) * cols], base + (i * 2 + k) * cols, cols * sizeof(float));
+        std::memcpy(&tmp[(k * half + i) * row_bytes], base + (i * 2 + k) * row_bytes, row_bytes);
       }
     }
-    std::memcpy(base, tmp.data(), tmp.size() * sizeof(float));
+    std::memcpy(base, tmp.data(), tmp.size());
   }
 }
 
@@ -175,8 +175,8 @@ std::vector<std::string> GgufWeights::TensorNames() const {
   return names;
 }
 
-absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
-                                  float* dst) const {
+absl::StatusOr<const GgufTensorInfo*> GgufWeights::Find(const std::string& name,
+                                                        const std::vector<int64_t>& shape) const {
   const std::string g = GgufName(name);
   const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
   if (t == nullptr) {
@@ -190,12 +190,48 @@ absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int
                                                    " has shape ", ShapeText(hf_shape),
                                                    ", expected ", ShapeText(shape)));
   }
-  RETURN_IF_ERROR(file_->ReadF32(*t, dst));
+  return t;
+}
+
+void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_rows,
+                                size_t row_bytes) const {
   if (absl::EndsWith(g, ".attn_q.weight")) {
-    UnpermuteRows(dst, shape[0], shape[1], config_.num_attention_heads);
+    UnpermuteRows(rows, num_rows, row_bytes, config_.num_attention_heads);
   } else if (absl::EndsWith(g, ".attn_k.weight")) {
-    UnpermuteRows(dst, shape[0], shape[1], config_.num_key_value_heads);
+    UnpermuteRows(rows, num_rows, row_bytes, config_.num_key_value_heads);
   }
+}
+
+absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
+                                  float* dst) const {
+  ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
+  RETURN_IF_ERROR(file_->ReadF32(*t, dst));
+  UnpermuteIfQk(t->name, reinterpret_cast<char*>(dst), shape[0],
+                sizeof(float) * (shape.size() == 2 ? shape[1] : 1));
+  return absl::OkStatus();
+}
+
+std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
+  const std::string g = GgufName(name);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  if (t == nullptr) return std::nullopt;
+  const std::optional<DType> dt = GgmlTypeToDType(static_cast<GgmlType>(t->type));
+  if (!dt.has_value() || !IsBlockType(*dt)) return std::nullopt;
+  return dt;
+}
+
+absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
+                                     void* dst) const {
+  ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
+  const std::optional<DType> dt = BlockType(name);
+  if (!dt.has_value() || shape.size() != 2 || shape[1] % kQ8BlockElems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' in ", file_->path(),
+                                                   " is ", GgmlTypeName(t->type),
+                                                   ", not rows of Q4_0, Q4_1 or Q8_0 blocks"));
+  }
+  const size_t row_bytes = DTypeBytes(*dt, shape[1]);
+  std::memcpy(dst, file_->TensorData(*t), row_bytes * shape[0]);
+  UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
   return absl::OkStatus();
 }
 

@@ -38,6 +38,9 @@ class GgufWeights : public WeightSource {
   absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                        float* dst) const override;
   bool Has(const std::string& name) const override;
+  std::optional<DType> BlockType(const std::string& name) const override;
+  absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
+                          void* dst) const override;
   std::vector<std::string> TensorNames() const override;
 
   // The GGUF name of a Hugging Face tensor name ("" when it has none).
@@ -46,6 +49,14 @@ class GgufWeights : public WeightSource {
   static std::string HfName(const std::string& gguf_name);
 
  private:
+  // The tensor behind Hugging Face name `name`, its shape checked.
+  absl::StatusOr<const GgufTensorInfo*> Find(const std::string& name,
+                                             const std::vector<int64_t>& shape) const;
+  // Undoes llama.cpp's q/k row permutation for those tensors (rows of
+  // `row_bytes` each, whatever their type).
+  void UnpermuteIfQk(const std::string& gguf_name, char* rows, int64_t num_rows,
+                     size_t row_bytes) const;
+
   const GgufFile* file_;
   LlamaConfig config_;
 };

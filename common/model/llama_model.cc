@@ -122,12 +122,47 @@ std::vector<Tensor> LlamaModel::StreamedWeights() const {
   return out;
 }
 
+std::string LlamaModel::WeightDTypes() const {
+  std::vector<std::pair<DType, int>> counts;  // in order of first use
+  for (const Tensor& t : StreamedWeights()) {
+    if (t.ndim != 2) continue;
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const auto& c) { return c.first == t.dtype; });
+    if (it == counts.end()) {
+      counts.push_back({t.dtype, 1});
+    } else {
+      ++it->second;
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [dt, n] : counts) parts.push_back(absl::StrCat(DTypeName(dt), " x", n));
+  return absl::StrJoin(parts, ", ");
+}
+
 size_t LlamaModel::KvBytesPerBlock(int block_size) const {
   return static_cast<size_t>(block_size) * config_.num_key_value_heads * config_.head_dim *
          DTypeSize(ops_->kv_dtype()) * 2 * config_.num_hidden_layers;
 }
 
-absl::Status LlamaModel::PlaceWeights(Arena* arena) {
+namespace {
+
+// The source tensors behind each fused matmul weight of layer `i`, stacked
+// along dim 0 (Hugging Face names).
+struct LayerSources {
+  std::vector<std::string> qkv, o, gate_up, down;
+};
+LayerSources LayerTensorNames(int i) {
+  const std::string p = absl::StrCat("model.layers.", i, ".");
+  return {{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+           p + "self_attn.v_proj.weight"},
+          {p + "self_attn.o_proj.weight"},
+          {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+          {p + "mlp.down_proj.weight"}};
+}
+
+}  // namespace
+
+absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) {
   const LlamaConfig& c = config_;
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
   const DType w = ops_->weight_dtype();  // matmul weights and the embedding table
@@ -142,32 +177,46 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena) {
       }
     }
   }
-  ASSIGN_OR_RETURN(embed_, arena->Allocate(w, {c.vocab_size, h}));
+  // A fused weight keeps its source's block type when the ops keep file
+  // blocks and every part is stored in that one type; else it is `w`.
+  auto dtype_of = [&](const std::vector<std::string>& parts) {
+    if (!ops_->keeps_file_blocks() || source == nullptr) return w;
+    const std::optional<DType> first = source->BlockType(parts[0]);
+    if (!first.has_value()) return w;
+    for (const std::string& p : parts) {
+      if (source->BlockType(p) != first) return w;
+    }
+    return *first;
+  };
+  ASSIGN_OR_RETURN(embed_, arena->Allocate(dtype_of({"model.embed_tokens.weight"}),
+                                           {c.vocab_size, h}));
   ASSIGN_OR_RETURN(final_norm_, arena->Allocate(act, {h}));
   if (c.tie_word_embeddings) {
     lm_head_ = embed_;
   } else {
-    ASSIGN_OR_RETURN(lm_head_, arena->Allocate(w, {c.vocab_size, h}));
+    ASSIGN_OR_RETURN(lm_head_, arena->Allocate(dtype_of({"lm_head.weight"}), {c.vocab_size, h}));
   }
   ASSIGN_OR_RETURN(inv_freq_, arena->Allocate(DType::kF32, {c.head_dim / 2}));
   layers_.resize(c.num_hidden_layers);
-  for (Layer& l : layers_) {
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    Layer& l = layers_[i];
+    const LayerSources names = LayerTensorNames(i);
     ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(act, {h}));
-    ASSIGN_OR_RETURN(l.qkv, arena->Allocate(w, {c.qkv_size(), h}));
-    ASSIGN_OR_RETURN(l.o, arena->Allocate(
-                              w, {h, int64_t{c.num_attention_heads} * c.head_dim}));
+    ASSIGN_OR_RETURN(l.qkv, arena->Allocate(dtype_of(names.qkv), {c.qkv_size(), h}));
+    ASSIGN_OR_RETURN(l.o, arena->Allocate(dtype_of(names.o),
+                                          {h, int64_t{c.num_attention_heads} * c.head_dim}));
     ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(act, {h}));
-    ASSIGN_OR_RETURN(l.gate_up, arena->Allocate(w, {2 * inter, h}));
-    ASSIGN_OR_RETURN(l.down, arena->Allocate(w, {h, inter}));
+    ASSIGN_OR_RETURN(l.gate_up, arena->Allocate(dtype_of(names.gate_up), {2 * inter, h}));
+    ASSIGN_OR_RETURN(l.down, arena->Allocate(dtype_of(names.down), {h, inter}));
   }
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::AllocateWeights(Device* device) {
+absl::Status LlamaModel::AllocateWeights(Device* device, const WeightSource* source) {
   std::unique_ptr<Arena> measure = Arena::Measure("weights");
-  RETURN_IF_ERROR(PlaceWeights(measure.get()));
+  RETURN_IF_ERROR(PlaceWeights(measure.get(), source));
   ASSIGN_OR_RETURN(arena_, Arena::Create(device, measure->used(), "weights"));
-  return PlaceWeights(arena_.get());
+  return PlaceWeights(arena_.get(), source);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& spec, Ops* ops) {
@@ -204,7 +253,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
   }
   const LlamaConfig& c = m->config_;
-  RETURN_IF_ERROR(m->AllocateWeights(ops->device()));
+  RETURN_IF_ERROR(m->AllocateWeights(ops->device(), checkpoint.get()));
 
   // Weights are produced on the host in f32, converted to the backend's
   // dtype and copied to the device.
@@ -224,16 +273,30 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
                   absl::StrContains(name, "embed") ? 1.0f : scale, dst, n);
     return absl::OkStatus();
   };
-  // Reads the listed tensors stacked along dim 0 into `dst`.
+  // Reads the listed tensors stacked along dim 0 into `dst`: as stored when
+  // `dst` keeps the source's block type (PlaceWeights chose it), else as f32
+  // converted to `dst`'s dtype.
   auto load = [&](const Tensor& dst, std::vector<std::pair<std::string, int64_t>> parts)
       -> absl::Status {
-    host.resize(dst.numel());
     const int64_t cols = dst.ndim == 2 ? dst.dim(1) : 1;
+    auto shape_of = [&](int64_t rows) {
+      return dst.ndim == 2 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+    };
+    if (IsBlockType(dst.dtype) && checkpoint &&
+        checkpoint->BlockType(parts[0].first) == dst.dtype) {
+      converted.resize(dst.nbytes());
+      size_t at = 0;
+      for (const auto& [name, rows] : parts) {
+        used.insert(name);
+        RETURN_IF_ERROR(checkpoint->ReadBlocks(name, shape_of(rows), converted.data() + at));
+        at += DTypeBytes(dst.dtype, rows * cols);
+      }
+      return ops->device()->CopyToDevice(dst.data, converted.data(), dst.nbytes());
+    }
+    host.resize(dst.numel());
     int64_t row = 0;
     for (const auto& [name, rows] : parts) {
-      std::vector<int64_t> shape = dst.ndim == 2 ? std::vector<int64_t>{rows, cols}
-                                                 : std::vector<int64_t>{rows};
-      RETURN_IF_ERROR(read(name, shape, host.data() + row * cols));
+      RETURN_IF_ERROR(read(name, shape_of(rows), host.data() + row * cols));
       row += rows;
     }
     if (dst.dtype == DType::kF32) {
@@ -251,16 +314,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   if (!c.tie_word_embeddings) RETURN_IF_ERROR(load(m->lm_head_, {{"lm_head.weight", c.vocab_size}}));
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
+    const LayerSources names = LayerTensorNames(i);
     Layer& l = m->layers_[i];
     RETURN_IF_ERROR(load(l.input_norm, {{p + "input_layernorm.weight", h}}));
-    RETURN_IF_ERROR(load(l.qkv, {{p + "self_attn.q_proj.weight", q_rows},
-                                 {p + "self_attn.k_proj.weight", kv_rows},
-                                 {p + "self_attn.v_proj.weight", kv_rows}}));
-    RETURN_IF_ERROR(load(l.o, {{p + "self_attn.o_proj.weight", h}}));
+    RETURN_IF_ERROR(load(l.qkv, {{names.qkv[0], q_rows}, {names.qkv[1], kv_rows},
+                                 {names.qkv[2], kv_rows}}));
+    RETURN_IF_ERROR(load(l.o, {{names.o[0], h}}));
     RETURN_IF_ERROR(load(l.post_norm, {{p + "post_attention_layernorm.weight", h}}));
-    RETURN_IF_ERROR(load(l.gate_up, {{p + "mlp.gate_proj.weight", inter},
-                                     {p + "mlp.up_proj.weight", inter}}));
-    RETURN_IF_ERROR(load(l.down, {{p + "mlp.down_proj.weight", h}}));
+    RETURN_IF_ERROR(load(l.gate_up, {{names.gate_up[0], inter}, {names.gate_up[1], inter}}));
+    RETURN_IF_ERROR(load(l.down, {{names.down[0], h}}));
   }
   std::vector<float> inv = RopeInverseFrequencies(c);
   if (checkpoint && checkpoint->Has("rope_freqs")) {
@@ -294,10 +356,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "
                    << c.hidden_size << ", heads " << c.num_attention_heads << "/"
                    << c.num_key_value_heads << ", vocab " << c.vocab_size << ", "
-                   << DTypeName(ops->dtype())
-                   << (ops->weight_dtype() != ops->dtype()
-                           ? absl::StrCat(" (weights ", DTypeName(ops->weight_dtype()), ")")
-                           : "")
+                   << DTypeName(ops->dtype()) << " (matmul weights " << m->WeightDTypes() << ")"
                    << ", " << m->arena_->used() / (1 << 20) << " MiB of weights in "
                    << absl::StrFormat("%.2f", secs) << " s";
   return m;

@@ -35,6 +35,8 @@
 
 namespace tandem {
 
+class WeightSource;
+
 // The runner's persistent activation and input buffers, sized for the
 // largest step (max_num_batched_tokens rows). Activations are in the
 // backend's dtype (Ops::dtype()).
@@ -82,6 +84,9 @@ class LlamaModel {
   // norm and the lm_head (embedding rows are gathered, not streamed), as
   // tensors of the model's arena. `tandem bench step` times reading them.
   std::vector<Tensor> StreamedWeights() const;
+  // The matmul weights' dtypes and how many tensors each, e.g. "q4_1 x210,
+  // q8_0 x1" (logs and benchmarks).
+  std::string WeightDTypes() const;
 
  private:
   struct Layer {
@@ -89,9 +94,9 @@ class LlamaModel {
   };
   LlamaModel() = default;
   // Measures the weight tensors' bytes, then allocates exactly that arena.
-  absl::Status AllocateWeights(Device* device);
+  absl::Status AllocateWeights(Device* device, const WeightSource* source);
   // Places every weight tensor in `arena` (a measuring or a real one).
-  absl::Status PlaceWeights(Arena* arena);
+  absl::Status PlaceWeights(Arena* arena, const WeightSource* source);
 
   std::string spec_;
   LlamaConfig config_;

@@ -9,10 +9,13 @@
 #define TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/backend/tensor.h"
 
 namespace tandem {
 
@@ -25,6 +28,17 @@ class WeightSource {
   virtual absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                                float* dst) const = 0;
   virtual bool Has(const std::string& name) const = 0;
+  // The block type tensor `name` is stored in (GGUF Q4_0, Q4_1, Q8_0), if
+  // it is one the ops can multiply as stored.
+  virtual std::optional<DType> BlockType(const std::string& name) const {
+    return std::nullopt;
+  }
+  // Reads tensor `name` (of BlockType(name), [rows, cols] in `shape`) as
+  // stored, rows of whole blocks, into `dst` (DTypeBytes of it).
+  virtual absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
+                                  void* dst) const {
+    return absl::UnimplementedError(absl::StrCat("tensor '", name, "' has no block type"));
+  }
   // Every tensor of the source, in Hugging Face naming where one exists.
   virtual std::vector<std::string> TensorNames() const = 0;
 };

@@ -175,26 +175,36 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
     std::vector<std::pair<int64_t, int64_t>> shapes;  // {N, K}
   };
   for (const Case& tc : {Case{DType::kQ8_0, {{37, 32}, {64, 576}, {100, 96}}},
+                         Case{DType::kQ4_0, {{37, 32}, {64, 576}}},
+                         Case{DType::kQ4_1, {{37, 32}, {100, 96}}},
                          Case{DType::kBF16, {{37, 19}, {64, 576}, {100, 33}}}}) {
     BackendOptions o;
     o.threads = GetParam();
-    (tc.dt == DType::kQ8_0 ? o.weight_dtype : o.dtype) = std::string(DTypeName(tc.dt));
+    if (tc.dt == DType::kBF16) o.dtype = "bf16";
+    if (tc.dt == DType::kQ8_0) o.weight_dtype = "q8_0";
+    if (tc.dt == DType::kQ4_0 || tc.dt == DType::kQ4_1) o.weight_dtype = "gguf";
     auto narrow = CreateBackend(o).value();
-    EXPECT_EQ(narrow->ops->weight_dtype(), tc.dt);
+    if (o.weight_dtype != "gguf") {
+      EXPECT_EQ(narrow->ops->weight_dtype(), tc.dt);
+    }
+    EXPECT_EQ(narrow->ops->keeps_file_blocks(), o.weight_dtype == "gguf");
     for (auto [big_n, k] : tc.shapes) {
       const std::string what = std::string(DTypeName(tc.dt)) + " N=" + std::to_string(big_n) +
                                " K=" + std::to_string(k);
       Tensor wf = Random({big_n, k});
       Tensor wq = arena_->Allocate(tc.dt, {big_n, k}).value();
       ConvertFromF32(wf.f32(), tc.dt, wq.data, wf.numel());
-      ASSERT_EQ(wq.nbytes(), tc.dt == DType::kQ8_0 ? static_cast<size_t>(big_n * k / 32 * 34)
-                                                   : static_cast<size_t>(big_n * k * 2));
+      ASSERT_EQ(wq.nbytes(), tc.dt == DType::kBF16 ? static_cast<size_t>(big_n * k * 2)
+                                                   : big_n * k / 32 * BlockBytes(tc.dt));
       const std::vector<float> deq = AsF32(wq);
       for (int64_t i = 0; i < wf.numel(); ++i) {
-        // Within half a step of the original: q8_0 (|w| <= 1: d <= 1/127),
-        // bf16 (8 significant bits).
-        const float tol = tc.dt == DType::kQ8_0 ? 0.5f / 127 + 1e-3f
-                                                : std::fabs(wf.f32()[i]) / 256 + 1e-30f;
+        // Within half a step of the original (|w| <= 1): q8_0 (d <= 1/127),
+        // q4_1 (d <= 2/15); q4_0 within a step (d <= 1/8; the top is
+        // clamped); bf16 (8 significant bits).
+        const float tol = tc.dt == DType::kQ8_0   ? 0.5f / 127 + 1e-3f
+                          : tc.dt == DType::kQ4_1 ? 1.f / 15 + 1e-3f
+                          : tc.dt == DType::kQ4_0 ? 1.f / 8 + 1e-3f
+                                                  : std::fabs(wf.f32()[i]) / 256 + 1e-30f;
         ASSERT_LE(std::fabs(deq[i] - wf.f32()[i]), tol) << what << " " << i;
       }
       for (int64_t n : {1, 2, 3, 5, 8, 9, 32, 33, 70}) {
@@ -231,7 +241,7 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
   EXPECT_EQ(CreateBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
   o.device = "cpu";
   o.weight_dtype = "q4";
-  EXPECT_NE(CreateBackend(o).status().message().find("weight_dtype must be auto or q8_0"),
+  EXPECT_NE(CreateBackend(o).status().message().find("weight_dtype must be auto, q8_0 or gguf"),
             std::string::npos);
   o.weight_dtype = "auto";
   o.dtype = "f16";

@@ -188,11 +188,29 @@ TEST_P(RealModelNarrowTest, LogitsTrackF32AndGreedyStaysWithTransformers) {
   EXPECT_GE(identical, 3) << nc.name;  // half the prompts: every token
 }
 
+// --weight-dtype=gguf keeps the file's blocks: SmolLM2's layers are Q4_1, its
+// (tied) embedding Q8_0, read as stored: the weight arena is the file's size.
+TEST(RealModelTest, GgufBlocksAreKeptAsStored) {
+  EngineConfig config;
+  config.model = ModelPath();
+  config.backend.weight_dtype = "gguf";
+  config.num_kv_blocks = 16;
+  auto engine = LlmEngine::Create(config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->runner().model().WeightDTypes(), "q4_1 x120, q8_0 x1");
+  config.backend.weight_dtype = "auto";
+  auto f32 = LlmEngine::Create(config);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_EQ((*f32)->runner().model().WeightDTypes(), "f32 x121");
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cpu, RealModelNarrowTest,
     // Measured on SmolLM2 (whose f32 weights are its Q4_1 file's, which
-    // Q8_0 cannot represent exactly): bf16 5.3e-3, q8_0 2-5.4e-2.
-    ::testing::Values(NarrowCase{"bf16", "bf16", "auto", 2e-2},
+    // Q8_0 cannot represent exactly): the file's own blocks (gguf) 1e-6
+    // (the same weights, summed in another order), bf16 5.3e-3, q8_0 2-5.4e-2.
+    ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 1e-5},
+                      NarrowCase{"bf16", "bf16", "auto", 2e-2},
                       NarrowCase{"q8_0", "auto", "q8_0", 1e-1},
                       NarrowCase{"q8_0_kv_bf16", "bf16", "q8_0", 1e-1}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -152,6 +152,55 @@ TEST(GgufTest, MalformedFilesAreCleanErrors) {
             absl::StatusCode::kNotFound);
 }
 
+// The block types quantize as GGML does: blocks its quantizer makes (the
+// largest magnitude at the end of the range), widened, come back as the same
+// bytes.
+TEST(GgufTest, BlocksRequantizeToThemselves) {
+  std::string q8 = U16(0x3800);  // d = 0.5, q = -127, -119, ..., 121
+  for (int j = 0; j < 32; ++j) q8.push_back(static_cast<char>(static_cast<int8_t>(-127 + 8 * j)));
+  for (auto [type, block] :
+       {std::pair{DType::kQ4_0, Q4Block({0x3C00})}, std::pair{DType::kQ4_1, Q4Block({0x3800, 0xBC00})},
+        std::pair{DType::kQ8_0, q8}}) {
+    std::vector<float> x(32);
+    ConvertToF32(block.data(), type, x.data(), 32);
+    std::string again(block.size(), '\0');
+    ConvertFromF32(x.data(), type, again.data(), 32);
+    EXPECT_EQ(again, block) << DTypeName(type);
+  }
+}
+
+// ReadBlocks gives a Q4_1 tensor's blocks as stored, q/k rows un-permuted
+// like ReadF32's; other types have no blocks to give.
+TEST(GgufWeightsTest, ReadBlocksKeepsBlocksAndUnpermutesQk) {
+  GgufWriter w;
+  std::string rows;
+  for (int r = 0; r < 4; ++r) rows += Q4Block({static_cast<uint16_t>(0x3C00 + r), 0x0000});
+  w.AddTensor("blk.0.attn_q.weight", {32, 4}, GgmlType::kQ4_1, rows);
+  const std::vector<float> f32(32 * 4, 1.f);
+  w.AddTensor("blk.0.ffn_up.weight", {32, 4}, GgmlType::kF32, Bytes(f32.data(), f32.size() * 4));
+  const std::string path = WriteTemp("blocks", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  LlamaConfig c;
+  c.num_attention_heads = 1;  // one head of 4 rows: stored order 0, 2, 1, 3
+  GgufWeights weights(f->get(), c);
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  EXPECT_EQ(weights.BlockType(q), DType::kQ4_1);
+  EXPECT_EQ(weights.BlockType("model.layers.0.mlp.up_proj.weight"), std::nullopt);
+  std::string blocks(4 * 20, '\0');
+  ASSERT_TRUE(weights.ReadBlocks(q, {4, 32}, blocks.data()).ok());
+  std::vector<float> widened(4 * 32), direct(4 * 32);
+  ConvertToF32(blocks.data(), DType::kQ4_1, widened.data(), 4 * 32);
+  ASSERT_TRUE(weights.ReadF32(q, {4, 32}, direct.data()).ok());
+  EXPECT_EQ(widened, direct);
+  EXPECT_EQ(blocks.substr(20, 20), rows.substr(40, 20));  // row 1 was stored third
+  EXPECT_EQ(weights.ReadBlocks(q, {4, 64}, blocks.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(weights.ReadBlocks("model.layers.0.mlp.up_proj.weight", {4, 32},
+                                             blocks.data()).message()),
+              HasSubstr("not rows of Q4_0, Q4_1 or Q8_0 blocks"));
+  std::filesystem::remove(path);
+}
+
 TEST(GgufWeightsTest, NamesMapBothWays) {
   EXPECT_EQ(GgufWeights::GgufName("model.layers.12.self_attn.q_proj.weight"),
             "blk.12.attn_q.weight");

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/backend/tensor.h"
+#include "common/base/logging.h"
 
 namespace tandem::cpu {
 namespace {
@@ -146,27 +147,57 @@ TANDEM_AVX512 inline void Columns(const float* x, int64_t ldx, int64_t n, const 
   for (; i < n; ++i) Tile<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
 }
 
-// R rows of x against one Q8_0 weight row: each block's 32 int8 become two
-// f32 vectors scaled by the block's f16 scale, used by all R rows; two
-// accumulators per row keep the FMA chains apart. With `next`, prefetches
-// the next weight row's block as this one is used.
-template <int R, bool kPrefetch = false>
-TANDEM_AVX512 inline void TileQ8(const float* x, int64_t ldx, const uint8_t* w, int64_t K,
-                                 float* out, int64_t ldo, const uint8_t* next = nullptr) {
-  __m512 acc0[R], acc1[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  const int64_t blocks = K / 32;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* blk = w + b * 34;
-    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(next + b * 34), _MM_HINT_T0);
+// The block types, as 32 weights in two f32 vectors (elements 0-15, 16-31).
+struct Q8_0Block {
+  static constexpr int64_t kBytes = 34;  // f16 d, 32 int8
+  TANDEM_AVX512 static inline void Load(const uint8_t* blk, __m512* lo, __m512* hi) {
     uint16_t dh;
     __builtin_memcpy(&dh, blk, 2);
     const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
     const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
-    const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+  }
+};
+// Q4_0 (kMin false: d * (q - 8)) and Q4_1 (kMin true: d * q + m); byte j
+// holds element j in its low nibble and element j + 16 in its high one.
+template <bool kMin>
+struct Q4Block {
+  static constexpr int64_t kBytes = kMin ? 20 : 18;
+  TANDEM_AVX512 static inline void Load(const uint8_t* blk, __m512* lo, __m512* hi) {
+    uint16_t dh, mh = 0;
+    __builtin_memcpy(&dh, blk, 2);
+    if constexpr (kMin) __builtin_memcpy(&mh, blk + 2, 2);
+    const float df = _cvtsh_ss(dh);
+    const __m512 d = _mm512_set1_ps(df);
+    const __m512 m = _mm512_set1_ps(kMin ? _cvtsh_ss(mh) : -8.f * df);  // -8d is exact
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (kMin ? 4 : 2)));
+    const __m128i nib = _mm_set1_epi8(0x0f);
+    const __m128i q_lo = _mm_and_si128(q, nib), q_hi = _mm_and_si128(_mm_srli_epi16(q, 4), nib);
+    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_lo)), d, m);
+    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_hi)), d, m);
+  }
+};
+
+// R rows of x against one row of blocks: each block's 32 weights become two
+// f32 vectors, used by all R rows; two accumulators per row keep the FMA
+// chains apart. With `next`, prefetches the next weight row's block as this
+// one is used.
+template <typename B, int R, bool kPrefetch = false>
+TANDEM_AVX512 inline void TileBlocks(const float* x, int64_t ldx, const uint8_t* w, int64_t K,
+                                     float* out, int64_t ldo, const uint8_t* next = nullptr) {
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  const int64_t blocks = K / 32;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = w + b * B::kBytes;
+    if constexpr (kPrefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + b * B::kBytes), _MM_HINT_T0);
+    }
+    __m512 w0, w1;
+    B::Load(blk, &w0, &w1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const float* xr = x + r * ldx + b * 32;
@@ -178,40 +209,36 @@ TANDEM_AVX512 inline void TileQ8(const float* x, int64_t ldx, const uint8_t* w, 
   for (int r = 0; r < R; ++r) out[r * ldo] = ReduceAdd(_mm512_add_ps(acc0[r], acc1[r]));
 }
 
-// Rows of Q8_0 blocks (K / 32 per row) to f32.
-TANDEM_AVX512 inline void DequantizeQ8(const uint8_t* w, int64_t K, int64_t rows, float* out) {
+// Rows of blocks (K / 32 per row) to f32.
+template <typename B>
+TANDEM_AVX512 inline void WidenBlocks(const uint8_t* w, int64_t K, int64_t rows, float* out) {
   for (int64_t b = 0; b < rows * (K / 32); ++b) {
-    const uint8_t* blk = w + b * 34;
-    uint16_t dh;
-    __builtin_memcpy(&dh, blk, 2);
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    _mm512_storeu_ps(out + b * 32, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d));
-    _mm512_storeu_ps(out + b * 32 + 16,
-                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d));
+    __m512 lo, hi;
+    B::Load(w + b * B::kBytes, &lo, &hi);
+    _mm512_storeu_ps(out + b * 32, lo);
+    _mm512_storeu_ps(out + b * 32 + 16, hi);
   }
 }
 
-}  // namespace
-
-TANDEM_AVX512 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w,
-                                 int64_t K, int64_t j_begin, int64_t j_end, float* out,
-                                 int64_t ldo, float* scratch, int64_t scratch_floats) {
-  const int64_t row_bytes = K / 32 * 34;
+template <typename B>
+TANDEM_AVX512 void SmallMatmulRowsOfBlocks(const float* x, int64_t ldx, int64_t n,
+                                           const uint8_t* w, int64_t K, int64_t j_begin,
+                                           int64_t j_end, float* out, int64_t ldo, float* scratch,
+                                           int64_t scratch_floats) {
+  const int64_t row_bytes = K / 32 * B::kBytes;
   if (n > 8 && scratch != nullptr && 4 * K <= scratch_floats) {
-    // More than two groups of rows: dequantizing in registers would redo each
-    // block for every group of 4; dequantize 4 weight rows once into the
+    // More than two groups of rows: widening in registers would redo each
+    // block for every group of 4; widen 4 weight rows once into the
     // thread's scratch (cache-resident) and run the f32 tiles over them
-    // instead (SmolLM2 batch-32 decode at one thread: 182 -> 93 ms; at batch
-    // 8 the register path is still faster, 26 against 35 ms).
+    // instead (SmolLM2 q8_0 batch-32 decode at one thread: 182 -> 93 ms; at
+    // batch 8 the register path is still faster, 26 against 35 ms).
     int64_t j = j_begin;
     for (; j + 4 <= j_end; j += 4) {
-      DequantizeQ8(w + j * row_bytes, K, 4, scratch);
+      WidenBlocks<B>(w + j * row_bytes, K, 4, scratch);
       Columns<4, float>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
     }
     for (; j < j_end; ++j) {
-      DequantizeQ8(w + j * row_bytes, K, 1, scratch);
+      WidenBlocks<B>(w + j * row_bytes, K, 1, scratch);
       Columns<1, float>(x, ldx, n, scratch, K, out + j, ldo, nullptr);
     }
     return;
@@ -222,19 +249,39 @@ TANDEM_AVX512 void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const u
     int64_t i = 0;
     if (next != nullptr) {  // the first group of rows prefetches the next weight row
       if (n >= 4) {
-        TileQ8<4, true>(x, ldx, wj, K, out + j, ldo, next);
+        TileBlocks<B, 4, true>(x, ldx, wj, K, out + j, ldo, next);
         i = 4;
       } else if (n >= 2) {
-        TileQ8<2, true>(x, ldx, wj, K, out + j, ldo, next);
+        TileBlocks<B, 2, true>(x, ldx, wj, K, out + j, ldo, next);
         i = 2;
       } else {
-        TileQ8<1, true>(x, ldx, wj, K, out + j, ldo, next);
+        TileBlocks<B, 1, true>(x, ldx, wj, K, out + j, ldo, next);
         i = 1;
       }
     }
-    for (; i + 4 <= n; i += 4) TileQ8<4>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
-    for (; i + 2 <= n; i += 2) TileQ8<2>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
-    for (; i < n; ++i) TileQ8<1>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+    for (; i + 4 <= n; i += 4) TileBlocks<B, 4>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+    for (; i + 2 <= n; i += 2) TileBlocks<B, 2>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+    for (; i < n; ++i) TileBlocks<B, 1>(x + i * ldx, ldx, wj, K, out + i * ldo + j, ldo);
+  }
+}
+
+}  // namespace
+
+void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
+                       int64_t K, int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
+                       float* scratch, int64_t scratch_floats) {
+  switch (type) {
+    case DType::kQ8_0:
+      return SmallMatmulRowsOfBlocks<Q8_0Block>(x, ldx, n, w, K, j_begin, j_end, out, ldo,
+                                                scratch, scratch_floats);
+    case DType::kQ4_0:
+      return SmallMatmulRowsOfBlocks<Q4Block<false>>(x, ldx, n, w, K, j_begin, j_end, out, ldo,
+                                                     scratch, scratch_floats);
+    case DType::kQ4_1:
+      return SmallMatmulRowsOfBlocks<Q4Block<true>>(x, ldx, n, w, K, j_begin, j_end, out, ldo,
+                                                    scratch, scratch_floats);
+    default:
+      TANDEM_CHECK(false) << "not a block type: " << DTypeName(type);
   }
 }
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "common/backend/tensor.h"
+
 namespace tandem::cpu {
 
 // Whether the AVX-512 kernels below may run on this CPU (F, DQ, BW, VL), and
@@ -35,15 +37,15 @@ void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t
 void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
                      int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
 
-// As SmallMatmul, with Q8_0 weights (DType::kQ8_0: rows of K / 32 blocks of
-// an f16 scale and 32 int8, K a multiple of 32), dequantized in registers as
-// they stream: a decode step reads about a quarter of the f32 bytes. For
-// more than 8 rows of x, 4 weight rows at a time are dequantized once into
-// `scratch` (at least 4 * K floats, else the register path is kept) and
-// multiplied as f32. AVX-512 only.
-void SmallMatmulQ8(const float* x, int64_t ldx, int64_t n, const uint8_t* w, int64_t K,
-                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
-                   float* scratch = nullptr, int64_t scratch_floats = 0);
+// As SmallMatmul, with weights of a block type (DType::kQ8_0, kQ4_0 or
+// kQ4_1: rows of K / 32 blocks, K a multiple of 32), widened in registers as
+// they stream: a decode step reads a quarter (q8_0) or a sixth (q4) of the
+// f32 bytes. For more than 8 rows of x, 4 weight rows at a time are widened
+// once into `scratch` (at least 4 * K floats, else the register path is
+// kept) and multiplied as f32. AVX-512 only.
+void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
+                       int64_t K, int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
+                       float* scratch = nullptr, int64_t scratch_floats = 0);
 
 // dot(a, b) over n elements; y += alpha * x over n elements; b and x f32 or
 // bf16 bits (a bf16 KV cache). AVX-512 when available, else scalar.

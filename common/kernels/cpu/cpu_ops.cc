@@ -22,19 +22,20 @@ namespace {
 
 class CpuOps : public Ops {
  public:
-  CpuOps(Device* device, int threads, DType weight_dtype, DType kv_dtype)
+  CpuOps(Device* device, int threads, DType weight_dtype, DType kv_dtype, bool keep_file_blocks)
       : device_(device),
         stream_(static_cast<CpuStream*>(device->stream())),
         pool_(std::make_unique<ThreadPool>(threads > 0 ? threads : ThreadPool::AvailableCpus())),
         weight_dtype_(weight_dtype),
-        kv_dtype_(kv_dtype) {
+        kv_dtype_(kv_dtype),
+        keep_file_blocks_(keep_file_blocks) {
     TANDEM_CHECK(weight_dtype_ == DType::kF32 || weight_dtype_ == DType::kBF16 ||
                  weight_dtype_ == DType::kQ8_0)
         << DTypeName(weight_dtype_);
     TANDEM_CHECK(kv_dtype_ == DType::kF32 || kv_dtype_ == DType::kBF16) << DTypeName(kv_dtype_);
     // Parallelism is the pool's: each thread's sgemm runs on that thread.
     openblas_set_num_threads(1);
-    if (weight_dtype_ != DType::kF32) {
+    if (weight_dtype_ != DType::kF32 || keep_file_blocks_) {
       // Per-thread rows of widened weights for the sgemm path, allocated
       // here so that no step allocates.
       scratch_.assign(pool_->num_threads(), std::vector<float>(kScratchFloats));
@@ -43,13 +44,15 @@ class CpuOps : public Ops {
                      << (cpu::HasAvx512() ? "AVX-512 kernels" : "portable kernels")
                      << " + OpenBLAS sgemm (" << openblas_get_corename() << " kernels), weights "
                      << DTypeName(weight_dtype_) << ", KV "
-                     << DTypeName(kv_dtype_) << ", activations f32";
+                     << DTypeName(kv_dtype_) << ", activations f32"
+                     << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are" : "");
   }
 
   Device* device() override { return device_; }
   DType dtype() const override { return DType::kF32; }
   DType weight_dtype() const override { return weight_dtype_; }
   DType kv_dtype() const override { return kv_dtype_; }
+  bool keeps_file_blocks() const override { return keep_file_blocks_; }
   // Attention reads num_reqs, offsets, lengths and block tables from buffers
   // when it runs, so any batch may be captured.
   AttentionCgSupport attention_cg_support() const override { return AttentionCgSupport::kAlways; }
@@ -148,7 +151,7 @@ class CpuOps : public Ops {
     const bool small = cpu::HasAvx512() && n <= cpu::kSmallMatmulMaxRows;
     if (w.dtype != DType::kF32) {
       const DType wt = w.dtype;
-      TANDEM_CHECK(wt == DType::kBF16 || (wt == DType::kQ8_0 && k % kQ8BlockElems == 0))
+      TANDEM_CHECK(wt == DType::kBF16 || (IsBlockType(wt) && k % kQ8BlockElems == 0))
           << DTypeName(wt) << " weights " << w.ShapeString();
       const uint8_t* b = w.as<uint8_t>();
       const size_t row_bytes = DTypeBytes(wt, k);
@@ -157,8 +160,9 @@ class CpuOps : public Ops {
         if (n == 0) return;
         pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
           float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
-          if (small && wt == DType::kQ8_0) {
-            return cpu::SmallMatmulQ8(a, k, n, b, k, j0, j1, c, big_n, rows, kScratchFloats);
+          if (small && IsBlockType(wt)) {
+            return cpu::SmallMatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows,
+                                          kScratchFloats);
           }
           if (small) {
             return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
@@ -381,14 +385,15 @@ class CpuOps : public Ops {
   std::unique_ptr<ThreadPool> pool_;
   DType weight_dtype_;
   DType kv_dtype_;
+  bool keep_file_blocks_;
   std::vector<std::vector<float>> scratch_;  // [thread][kScratchFloats], weights not f32
 };
 
 }  // namespace
 
 std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads, DType weight_dtype,
-                                  DType kv_dtype) {
-  return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype, kv_dtype);
+                                  DType kv_dtype, bool keep_file_blocks) {
+  return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype, kv_dtype, keep_file_blocks);
 }
 
 }  // namespace tandem
