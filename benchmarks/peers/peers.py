@@ -2,10 +2,12 @@
 """Tandem against llama.cpp and transformers on the same weights, interleaved.
 
 Every engine runs SmolLM2-135M-Instruct from one GGUF: the Q4_1 file that
-scripts/fetch_model.sh downloads, turned into an f32 GGUF (and a Q8_0 one)
-by llama.cpp's own quantizer, so llama.cpp, transformers (which dequantizes
-the GGUF) and Tandem compute with identical float32 weights; Tandem
---weight-dtype=q8_0 and llama.cpp run the Q8_0 file. For each thread
+scripts/fetch_model.sh downloads, turned into an f32 GGUF (and Q8_0 and BF16
+ones) by llama.cpp's own quantizer, so llama.cpp, transformers (which
+dequantizes the GGUF) and Tandem compute with identical float32 weights;
+Tandem --weight-dtype=q8_0 and llama.cpp run the Q8_0 file, Tandem
+--dtype=bf16 and llama.cpp the BF16 one, Tandem --weight-dtype=gguf and
+llama.cpp the Q4_1 file itself. For each thread
 count and round, each engine is timed in turn on
   decode:  a 16-token prompt, then 128 greedy tokens (tokens/s after the first);
   prefill: a 512-token prompt (tokens/s of the forward that yields the first token).
@@ -30,10 +32,11 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
 
 
 def make_variants(src, cache_dir):
-    """f32 and Q8_0 GGUFs from `src` with llama.cpp's quantizer (cached)."""
+    """f32, Q8_0 and BF16 GGUFs from `src` with llama.cpp's quantizer (cached)."""
     import llama_cpp
-    out = {}
-    for name, ftype in (("f32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0)):
+    out = {"q4_1": src}
+    for name, ftype in (("f32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
+                        ("bf16", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16)):
         path = os.path.join(cache_dir, f"SmolLM2-135M-Instruct.{name}.gguf")
         if not os.path.exists(path):
             params = llama_cpp.llama_model_quantize_default_params()
@@ -118,9 +121,10 @@ class Transformers:
 class Tandem:
     SUMMARY = re.compile(r"ttft ([0-9.]+) ms \| ([0-9.]+) tokens/s")
 
-    def __init__(self, binary, path, threads, weight_dtype="auto"):
+    def __init__(self, binary, path, threads, weight_dtype="auto", dtype="auto"):
         self.cmd = [binary, "generate", "--local", f"--model={path}", f"--threads={threads}",
-                    f"--weight-dtype={weight_dtype}", "--ignore-eos", "--max-num-batched-tokens=1024"]
+                    f"--weight-dtype={weight_dtype}", f"--dtype={dtype}", "--ignore-eos",
+                    "--max-num-batched-tokens=1024"]
 
     def _run(self, ids, n):
         p = subprocess.run(self.cmd + ["--prompt-token-ids=" + ",".join(map(str, ids)),
@@ -159,8 +163,12 @@ def main():
     for t in threads:
         engines[("tandem f32", t)] = Tandem(args.tandem, files["f32"], t)
         engines[("tandem q8_0", t)] = Tandem(args.tandem, files["q8_0"], t, "q8_0")
+        engines[("tandem bf16", t)] = Tandem(args.tandem, files["bf16"], t, dtype="bf16")
+        engines[("tandem q4_1", t)] = Tandem(args.tandem, files["q4_1"], t, "gguf")
         engines[("llama.cpp f32", t)] = LlamaCpp(files["f32"], t)
         engines[("llama.cpp q8_0", t)] = LlamaCpp(files["q8_0"], t)
+        engines[("llama.cpp bf16", t)] = LlamaCpp(files["bf16"], t)
+        engines[("llama.cpp q4_1", t)] = LlamaCpp(files["q4_1"], t)
         engines[("transformers f32", t)] = Transformers(files["f32"], t)
     tok = engines[("llama.cpp f32", threads[0])]
     text_ids = tok.tokenize(TEXT * 40)
@@ -179,7 +187,8 @@ def main():
                       f"prefill {prefill[(name, t)][-1]:7.1f} tok/s", file=sys.stderr, flush=True)
     med = lambda d: {k: statistics.median(v) for k, v in d.items()}
     decode, prefill = med(decode), med(prefill)
-    names = ["tandem f32", "tandem q8_0", "llama.cpp f32", "llama.cpp q8_0", "transformers f32"]
+    names = ["tandem f32", "tandem q8_0", "tandem bf16", "tandem q4_1", "llama.cpp f32",
+             "llama.cpp q8_0", "llama.cpp bf16", "llama.cpp q4_1", "transformers f32"]
     print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds; "
           f"decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
     print(f"{'engine':18s} " + " ".join(f"{'decode@' + str(t):>10s} {'prefill@' + str(t):>11s}" for t in threads))
@@ -187,7 +196,8 @@ def main():
         print(f"{n:18s} " + " ".join(f"{decode[(n, t)]:10.1f} {prefill[(n, t)]:11.1f}" for t in threads))
     print("Tandem / peer of the same weights (>1: Tandem faster):")
     for ours, peer in (("tandem f32", "llama.cpp f32"), ("tandem f32", "transformers f32"),
-                       ("tandem q8_0", "llama.cpp q8_0")):
+                       ("tandem q8_0", "llama.cpp q8_0"), ("tandem bf16", "llama.cpp bf16"),
+                       ("tandem q4_1", "llama.cpp q4_1")):
         print(f"  {ours:11s} vs {peer:16s} " + " ".join(
             f"decode@{t} {decode[(ours, t)] / decode[(peer, t)]:.2f}x  "
             f"prefill@{t} {prefill[(ours, t)] / prefill[(peer, t)]:.2f}x" for t in threads))

@@ -211,13 +211,21 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
         Tensor x = Random({n, k});
         Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
         narrow->ops->Matmul(x, wq, out);
+        // Prefill-sized batches over bf16 weights take bf16 dot products
+        // where the CPU has them: x is rounded to bf16 first.
+        std::vector<float> xs(x.f32(), x.f32() + x.numel());
+        if (tc.dt == DType::kBF16 && n > cpu::kSmallMatmulMaxRows && cpu::HasAvx512Bf16()) {
+          std::vector<uint16_t> bits(xs.size());
+          ConvertFromF32(xs.data(), DType::kBF16, bits.data(), x.numel());
+          ConvertToF32(bits.data(), DType::kBF16, xs.data(), x.numel());
+        }
         std::vector<double> want(n * big_n), scale(n * big_n);
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < big_n; ++j) {
             double sum = 0, a = 0;
             for (int64_t d = 0; d < k; ++d) {
-              sum += double(x.f32()[i * k + d]) * deq[j * k + d];
-              a += std::fabs(double(x.f32()[i * k + d]) * deq[j * k + d]);
+              sum += double(xs[i * k + d]) * deq[j * k + d];
+              a += std::fabs(double(xs[i * k + d]) * deq[j * k + d]);
             }
             want[i * big_n + j] = sum;
             scale[i * big_n + j] = a;

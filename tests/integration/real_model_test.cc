@@ -208,9 +208,11 @@ INSTANTIATE_TEST_SUITE_P(
     Cpu, RealModelNarrowTest,
     // Measured on SmolLM2 (whose f32 weights are its Q4_1 file's, which
     // Q8_0 cannot represent exactly): the file's own blocks (gguf) 1e-6
-    // (the same weights, summed in another order), bf16 5.3e-3, q8_0 2-5.4e-2.
+    // (the same weights, summed in another order), bf16 6e-3-1.7e-2 (a
+    // prefill's dot products round activations to bf16 too; CUDA's bf16
+    // limit is the same 5e-2), q8_0 2-5.4e-2.
     ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 1e-5},
-                      NarrowCase{"bf16", "bf16", "auto", 2e-2},
+                      NarrowCase{"bf16", "bf16", "auto", 5e-2},
                       NarrowCase{"q8_0", "auto", "q8_0", 1e-1},
                       NarrowCase{"q8_0_kv_bf16", "bf16", "q8_0", 1e-1}),
     [](const auto& info) { return std::string(info.param.name); });

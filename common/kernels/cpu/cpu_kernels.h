@@ -37,6 +37,14 @@ void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t
 void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
                      int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
 
+// out[i, j] = dot(bf16(x[i, :K]), w[j, :K]) with AVX512-BF16's vdpbf16ps
+// (HasAvx512Bf16() only): x rounded to bf16 as it is loaded, f32
+// accumulation; twice the products per instruction of the f32 FMA kernels.
+// For prefill-sized n with bf16 weights (--dtype=bf16), where the multiply,
+// not the weight stream, is the cost.
+void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
+                  int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+
 // As SmallMatmul, with weights of a block type (DType::kQ8_0, kQ4_0 or
 // kQ4_1: rows of K / 32 blocks, K a multiple of 32), widened in registers as
 // they stream: a decode step reads a quarter (q8_0) or a sixth (q4) of the

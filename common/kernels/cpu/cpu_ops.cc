@@ -168,6 +168,13 @@ class CpuOps : public Ops {
             return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
                                         c, big_n);
           }
+          if (wt == DType::kBF16 && cpu::HasAvx512Bf16()) {
+            // Prefill over bf16 weights: bf16 dot products, x rounded to
+            // bf16 (SmolLM2 512-token prefill: 1217 / 632 ms widening for
+            // sgemm, 640 / 340 ms this way, at 1 / 2 threads).
+            return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
+                                     big_n);
+          }
           // Prefill: widen this slice's weight rows a chunk at a time into
           // the thread's scratch, and multiply each chunk with sgemm.
           const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
