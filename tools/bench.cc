@@ -1,5 +1,7 @@
 #include "tools/bench.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_stream.h"
 #include "common/base/flags.h"
-#include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "absl/strings/str_format.h"
 #include "common/engine/engine.h"
@@ -85,28 +86,27 @@ ReadProbe MeasureWeightRead(const LlamaModel& model, int threads, int iters) {
   return probe;
 }
 
-// The machine's matmul rate as the engine gets it: the median time of
-// Ops::Matmul (f32 weights: the sgemm path, all threads) for `rows` rows
-// against an [N, K] weight shaped like the model's largest layer matmul.
+// The machine's BLAS as a yardstick: the median time of OpenBLAS sgemm
+// (f32, split over `threads` by output columns as the engine splits its
+// matmuls) for `rows` rows against an [N, K] weight shaped like the model's
+// largest layer matmul.
 struct SgemmProbe {
   int64_t m = 0, n = 0, k = 0;
   double gflops = 0;
 };
-absl::StatusOr<SgemmProbe> MeasureSgemm(Backend& backend, int64_t rows, int64_t big_n, int64_t k,
-                                        int iters) {
-  ASSIGN_OR_RETURN(auto arena,
-                   Arena::Create(backend.device.get(),
-                                 sizeof(float) * (rows * k + big_n * k + rows * big_n) + 4096,
-                                 "sgemm probe"));
-  ASSIGN_OR_RETURN(Tensor x, arena->Allocate(DType::kF32, {rows, k}));
-  ASSIGN_OR_RETURN(Tensor w, arena->Allocate(DType::kF32, {big_n, k}));
-  ASSIGN_OR_RETURN(Tensor out, arena->Allocate(DType::kF32, {rows, big_n}));
-  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = static_cast<float>(i % 13) * 0.01f;
-  for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = static_cast<float>(i % 7) * 0.01f;
+SgemmProbe MeasureSgemm(int threads, int64_t rows, int64_t big_n, int64_t k, int iters) {
+  std::vector<float> x(rows * k), w(big_n * k), out(rows * big_n);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.01f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 7) * 0.01f;
+  ThreadPool pool(threads);
+  openblas_set_num_threads(1);
   std::vector<double> ms;
   for (int it = 0; it < iters + 1; ++it) {
     const auto start = std::chrono::steady_clock::now();
-    backend.ops->Matmul(x, w, out);
+    pool.ParallelFor(big_n, 16, [&](int64_t j0, int64_t j1) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, k, 1.f, x.data(), k,
+                  w.data() + j0 * k, k, 0.f, out.data() + j0, big_n);
+    });
     const double took =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (it > 0) ms.push_back(took);
@@ -183,11 +183,11 @@ int RunStep(const std::vector<std::string>& args) {
     std::printf("read probe: a decode step streams %.1f MB of weights; reading them once takes "
                 "%.3f ms (%.1f GB/s, %d threads)\n",
                 probe.bytes / 1e6, probe.median_ms, probe.bytes / probe.median_ms / 1e6, threads);
-    auto s = MeasureSgemm((*engine)->backend(), max_prefill, 2 * mc.intermediate_size,
-                          mc.hidden_size, std::max(iters, 3));
-    if (!s.ok()) return Fail(s.status());
-    sgemm = *s;
-    std::printf("sgemm probe: [%ld x %ld] x [%ld x %ld]^T in f32 at %.1f GFLOP/s (%d threads)\n",
+    sgemm = MeasureSgemm(threads, max_prefill, 2 * mc.intermediate_size, mc.hidden_size,
+                         std::max(iters, 3));
+    std::printf("sgemm probe: OpenBLAS (%s kernels) [%ld x %ld] x [%ld x %ld]^T at %.1f GFLOP/s "
+                "(%d threads)\n",
+                openblas_get_corename(),
                 static_cast<long>(sgemm.m), static_cast<long>(sgemm.k),
                 static_cast<long>(sgemm.n), static_cast<long>(sgemm.k), sgemm.gflops, threads);
   }

@@ -285,6 +285,21 @@ void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const
   }
 }
 
+TANDEM_AVX512 void LargeMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
+                               int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  // Blocks of 64 rows of x stay in L2 while this slice's weight rows pass,
+  // 4 at a time from L1 across the block's rows.
+  constexpr int64_t kRowBlock = 64;
+  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, n - i0);
+    const float* xb = x + i0 * ldx;
+    float* ob = out + i0 * ldo;
+    int64_t j = j_begin;
+    for (; j + 4 <= j_end; j += 4) Columns<4, float>(xb, ldx, rows, w + j * K, K, ob + j, ldo, nullptr);
+    for (; j < j_end; ++j) Columns<1, float>(xb, ldx, rows, w + j * K, K, ob + j, ldo, nullptr);
+  }
+}
+
 namespace {
 
 #define TANDEM_AVX512_BF16                                                          \
@@ -513,6 +528,28 @@ TANDEM_AVX512 void SiluMulAvx512(const float* gate, const float* up, float* out,
   }
 }
 
+TANDEM_AVX512 void RmsNormRowAvx512(const float* base, const float* add, float* sum,
+                                    const float* w, float eps, int64_t n, float* out) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16{0xFFFF} : TailMask(n - i);
+    __m512 y = _mm512_maskz_loadu_ps(m, base + i);
+    if (add != nullptr) {
+      y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, add + i));
+      _mm512_mask_storeu_ps(sum + i, m, y);
+    }
+    ss = _mm512_fmadd_ps(y, y, ss);
+  }
+  const float* y = add != nullptr ? sum : base;
+  const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(ReduceAdd(ss) / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16{0xFFFF} : TailMask(n - i);
+    _mm512_mask_storeu_ps(out + i, m,
+                          _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), inv),
+                                        _mm512_maskz_loadu_ps(m, w + i)));
+  }
+}
+
 TANDEM_AVX512 float ExpAvx512(float x) {
   float out[16];
   _mm512_storeu_ps(out, Exp(_mm512_set1_ps(x)));
@@ -535,6 +572,19 @@ void Softmax(float* x, int64_t n) {
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   if (HasAvx512()) return SiluMulAvx512(gate, up, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+void RmsNormRow(const float* base, const float* add, float* sum, const float* w, float eps,
+                int64_t n, float* out) {
+  if (HasAvx512()) return RmsNormRowAvx512(base, add, sum, w, eps, n, out);
+  float ss = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float y = add != nullptr ? (sum[j] = base[j] + add[j]) : base[j];
+    ss += y * y;
+  }
+  const float* y = add != nullptr ? sum : base;
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = y[j] * inv * w[j];
 }
 
 float ExpForTest(float x) { return HasAvx512() ? ExpAvx512(x) : std::exp(x); }

@@ -1,9 +1,9 @@
 // CPU implementation of Ops: each op is a closure over its tensors, launched
 // on the CpuStream (run now, or recorded while capturing). Every op splits its
 // work over one ThreadPool (--threads), in eager steps and graph replays
-// alike: matmuls by output columns (each thread's slice through OpenBLAS at
-// one thread, or the AVX-512 small-batch kernel for decode-sized batches),
-// attention by (query token, head), the row-wise ops by rows.
+// alike: matmuls by output columns (each thread's slice through the AVX-512
+// kernels of cpu_kernels.h, or OpenBLAS at one thread on a CPU without
+// AVX-512), attention by (query token, head), the row-wise ops by rows.
 #include <cblas.h>
 
 #include <algorithm>
@@ -84,7 +84,9 @@ class CpuOps : public Ops {
     ThreadPool* pool = pool_.get();
     stream_->Launch("norm", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) NormRow(xs + i * h, w, eps, h, o + i * h);
+        for (int64_t i = b; i < e; ++i) {
+          cpu::RmsNormRow(xs + i * h, nullptr, nullptr, w, eps, h, o + i * h);
+        }
       });
     });
   }
@@ -101,10 +103,7 @@ class CpuOps : public Ops {
     stream_->Launch("norm", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
-          float* ri = r + i * h;
-          const float* xi = xs + i * h;
-          for (int64_t j = 0; j < h; ++j) ri[j] += xi[j];
-          NormRow(ri, w, eps, h, o + i * h);
+          cpu::RmsNormRow(r + i * h, xs + i * h, r + i * h, w, eps, h, o + i * h);
         }
       });
     });
@@ -148,7 +147,8 @@ class CpuOps : public Ops {
     const float* a = x.f32();
     float* c = out.f32();
     ThreadPool* pool = pool_.get();
-    const bool small = cpu::HasAvx512() && n <= cpu::kSmallMatmulMaxRows;
+    const bool avx512 = cpu::HasAvx512();
+    const bool small = avx512 && n <= cpu::kSmallMatmulMaxRows;
     if (w.dtype != DType::kF32) {
       const DType wt = w.dtype;
       TANDEM_CHECK(wt == DType::kBF16 || (IsBlockType(wt) && k % kQ8BlockElems == 0))
@@ -176,13 +176,17 @@ class CpuOps : public Ops {
                                      big_n);
           }
           // Prefill: widen this slice's weight rows a chunk at a time into
-          // the thread's scratch, and multiply each chunk with sgemm.
+          // the thread's scratch, and multiply each chunk as f32.
           const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
           for (int64_t j = j0; j < j1; j += chunk) {
             const int64_t m = std::min(chunk, j1 - j);
             ConvertToF32(b + j * row_bytes, wt, rows, m * k);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, a, k, rows, k,
-                        0.f, c + j, big_n);
+            if (avx512) {
+              cpu::LargeMatmul(a, k, n, rows, k, 0, m, c + j, big_n);
+            } else {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, a, k, rows, k,
+                          0.f, c + j, big_n);
+            }
           }
         });
       });
@@ -195,6 +199,8 @@ class CpuOps : public Ops {
       pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
         if (small) {
           cpu::SmallMatmul(a, k, n, b, k, j0, j1, c, big_n);
+        } else if (avx512) {
+          cpu::LargeMatmul(a, k, n, b, k, j0, j1, c, big_n);
         } else {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, j1 - j0, k, 1.f, a, k,
                       b + j0 * k, k, 0.f, c + j0, big_n);
@@ -270,14 +276,15 @@ class CpuOps : public Ops {
       std::memset(o + real * nh * hd, 0, sizeof(float) * (n - real) * nh * hd);
       const int group = nh / nkv;
       // 2a. Requests with many query tokens (prefill chunks): per (request,
-      // head, tile of queries), scores and outputs as two sgemms over the
-      // request's K and V gathered from their blocks.
+      // KV head, tile of queries), the request's K and V gathered from their
+      // blocks once, then for each query head of the group scores and
+      // outputs as two sgemms.
       tiles.clear();
       for (int32_t r = 0; r < num_reqs; ++r) {
         if (qsl[r + 1] - qsl[r] < kGemmMinQueries) continue;
-        for (int h = 0; h < nh; ++h) {
+        for (int kvh = 0; kvh < nkv; ++kvh) {
           for (int32_t t = qsl[r]; t < qsl[r + 1]; t += kQueryTile) {
-            tiles.push_back({r, h, t, std::min(qsl[r + 1], t + kQueryTile)});
+            tiles.push_back({r, kvh, t, std::min(qsl[r + 1], t + kQueryTile)});
           }
         }
       }
@@ -289,7 +296,7 @@ class CpuOps : public Ops {
           const int32_t cached = seq_lens[qt.r] - q_len;
           const int32_t ctx = cached + (qt.t_end - q_begin);  // the last query's context
           const int32_t rows = qt.t_end - qt.t_begin;
-          const int kvh = qt.h / group;
+          const int kvh = qt.kvh;
           const int32_t* table = tables + qt.r * table_width;
           if (static_cast<int64_t>(k_rows.size()) < int64_t{ctx} * hd) {
             k_rows.resize(int64_t{ctx} * hd);
@@ -304,18 +311,20 @@ class CpuOps : public Ops {
             ConvertToF32(kc + at, kv_dt, &k_rows[int64_t{j} * hd], hd);
             ConvertToF32(vc + at, kv_dt, &v_rows[int64_t{j} * hd], hd);
           }
-          const float* q = q_base + int64_t{qt.t_begin} * row + qt.h * hd;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, row,
-                      k_rows.data(), hd, 0.f, scores.data(), ctx);
-          for (int32_t qi = 0; qi < rows; ++qi) {
-            float* srow = &scores[int64_t{qi} * ctx];
-            const int32_t visible = cached + (qt.t_begin - q_begin) + qi + 1;  // causal
-            cpu::Softmax(srow, visible);
-            std::fill(srow + visible, srow + ctx, 0.f);
+          for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+            const float* q = q_base + int64_t{qt.t_begin} * row + h * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, row,
+                        k_rows.data(), hd, 0.f, scores.data(), ctx);
+            for (int32_t qi = 0; qi < rows; ++qi) {
+              float* srow = &scores[int64_t{qi} * ctx];
+              const int32_t visible = cached + (qt.t_begin - q_begin) + qi + 1;  // causal
+              cpu::Softmax(srow, visible);
+              std::fill(srow + visible, srow + ctx, 0.f);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
+                        scores.data(), ctx, v_rows.data(), hd, 0.f,
+                        o + int64_t{qt.t_begin} * nh * hd + h * hd, nh * hd);
           }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
-                      scores.data(), ctx, v_rows.data(), hd, 0.f,
-                      o + int64_t{qt.t_begin} * nh * hd + qt.h * hd, nh * hd);
         }
       });
       // 2b. The other tokens (decodes, short chunks): per (token, head).
@@ -365,7 +374,7 @@ class CpuOps : public Ops {
   static constexpr int32_t kQueryTile = 64;
   struct QueryTile {
     int32_t r;
-    int h;
+    int kvh;
     int32_t t_begin, t_end;
   };
 
@@ -375,12 +384,6 @@ class CpuOps : public Ops {
     std::memcpy(dst, src, sizeof(float) * n);
   }
 
-  static void NormRow(const float* x, const float* w, float eps, int64_t h, float* out) {
-    float sum = 0.f;
-    for (int64_t j = 0; j < h; ++j) sum += x[j] * x[j];
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
-    for (int64_t j = 0; j < h; ++j) out[j] = x[j] * inv * w[j];
-  }
 
   // Floats of widened weight rows per thread (4 MiB). sgemm packs the
   // activations again for every chunk of weight rows, so chunks are large:
