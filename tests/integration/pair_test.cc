@@ -13,6 +13,32 @@ namespace {
 
 std::vector<int32_t> Prompt(int n, int seed) { return TestPrompt(n, seed); }
 
+// Greedy outputs (8 tokens, EOS ignored) of every prompt, batched through one
+// local engine made from `config`; by id "p<i>".
+std::map<std::string, std::vector<int32_t>> RunLocally(const EngineConfig& config,
+                                                       const std::vector<std::vector<int32_t>>& prompts) {
+  std::map<std::string, std::vector<int32_t>> out;
+  auto local = LlmEngine::Create(config);
+  EXPECT_TRUE(local.ok()) << local.status();
+  if (!local.ok()) return out;
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE((*local)->AddRequest("p" + std::to_string(i), prompts[i], p).ok());
+  }
+  while ((*local)->HasWork()) {
+    auto step = (*local)->Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) break;
+    for (const auto& o : *step) {
+      auto& v = out[o.id];
+      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  return out;
+}
+
 // Waits (bounded) until both workers report no KV block in use.
 void ExpectBlocksFreed(const Worker& a, const Worker& b) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -51,24 +77,9 @@ Worker* PairTest::decode_ = nullptr;
 TEST_F(PairTest, GreedyTokensEqualLocalNoneForTwentyPrompts) {
   EngineConfig config;
   config.runner.graph.requested_mode = CudaGraphMode::kNone;
-  auto local = LlmEngine::Create(config).value();
-  SamplingParams p;
-  p.max_tokens = 8;
-  p.ignore_eos = true;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 22; ++i) prompts.push_back(Prompt(1 + i * i * 3, i));  // 1 .. 1324 tokens
-  std::map<std::string, std::vector<int32_t>> expected;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(local->AddRequest("p" + std::to_string(i), prompts[i], p).ok());
-  }
-  while (local->HasWork()) {
-    auto step = local->Step();
-    ASSERT_TRUE(step.ok()) << step.status();
-    for (const auto& o : *step) {
-      auto& v = expected[o.id];
-      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
-    }
-  }
+  std::map<std::string, std::vector<int32_t>> expected = RunLocally(config, prompts);
   const double steps_before = decode_->Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}});
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::string id = "p" + std::to_string(i);
@@ -250,25 +261,9 @@ TEST(PairBf16Test, Bf16KvTravelsAndDtypeMismatchIsNamed) {
   EngineConfig config;
   config.backend.dtype = "bf16";
   config.runner.graph.requested_mode = CudaGraphMode::kNone;
-  auto local = LlmEngine::Create(config).value();
-  ASSERT_EQ(local->kv_cache().dtype(), DType::kBF16);
-  SamplingParams p;
-  p.max_tokens = 8;
-  p.ignore_eos = true;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) prompts.push_back(Prompt(3 + i * 37, i));
-  std::map<std::string, std::vector<int32_t>> expected;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(local->AddRequest("p" + std::to_string(i), prompts[i], p).ok());
-  }
-  while (local->HasWork()) {
-    auto step = local->Step();
-    ASSERT_TRUE(step.ok()) << step.status();
-    for (const auto& o : *step) {
-      auto& v = expected[o.id];
-      v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
-    }
-  }
+  std::map<std::string, std::vector<int32_t>> expected = RunLocally(config, prompts);
   Worker prefill = StartWorker("prefill_worker", {"--dtype=bf16"});
   Worker decode =
       StartWorker("decode_worker", {"--dtype=bf16", "--prefill-address=" + prefill.address()});

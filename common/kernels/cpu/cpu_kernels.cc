@@ -285,19 +285,38 @@ void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const
   }
 }
 
-TANDEM_AVX512 void LargeMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
-                               int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
-  // Blocks of 64 rows of x stay in L2 while this slice's weight rows pass,
-  // 4 at a time from L1 across the block's rows.
+namespace {
+
+// Blocks of 64 rows of x stay in L2 while a slice's weight rows pass, 4 at a
+// time (then 1) from L1 across the block's rows, through Kernel::Rows<C>.
+// (Plain C++: the kernels carry the target attributes.)
+template <typename Kernel, typename W>
+void OverRowBlocks(const float* x, int64_t ldx, int64_t n, const W* w, int64_t K,
+                   int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
   constexpr int64_t kRowBlock = 64;
   for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, n - i0);
     const float* xb = x + i0 * ldx;
     float* ob = out + i0 * ldo;
     int64_t j = j_begin;
-    for (; j + 4 <= j_end; j += 4) Columns<4, float>(xb, ldx, rows, w + j * K, K, ob + j, ldo, nullptr);
-    for (; j < j_end; ++j) Columns<1, float>(xb, ldx, rows, w + j * K, K, ob + j, ldo, nullptr);
+    for (; j + 4 <= j_end; j += 4) Kernel::template Rows<4>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
+    for (; j < j_end; ++j) Kernel::template Rows<1>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
   }
+}
+
+struct F32Tiles {
+  template <int C>
+  TANDEM_AVX512 static void Rows(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
+                                 float* out, int64_t ldo) {
+    Columns<C, float>(x, ldx, n, w, K, out, ldo, nullptr);
+  }
+};
+
+}  // namespace
+
+void LargeMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
+                 int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  OverRowBlocks<F32Tiles>(x, ldx, n, w, K, j_begin, j_end, out, ldo);
 }
 
 namespace {
@@ -344,30 +363,21 @@ TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uin
     for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
 }
 
-template <int C>
-TANDEM_AVX512_BF16 inline void RowsDpBf16(const float* x, int64_t ldx, int64_t n,
-                                          const uint16_t* w, int64_t K, float* out, int64_t ldo) {
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) TileDpBf16<4, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
-  for (; i < n; ++i) TileDpBf16<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
-}
+struct DpBf16Tiles {
+  template <int C>
+  TANDEM_AVX512_BF16 static void Rows(const float* x, int64_t ldx, int64_t n, const uint16_t* w,
+                                      int64_t K, float* out, int64_t ldo) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) TileDpBf16<4, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
+    for (; i < n; ++i) TileDpBf16<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
+  }
+};
 
 }  // namespace
 
-TANDEM_AVX512_BF16 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w,
-                                     int64_t K, int64_t j_begin, int64_t j_end, float* out,
-                                     int64_t ldo) {
-  // Blocks of 64 rows of x stay in L2 while this slice's weight rows pass,
-  // 4 at a time from L1 across the block's rows.
-  constexpr int64_t kRowBlock = 64;
-  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, n - i0);
-    const float* xb = x + i0 * ldx;
-    float* ob = out + i0 * ldo;
-    int64_t j = j_begin;
-    for (; j + 4 <= j_end; j += 4) RowsDpBf16<4>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
-    for (; j < j_end; ++j) RowsDpBf16<1>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
-  }
+void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
+                  int64_t j_begin, int64_t j_end, float* out, int64_t ldo) {
+  OverRowBlocks<DpBf16Tiles>(x, ldx, n, w, K, j_begin, j_end, out, ldo);
 }
 
 bool HasAvx512() {
