@@ -345,7 +345,7 @@ TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
 // cache as it is stored.
 TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
   for (DType kv : {DType::kF32, DType::kBF16})
-  for (int hd : {24, 64}) {
+  for (int hd : {24, 64, 128}) {
     BackendOptions o;
     o.threads = GetParam();
     o.dtype = std::string(DTypeName(kv));

@@ -380,6 +380,54 @@ void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int
   OverRowBlocks<DpBf16Tiles>(x, ldx, n, w, K, j_begin, j_end, out, ldo);
 }
 
+namespace {
+
+// R rows of p against V, D vectors of 16 dims per row: for each key j, V's
+// row is loaded once and each p[r, j] broadcast into R x D FMAs
+// (outer-product form: no reduction at the end).
+template <int R, int D>
+TANDEM_AVX512 inline void PvTile(const float* p, int64_t ldp, const float* v, int64_t ctx,
+                                 float* out, int64_t ldo) {
+  __m512 acc[R][D];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) acc[r][d] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < ctx; ++j) {
+    __m512 vv[D];
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) vv[d] = _mm512_loadu_ps(v + j * D * 16 + d * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
+#pragma GCC unroll 8
+      for (int d = 0; d < D; ++d) acc[r][d] = _mm512_fmadd_ps(pb, vv[d], acc[r][d]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) _mm512_storeu_ps(out + r * ldo + d * 16, acc[r][d]);
+}
+
+template <int R, int D>
+TANDEM_AVX512 void PvRows(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx,
+                          float* out, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) PvTile<R, D>(p + r * ldp, ldp, v, ctx, out + r * ldo, ldo);
+  for (; r < rows; ++r) PvTile<1, D>(p + r * ldp, ldp, v, ctx, out + r * ldo, ldo);
+}
+
+}  // namespace
+
+bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
+                 float* out, int64_t ldo) {
+  if (!HasAvx512()) return false;
+  if (hd == 64) return PvRows<4, 4>(p, ldp, rows, v, ctx, out, ldo), true;
+  if (hd == 128) return PvRows<2, 8>(p, ldp, rows, v, ctx, out, ldo), true;
+  return false;
+}
+
 bool HasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512dq") &&

@@ -72,6 +72,13 @@ void Axpy(float alpha, const uint16_t* x, float* y, int64_t n);
 // it, else ConvertFromF32's loop; the same bits either way).
 void ToBf16(const float* x, uint16_t* out, int64_t n);
 
+// Attention's second product: out[r, :hd] = sum_j p[r, j] * v[j, :hd] for
+// r < rows, j < ctx (p rows `ldp` apart, v contiguous rows of hd, out rows
+// `ldo` apart), in AVX-512 outer-product tiles. False (nothing written)
+// where it has no kernel: no AVX-512, or hd other than 64 and 128.
+bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
+                 float* out, int64_t ldo);
+
 // RMSNorm of one row: out = y / rms(y) * w, y = base[:n], or with `add`
 // y = base + add, also stored into `sum` (which may be base: vLLM's
 // fused_add_rms_norm).

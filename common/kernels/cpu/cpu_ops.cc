@@ -321,9 +321,12 @@ class CpuOps : public Ops {
               cpu::Softmax(srow, visible);
               std::fill(srow + visible, srow + ctx, 0.f);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
-                        scores.data(), ctx, v_rows.data(), hd, 0.f,
-                        o + int64_t{qt.t_begin} * nh * hd + h * hd, nh * hd);
+            float* oh = o + int64_t{qt.t_begin} * nh * hd + h * hd;
+            if (!cpu::AttentionPv(scores.data(), ctx, rows, v_rows.data(), ctx, hd, oh,
+                                  nh * hd)) {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
+                          scores.data(), ctx, v_rows.data(), hd, 0.f, oh, nh * hd);
+            }
           }
         }
       });
