@@ -71,19 +71,19 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ToF16(src[i]);
       return;
     case DType::kQ8_0: {
-      TANDEM_CHECK(n % kQ8BlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
+      TANDEM_CHECK(n % kBlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
       auto* out = static_cast<uint8_t*>(dst);
-      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, out += kQ8BlockBytes) {
-        const float* x = src + b * kQ8BlockElems;
+      for (int64_t b = 0; b < n / kBlockElems; ++b, out += kQ8BlockBytes) {
+        const float* x = src + b * kBlockElems;
         float amax = 0.f;
-        for (int i = 0; i < kQ8BlockElems; ++i) amax = std::max(amax, std::fabs(x[i]));
+        for (int i = 0; i < kBlockElems; ++i) amax = std::max(amax, std::fabs(x[i]));
         // As GGML: the f16 scale, and the values rounded against the scale
         // before its rounding.
         const float d = amax / 127.f;
         const float id = d != 0.f ? 1.f / d : 0.f;
         const uint16_t dh = ToF16(d);
         std::memcpy(out, &dh, 2);
-        for (int i = 0; i < kQ8BlockElems; ++i) {
+        for (int i = 0; i < kBlockElems; ++i) {
           out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(x[i] * id)));
         }
       }
@@ -91,21 +91,21 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
     }
     case DType::kQ4_0:
     case DType::kQ4_1: {
-      TANDEM_CHECK(n % kQ8BlockElems == 0) << DTypeName(dtype) << ": " << n
+      TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
                                            << " elements is not whole blocks";
       const bool q4_1 = dtype == DType::kQ4_1;
       auto* out = static_cast<uint8_t*>(dst);
-      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, out += BlockBytes(dtype)) {
-        const float* x = src + b * kQ8BlockElems;
+      for (int64_t b = 0; b < n / kBlockElems; ++b, out += BlockBytes(dtype)) {
+        const float* x = src + b * kBlockElems;
         float d, m = 0.f;
         if (q4_1) {  // GGML quantize_row_q4_1_ref: [min, max] over 15 steps
           float lo = x[0], hi = x[0];
-          for (int i = 1; i < kQ8BlockElems; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+          for (int i = 1; i < kBlockElems; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
           d = (hi - lo) / 15.f;
           m = lo;
         } else {  // quantize_row_q4_0_ref: the element of largest magnitude maps to -8
           float amax = 0.f, max = 0.f;
-          for (int i = 0; i < kQ8BlockElems; ++i) {
+          for (int i = 0; i < kBlockElems; ++i) {
             if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
           }
           d = max / -8.f;
@@ -115,7 +115,7 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
         std::memcpy(out, &dh, 2);
         if (q4_1) std::memcpy(out + 2, &mh, 2);
         uint8_t* q = out + (q4_1 ? 4 : 2);
-        for (int j = 0; j < kQ8BlockElems / 2; ++j) {
+        for (int j = 0; j < kBlockElems / 2; ++j) {
           const float bias = q4_1 ? 0.5f : 8.5f;
           const int lo = std::min(15, static_cast<int>((x[j] - m) * id + bias));
           const int hi = std::min(15, static_cast<int>((x[j + 16] - m) * id + bias));
@@ -142,25 +142,25 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
     case DType::kQ8_0: {
-      TANDEM_CHECK(n % kQ8BlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
+      TANDEM_CHECK(n % kBlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
       const auto* in = static_cast<const uint8_t*>(src);
-      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, in += kQ8BlockBytes) {
+      for (int64_t b = 0; b < n / kBlockElems; ++b, in += kQ8BlockBytes) {
         uint16_t dh;
         std::memcpy(&dh, in, 2);
         const float d = F16ToF32(dh);
-        for (int i = 0; i < kQ8BlockElems; ++i) {
-          dst[b * kQ8BlockElems + i] = d * static_cast<int8_t>(in[2 + i]);
+        for (int i = 0; i < kBlockElems; ++i) {
+          dst[b * kBlockElems + i] = d * static_cast<int8_t>(in[2 + i]);
         }
       }
       return;
     }
     case DType::kQ4_0:
     case DType::kQ4_1: {
-      TANDEM_CHECK(n % kQ8BlockElems == 0) << DTypeName(dtype) << ": " << n
+      TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
                                            << " elements is not whole blocks";
       const bool q4_1 = dtype == DType::kQ4_1;
       const auto* in = static_cast<const uint8_t*>(src);
-      for (int64_t b = 0; b < n / kQ8BlockElems; ++b, in += BlockBytes(dtype), dst += 32) {
+      for (int64_t b = 0; b < n / kBlockElems; ++b, in += BlockBytes(dtype), dst += 32) {
         uint16_t dh, mh = 0;
         std::memcpy(&dh, in, 2);
         if (q4_1) std::memcpy(&mh, in + 2, 2);
@@ -206,7 +206,7 @@ size_t BlockBytes(DType dtype) {
 
 size_t DTypeBytes(DType dtype, int64_t n) {
   if (IsBlockType(dtype)) {
-    return static_cast<size_t>((n + kQ8BlockElems - 1) / kQ8BlockElems) * BlockBytes(dtype);
+    return static_cast<size_t>((n + kBlockElems - 1) / kBlockElems) * BlockBytes(dtype);
   }
   return static_cast<size_t>(n) * DTypeSize(dtype);
 }

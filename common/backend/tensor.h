@@ -22,7 +22,7 @@ namespace tandem {
 //   Q4_1: f16 d, f16 minimum m, 16 bytes of q as Q4_0; value d * q + m.
 enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kQ8_0, kQ4_0, kQ4_1 };
 
-inline constexpr int64_t kQ8BlockElems = 32;  // elements of every block type
+inline constexpr int64_t kBlockElems = 32;  // elements of every block type
 inline constexpr size_t kQ8BlockBytes = 2 + 32;
 
 // Whether `dtype` is one of the block types, and the bytes of one block.
@@ -30,7 +30,7 @@ bool IsBlockType(DType dtype);
 size_t BlockBytes(DType dtype);
 // Bytes of one element; 0 for a block type (see DTypeBytes).
 size_t DTypeSize(DType dtype);
-// Bytes of `n` elements (for a block type, n a multiple of kQ8BlockElems).
+// Bytes of `n` elements (for a block type, n a multiple of kBlockElems).
 size_t DTypeBytes(DType dtype, int64_t n);
 absl::string_view DTypeName(DType dtype);
 

@@ -224,7 +224,7 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
                                      void* dst) const {
   ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
   const std::optional<DType> dt = BlockType(name);
-  if (!dt.has_value() || shape.size() != 2 || shape[1] % kQ8BlockElems != 0) {
+  if (!dt.has_value() || shape.size() != 2 || shape[1] % kBlockElems != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' in ", file_->path(),
                                                    " is ", GgmlTypeName(t->type),
                                                    ", not rows of Q4_0, Q4_1 or Q8_0 blocks"));

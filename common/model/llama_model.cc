@@ -171,7 +171,7 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
     for (const auto& [field, value] :
          {std::pair<const char*, int64_t>{"hidden_size", h}, {"intermediate_size", inter},
           {"num_attention_heads x head_dim", int64_t{c.num_attention_heads} * c.head_dim}}) {
-      if (value % kQ8BlockElems != 0) {
+      if (value % kBlockElems != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "weight_dtype=q8_0 needs rows of whole 32-element blocks; ", field, " is ", value));
       }

@@ -34,10 +34,12 @@ class WeightSource {
     return std::nullopt;
   }
   // Reads tensor `name` (of BlockType(name), [rows, cols] in `shape`) as
-  // stored, rows of whole blocks, into `dst` (DTypeBytes of it).
+  // stored, rows of whole blocks, into `dst` (DTypeBytes of it). A source
+  // that stores no block types (safetensors) refuses every tensor.
   virtual absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
                                   void* dst) const {
-    return absl::UnimplementedError(absl::StrCat("tensor '", name, "' has no block type"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "' is not stored in Q4_0, Q4_1 or Q8_0 blocks"));
   }
   // Every tensor of the source, in Hugging Face naming where one exists.
   virtual std::vector<std::string> TensorNames() const = 0;

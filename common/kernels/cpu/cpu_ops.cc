@@ -152,7 +152,7 @@ class CpuOps : public Ops {
     const bool small = avx512 && n <= cpu::kSmallMatmulMaxRows;
     if (w.dtype != DType::kF32) {
       const DType wt = w.dtype;
-      TANDEM_CHECK(wt == DType::kBF16 || (IsBlockType(wt) && k % kQ8BlockElems == 0))
+      TANDEM_CHECK(wt == DType::kBF16 || (IsBlockType(wt) && k % kBlockElems == 0))
           << DTypeName(wt) << " weights " << w.ShapeString();
       const uint8_t* b = w.as<uint8_t>();
       const size_t row_bytes = DTypeBytes(wt, k);
