@@ -29,22 +29,34 @@ struct Timing {
   double median_ms = 0;
 };
 
+// The median wall time in ms of `iters` runs of `run` after `warmup` untimed
+// ones; stops at the first error `run` returns.
+template <typename Fn>
+absl::StatusOr<double> MedianMs(int warmup, int iters, Fn run) {
+  std::vector<double> ms;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (absl::Status s = run(); !s.ok()) return s;
+    const double took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (i >= warmup) ms.push_back(took);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 // Median wall time of `iters` runs of one step (after 2 warm-up runs).
 absl::StatusOr<Timing> TimeStep(ModelRunner& runner, const std::vector<ScheduledSeq>& batch,
                                 bool eager, int iters) {
-  std::vector<double> ms;
   Timing t;
-  for (int i = 0; i < iters + 2; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+  auto ms = MedianMs(2, iters, [&]() -> absl::Status {
     auto r = runner.Execute(batch, eager);
     if (!r.ok()) return r.status();
-    const double took =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (i >= 2) ms.push_back(took);
     t.mode = r->runtime_mode;
-  }
-  std::sort(ms.begin(), ms.end());
-  t.median_ms = ms[ms.size() / 2];
+    return absl::OkStatus();
+  });
+  if (!ms.ok()) return ms.status();
+  t.median_ms = *ms;
   return t;
 }
 
@@ -71,18 +83,13 @@ ReadProbe MeasureWeightRead(const LlamaModel& model, int threads, int iters) {
   }
   ThreadPool pool(threads);
   std::vector<float> sums(spans.size());
-  std::vector<double> ms;
-  for (int it = 0; it < iters + 1; ++it) {
-    const auto start = std::chrono::steady_clock::now();
+  // The first run warms the TLB.
+  probe.median_ms = *MedianMs(1, iters, [&] {
     pool.ParallelFor(static_cast<int64_t>(spans.size()), 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) sums[i] = cpu::Dot(spans[i].p, spans[i].p, spans[i].n);
     });
-    const double took =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (it > 0) ms.push_back(took);  // the first run warms the TLB
-  }
-  std::sort(ms.begin(), ms.end());
-  probe.median_ms = ms[ms.size() / 2];
+    return absl::OkStatus();
+  });
   return probe;
 }
 
@@ -100,21 +107,14 @@ SgemmProbe MeasureSgemm(int threads, int64_t rows, int64_t big_n, int64_t k, int
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 7) * 0.01f;
   ThreadPool pool(threads);
   openblas_set_num_threads(1);
-  std::vector<double> ms;
-  for (int it = 0; it < iters + 1; ++it) {
-    const auto start = std::chrono::steady_clock::now();
+  const double ms = *MedianMs(1, iters, [&] {
     pool.ParallelFor(big_n, 16, [&](int64_t j0, int64_t j1) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, k, 1.f, x.data(), k,
                   w.data() + j0 * k, k, 0.f, out.data() + j0, big_n);
     });
-    const double took =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (it > 0) ms.push_back(took);
-  }
-  std::sort(ms.begin(), ms.end());
-  SgemmProbe p{rows, big_n, k, 0};
-  p.gflops = 2.0 * rows * big_n * k / (ms[ms.size() / 2] * 1e6);
-  return p;
+    return absl::OkStatus();
+  });
+  return {rows, big_n, k, 2.0 * rows * big_n * k / (ms * 1e6)};
 }
 
 // FLOPs of one step's matmuls: every token through every layer, and the
