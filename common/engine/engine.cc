@@ -132,6 +132,18 @@ std::array<int, kNumRequestStates> LlmEngine::CountStates() const {
   return n;
 }
 
+RequestOutput& LlmEngine::OutputFor(const Request* r, std::vector<RequestOutput>* out) {
+  // One output per request per step: a remotely prefilled request's first
+  // token (queued by RemoteKvArrived) and the token sampled in the same step
+  // travel together, and a finished output is the request's last word.
+  for (RequestOutput& o : *out) {
+    if (o.id == r->id) return o;
+  }
+  RequestOutput& o = out->emplace_back();
+  o.id = r->id;
+  return o;
+}
+
 void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out) {
   r->finish = reason;
   switch (reason) {
@@ -140,22 +152,12 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
     case FinishReason::kAborted: r->state = RequestState::kFinishedAborted; break;
     default: r->state = RequestState::kFinishedError; break;
   }
-  RequestOutput o;
-  o.id = r->id;
+  RequestOutput& o = OutputFor(r, out);
   o.finished = true;
   o.finish_reason = reason;
   o.status = r->error;
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
-  // Merge with an output already produced for this request this step.
-  auto it = std::find_if(out->begin(), out->end(), [&](const RequestOutput& x) { return x.id == r->id; });
-  if (it != out->end()) {
-    o.new_tokens = std::move(it->new_tokens);
-    o.cached_tokens = it->cached_tokens;
-    *it = std::move(o);
-  } else {
-    out->push_back(std::move(o));
-  }
   // A prefill-only request keeps its KV (and its place in requests_) for
   // export until Abort().
   const bool keep = r->kind == RequestKind::kPrefillOnly && reason != FinishReason::kError;
@@ -166,13 +168,11 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
 void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out) {
   const bool first = r->num_output_tokens() == 0;
   r->tokens.push_back(token);
-  RequestOutput o;
-  o.id = r->id;
-  o.new_tokens = {token};
+  RequestOutput& o = OutputFor(r, out);
+  o.new_tokens.push_back(token);
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
   if (first) o.cached_tokens = static_cast<int>(r->num_cached_tokens);
-  out->push_back(std::move(o));
   const std::vector<int32_t>& eos = model_->config().eos_token_ids;
   const auto& stops = r->params.stop_token_ids;
   if (r->kind == RequestKind::kPrefillOnly) {
@@ -186,14 +186,14 @@ void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput
   }
 }
 
-absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
+std::vector<RequestOutput> LlmEngine::TakeOutputs() {
   std::vector<RequestOutput> out;
   out.swap(pending_outputs_);
-  std::vector<Request*> done;
-  for (const RequestOutput& o : out) {
-    if (Request* r = Find(o.id); r != nullptr && r->finished()) done.push_back(r);
-  }
-  for (Request* r : done) Finish(r, r->finish, &out);
+  return out;
+}
+
+absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
+  std::vector<RequestOutput> out = TakeOutputs();
   SchedulerOutput sched = scheduler_->Schedule();
   for (Request* r : sched.failed) Finish(r, FinishReason::kError, &out);
   for (Request* r : sched.kv_needed) {
@@ -230,7 +230,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
 
   const int vocab = static_cast<int>(model_->config().vocab_size);
   int row = 0;
-  done.clear();
+  std::vector<Request*> done;
   for (const ScheduledChunk& c : chunks) {
     Request* r = c.request;
     r->num_computed = c.start + c.num_tokens;
@@ -283,6 +283,7 @@ absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_tok
   if (r->params.temperature > 0.f) r->rng();
   scheduler_->RemoteKvArrived(r);
   AppendToken(r, first_token, &pending_outputs_);
+  if (r->finished()) Finish(r, r->finish, &pending_outputs_);
   return absl::OkStatus();
 }
 

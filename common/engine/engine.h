@@ -91,7 +91,8 @@ class LlmEngine {
                         const void* k, const void* v);
   // A WAITING_FOR_REMOTE_KV request's KV is complete and `first_token` was
   // sampled after it elsewhere: it joins the decode batch (or finishes, when
-  // that token stops it). The token comes out in the next Step()'s outputs.
+  // that token stops it). The token comes out of TakeOutputs(), or of the
+  // next Step() when nobody takes it before.
   absl::Status RemoteKvArrived(const std::string& id, int32_t first_token);
   // A WAITING_FOR_REMOTE_KV request is computed here after all (its prefill
   // worker is gone), reusing its cached prefix.
@@ -101,8 +102,12 @@ class LlmEngine {
                       void* v) const;
 
   // Runs one scheduling step and the model; returns the outputs of the
-  // requests that advanced, finished or now wait for remote KV.
+  // requests that advanced, finished or now wait for remote KV. Each request
+  // has at most one output per step (TakeOutputs()'s included).
   absl::StatusOr<std::vector<RequestOutput>> Step();
+  // The outputs produced between steps (remotely sampled first tokens), so
+  // that a caller can stream them before the next step's forward pass.
+  std::vector<RequestOutput> TakeOutputs();
   bool HasWork() const { return !scheduler_->empty() || !pending_outputs_.empty(); }
 
   const LlamaConfig& model_config() const { return model_->config(); }
@@ -130,6 +135,8 @@ class LlmEngine {
  private:
   LlmEngine() = default;
   Request* Find(const std::string& id) const;
+  // The request's output in `out`, added if it has none yet.
+  RequestOutput& OutputFor(const Request* r, std::vector<RequestOutput>* out);
   // Appends `token` to a request's output and decides whether it stops.
   void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);

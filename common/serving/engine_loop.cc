@@ -67,6 +67,9 @@ void EngineLoop::Run() {
     }
     for (Task& t : batch) t(*engine_);
     batch.clear();
+    // A first token that arrived from a prefill worker goes out now, not
+    // after the next decode step.
+    for (const RequestOutput& o : engine_->TakeOutputs()) Deliver(o);
     if (!engine_->HasWork()) {
       for (auto& observer : observers_) observer(*engine_, {});
       continue;

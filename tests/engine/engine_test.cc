@@ -157,6 +157,35 @@ TEST(EngineTest, RequestLargerThanCacheFailsCleanly) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
+// The serving loop takes a remotely sampled first token before the next step
+// (it streams without waiting for a decode forward); a first token that ends
+// the request finishes it at once and frees its blocks.
+TEST(EngineTest, RemoteFirstTokenIsTakenBeforeTheNextStep) {
+  auto e = MakeEngine(M::kNone);
+  for (int max_tokens : {1, 3}) {
+    SCOPED_TRACE(max_tokens);
+    SamplingParams p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    ASSERT_TRUE(e->AddRequest("x", Prompt(20, 5), p, RequestKind::kRemotePrefill).ok());
+    ASSERT_TRUE(e->Step().ok());
+    ASSERT_TRUE(e->RemoteKvArrived("x", 9).ok());
+    std::vector<RequestOutput> first = e->TakeOutputs();
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(first[0].new_tokens, std::vector<int32_t>{9});
+    EXPECT_EQ(first[0].finished, max_tokens == 1);
+    EXPECT_TRUE(e->TakeOutputs().empty());
+    std::vector<int32_t> rest;
+    for (int guard = 0; e->HasWork() && guard < 10; ++guard) {
+      auto o = e->Step();
+      ASSERT_TRUE(o.ok());
+      for (const RequestOutput& x : *o) rest.insert(rest.end(), x.new_tokens.begin(), x.new_tokens.end());
+    }
+    EXPECT_EQ(rest.size(), static_cast<size_t>(max_tokens - 1));
+    EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+  }
+}
+
 TEST(EngineTest, PrefillOnlyKeepsKvUntilReleased) {
   auto e = MakeEngine(M::kPiecewise);
   SamplingParams p;
@@ -235,6 +264,35 @@ TEST(EngineTest, AbortFreesBlocksInEveryState) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
   EXPECT_FALSE(e->HasWork());
   EXPECT_EQ(e->Abort("run").code(), absl::StatusCode::kNotFound);
+}
+
+// A remotely prefilled request's first token is output by the step after it
+// arrives, and that step may sample its last token too. Both must reach the
+// caller in one finished output: the serving loop drops everything after a
+// request's finished output, and a second output for the request lost the
+// last token (59 of 60 under preemption in the pair).
+TEST(EngineTest, EachStepGivesOneOutputPerRequest) {
+  auto e = MakeEngine(M::kNone);
+  SamplingParams p;
+  p.max_tokens = 2;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("x", Prompt(20, 4), p, RequestKind::kRemotePrefill).ok());
+  auto first = e->Step();
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->size(), 1u);
+  ASSERT_TRUE((*first)[0].kv_needed);
+  ASSERT_TRUE(e->RemoteKvArrived("x", 7).ok());
+  auto last = e->Step();
+  ASSERT_TRUE(last.ok()) << last.status();
+  ASSERT_EQ(last->size(), 1u);
+  const RequestOutput& o = (*last)[0];
+  EXPECT_TRUE(o.finished);
+  EXPECT_EQ(o.finish_reason, FinishReason::kLength);
+  ASSERT_EQ(o.new_tokens.size(), 2u);
+  EXPECT_EQ(o.new_tokens[0], 7);
+  EXPECT_EQ(o.completion_tokens, 2);
+  EXPECT_FALSE(e->HasWork());
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
 }  // namespace
