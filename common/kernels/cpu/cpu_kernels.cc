@@ -382,49 +382,89 @@ void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int
 
 namespace {
 
-// R rows of p against V, D vectors of 16 dims per row: for each key j, V's
-// row is loaded once and each p[r, j] broadcast into R x D FMAs
-// (outer-product form: no reduction at the end).
-template <int R, int D>
-TANDEM_AVX512 inline void PvTile(const float* p, int64_t ldp, const float* v, int64_t ctx,
-                                 float* out, int64_t ldo) {
-  __m512 acc[R][D];
+// out[r, :16 C] = scale * sum_k a[r, k] * b[k, :16 C] for r < R, k < inner
+// (a rows `lda` apart, b rows `ldb` apart): for each k, b's row is loaded
+// once and each a[r, k] broadcast into R x C FMAs (outer-product form: no
+// reduction at the end). With kTail the last vector of each row holds the
+// lanes of `last` only (loads and stores masked).
+template <int R, int C, bool kTail = false>
+TANDEM_AVX512 inline void BroadcastTile(const float* a, int64_t lda, int64_t inner,
+                                        const float* b, int64_t ldb, float scale, float* out,
+                                        int64_t ldo, __mmask16 last = 0xFFFF) {
+  __m512 acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) acc[r][d] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < ctx; ++j) {
-    __m512 vv[D];
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < inner; ++k) {
+    __m512 bv[C];
 #pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) vv[d] = _mm512_loadu_ps(v + j * D * 16 + d * 16);
+    for (int c = 0; c < C; ++c) {
+      bv[c] = kTail && c == C - 1 ? _mm512_maskz_loadu_ps(last, b + k * ldb + c * 16)
+                                  : _mm512_loadu_ps(b + k * ldb + c * 16);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
+      const __m512 ab = _mm512_set1_ps(a[r * lda + k]);
 #pragma GCC unroll 8
-      for (int d = 0; d < D; ++d) acc[r][d] = _mm512_fmadd_ps(pb, vv[d], acc[r][d]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(ab, bv[c], acc[r][c]);
     }
   }
+  const __m512 s = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) _mm512_storeu_ps(out + r * ldo + d * 16, acc[r][d]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 v = _mm512_mul_ps(acc[r][c], s);
+      if (kTail && c == C - 1) {
+        _mm512_mask_storeu_ps(out + r * ldo + c * 16, last, v);
+      } else {
+        _mm512_storeu_ps(out + r * ldo + c * 16, v);
+      }
+    }
 }
 
-template <int R, int D>
-TANDEM_AVX512 void PvRows(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx,
-                          float* out, int64_t ldo) {
+// BroadcastTile over all rows: R at a time, then one by one.
+template <int R, int C, bool kTail = false>
+TANDEM_AVX512 inline void BroadcastRows(const float* a, int64_t lda, int64_t rows, int64_t inner,
+                                        const float* b, int64_t ldb, float scale, float* out,
+                                        int64_t ldo, __mmask16 last = 0xFFFF) {
   int64_t r = 0;
-  for (; r + R <= rows; r += R) PvTile<R, D>(p + r * ldp, ldp, v, ctx, out + r * ldo, ldo);
-  for (; r < rows; ++r) PvTile<1, D>(p + r * ldp, ldp, v, ctx, out + r * ldo, ldo);
+  for (; r + R <= rows; r += R) {
+    BroadcastTile<R, C, kTail>(a + r * lda, lda, inner, b, ldb, scale, out + r * ldo, ldo, last);
+  }
+  for (; r < rows; ++r) {
+    BroadcastTile<1, C, kTail>(a + r * lda, lda, inner, b, ldb, scale, out + r * ldo, ldo, last);
+  }
+}
+
+TANDEM_AVX512 void ScoresAvx512(const float* q, int64_t ldq, int64_t rows, const float* kt,
+                                int64_t ldkt, int64_t ctx, int hd, float scale, float* s,
+                                int64_t lds) {
+  // Columns of 64 keys outer: that slice of kt (hd x 64 floats) stays in L1
+  // while every row passes.
+  int64_t j = 0;
+  for (; j + 64 <= ctx; j += 64) BroadcastRows<4, 4>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds);
+  for (; j + 16 <= ctx; j += 16) BroadcastRows<4, 1>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds);
+  if (j < ctx) {
+    BroadcastRows<4, 1, true>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds, TailMask(ctx - j));
+  }
 }
 
 }  // namespace
 
+bool AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
+                     int64_t ctx, int hd, float scale, float* s, int64_t lds) {
+  if (!HasAvx512()) return false;
+  ScoresAvx512(q, ldq, rows, kt, ldkt, ctx, hd, scale, s, lds);
+  return true;
+}
+
 bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo) {
   if (!HasAvx512()) return false;
-  if (hd == 64) return PvRows<4, 4>(p, ldp, rows, v, ctx, out, ldo), true;
-  if (hd == 128) return PvRows<2, 8>(p, ldp, rows, v, ctx, out, ldo), true;
+  if (hd == 64) return BroadcastRows<4, 4>(p, ldp, rows, ctx, v, hd, 1.f, out, ldo), true;
+  if (hd == 128) return BroadcastRows<2, 8>(p, ldp, rows, ctx, v, hd, 1.f, out, ldo), true;
   return false;
 }
 
@@ -669,6 +709,125 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 void Axpy(float alpha, const uint16_t* x, float* y, int64_t n) {
   if (HasAvx512()) return AxpyAvx512(alpha, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * Bf16Bits(x[i]);
+}
+
+namespace {
+
+// Lane j of the result = the sum of the 16 lanes of a[j], for 16 vectors:
+// a transposing tree of 45 shuffles and adds instead of 16 reductions of
+// ~8 dependent steps each.
+TANDEM_AVX512 inline __m512 Reduce16(const __m512 (&a)[16]) {
+  // Pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3].
+  __m512 t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  // Quads: per 128-bit lane L, the sums over L of 4 vectors.
+  __m512 u[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // Across the 128-bit lanes: lanes (0 + 1, 2 + 3), then all four.
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                   _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+
+// The lanes of q * kr over D vectors, not yet summed.
+template <int D, typename W>
+TANDEM_AVX512 inline __m512 DotLanes(const __m512 (&q)[D], const W* kr) {
+  __m512 a = _mm512_mul_ps(q[0], Load(kr));
+#pragma GCC unroll 8
+  for (int d = 1; d < D; ++d) a = _mm512_fmadd_ps(q[d], Load(kr + d * 16), a);
+  return a;
+}
+
+// s[j] = scale * dot(q, k + off[j]) over D vectors, 16 keys at a time.
+template <int D, typename W>
+TANDEM_AVX512 void DecodeScores(const float* q, const W* k, const int64_t* off, int64_t ctx,
+                                float scale, float* s) {
+  __m512 qv[D];
+#pragma GCC unroll 8
+  for (int d = 0; d < D; ++d) qv[d] = _mm512_loadu_ps(q + d * 16);
+  const __m512 sc = _mm512_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 16 <= ctx; j += 16) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = DotLanes<D>(qv, k + off[j + i]);
+    _mm512_storeu_ps(s + j, _mm512_mul_ps(Reduce16(acc), sc));
+  }
+  for (; j < ctx; ++j) s[j] = ReduceAdd(DotLanes<D>(qv, k + off[j])) * scale;
+}
+
+// out[r, :16 D] = sum_j p[r, j] * (v + off[j])[:16 D] for r < R.
+template <int R, int D, typename W>
+TANDEM_AVX512 void DecodePv(const float* p, int64_t ldp, const W* v, const int64_t* off,
+                            int64_t ctx, float* out, int64_t ldo) {
+  __m512 acc[R][D];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) acc[r][d] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < ctx; ++j) {
+    __m512 vv[D];
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) vv[d] = Load(v + off[j] + d * 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
+#pragma GCC unroll 8
+      for (int d = 0; d < D; ++d) acc[r][d] = _mm512_fmadd_ps(pb, vv[d], acc[r][d]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int d = 0; d < D; ++d) _mm512_storeu_ps(out + r * ldo + d * 16, acc[r][d]);
+}
+
+template <int D, typename W>
+TANDEM_AVX512 void DecodeGroup(const float* q, int rows, const W* k, const W* v,
+                               const int64_t* off, int64_t ctx, float scale, float* s,
+                               float* out) {
+  constexpr int64_t hd = D * 16;
+  for (int r = 0; r < rows; ++r) {
+    DecodeScores<D>(q + r * hd, k, off, ctx, scale, s + r * ctx);
+    SoftmaxAvx512(s + r * ctx, ctx);
+  }
+  // V rows are read once per pair of heads (the accumulators of two heads
+  // of 128 dims fill the registers).
+  int r = 0;
+  for (; r + 2 <= rows; r += 2) DecodePv<2, D>(s + r * ctx, ctx, v, off, ctx, out + r * hd, hd);
+  for (; r < rows; ++r) DecodePv<1, D>(s + r * ctx, ctx, v, off, ctx, out + r * hd, hd);
+}
+
+template <typename W>
+bool AttentionDecodeImpl(const float* q, int rows, int hd, const W* k, const W* v,
+                         const int64_t* off, int64_t ctx, float scale, float* s, float* out) {
+  if (!HasAvx512()) return false;
+  if (hd == 64) return DecodeGroup<4>(q, rows, k, v, off, ctx, scale, s, out), true;
+  if (hd == 128) return DecodeGroup<8>(q, rows, k, v, off, ctx, scale, s, out), true;
+  return false;
+}
+
+}  // namespace
+
+bool AttentionDecode(const float* q, int rows, int hd, const float* k, const float* v,
+                     const int64_t* off, int64_t ctx, float scale, float* s, float* out) {
+  return AttentionDecodeImpl(q, rows, hd, k, v, off, ctx, scale, s, out);
+}
+
+bool AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const uint16_t* v,
+                     const int64_t* off, int64_t ctx, float scale, float* s, float* out) {
+  return AttentionDecodeImpl(q, rows, hd, k, v, off, ctx, scale, s, out);
 }
 
 void ToBf16(const float* x, uint16_t* out, int64_t n) {

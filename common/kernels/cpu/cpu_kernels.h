@@ -72,12 +72,33 @@ void Axpy(float alpha, const uint16_t* x, float* y, int64_t n);
 // it, else ConvertFromF32's loop; the same bits either way).
 void ToBf16(const float* x, uint16_t* out, int64_t n);
 
+// Attention's first product: s[r, j] = scale * dot(q[r, :hd], k[j, :hd]) for
+// r < rows, j < ctx, with K given transposed (kt[d * ldkt + j]: 16 keys per
+// vector, so each q[r, d] is broadcast against them and no dot product
+// needs a reduction; q rows `ldq` apart, s rows `lds` apart). Any hd. False
+// (nothing written) without AVX-512. Against OpenBLAS's sgemm on the
+// untransposed rows (K = hd = 64: packing dominates) a 4096-token SmolLM2
+// prefill spent ... in attention.
+bool AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
+                     int64_t ctx, int hd, float scale, float* s, int64_t lds);
+
 // Attention's second product: out[r, :hd] = sum_j p[r, j] * v[j, :hd] for
 // r < rows, j < ctx (p rows `ldp` apart, v contiguous rows of hd, out rows
 // `ldo` apart), in AVX-512 outer-product tiles. False (nothing written)
 // where it has no kernel: no AVX-512, or hd other than 64 and 128.
 bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo);
+
+// Attention of one query token's heads of one KV group (rows heads, q and
+// out rows hd apart) over ctx keys read in place from the cache: key j's K
+// and V rows start at k + off[j] and v + off[j] (f32 or bf16 bits). `s`:
+// scratch of rows * ctx floats. Nothing is gathered: for decode the copy
+// cost as much as the products. False (nothing written) without AVX-512 or
+// for hd other than 64 and 128.
+bool AttentionDecode(const float* q, int rows, int hd, const float* k, const float* v,
+                     const int64_t* off, int64_t ctx, float scale, float* s, float* out);
+bool AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const uint16_t* v,
+                     const int64_t* off, int64_t ctx, float scale, float* s, float* out);
 
 // RMSNorm of one row: out = y / rms(y) * w, y = base[:n], or with `add`
 // y = base + add, also stored into `sum` (which may be base: vLLM's

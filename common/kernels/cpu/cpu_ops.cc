@@ -277,9 +277,10 @@ class CpuOps : public Ops {
       std::memset(o + real * nh * hd, 0, sizeof(float) * (n - real) * nh * hd);
       const int group = nh / nkv;
       // 2a. Requests with many query tokens (prefill chunks): per (request,
-      // KV head, tile of queries), the request's K and V gathered from their
-      // blocks once, then for each query head of the group scores and
-      // outputs as two sgemms.
+      // KV head, tile of queries), for each query head of the group, scores
+      // and outputs as two products over the request's K and V, widened
+      // once per thread and extended tile by tile.
+      const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, cpu::HasAvx512()};
       tiles.clear();
       for (int32_t r = 0; r < num_reqs; ++r) {
         if (qsl[r + 1] - qsl[r] < kGemmMinQueries) continue;
@@ -290,80 +291,62 @@ class CpuOps : public Ops {
         }
       }
       pool->ParallelFor(static_cast<int64_t>(tiles.size()), 1, [&](int64_t b, int64_t e) {
-        thread_local std::vector<float> k_rows, v_rows, scores;
+        thread_local ContextKv kv;
+        thread_local std::vector<float> scores;
+        kv.r = -1;  // nothing gathered yet in this run
         for (int64_t i = b; i < e; ++i) {
           const QueryTile& qt = tiles[i];
           const int32_t q_begin = qsl[qt.r], q_len = qsl[qt.r + 1] - q_begin;
           const int32_t cached = seq_lens[qt.r] - q_len;
           const int32_t ctx = cached + (qt.t_end - q_begin);  // the last query's context
-          const int32_t rows = qt.t_end - qt.t_begin;
-          const int kvh = qt.kvh;
-          const int32_t* table = tables + qt.r * table_width;
-          if (static_cast<int64_t>(k_rows.size()) < int64_t{ctx} * hd) {
-            k_rows.resize(int64_t{ctx} * hd);
-            v_rows.resize(int64_t{ctx} * hd);
-          }
-          if (static_cast<int64_t>(scores.size()) < int64_t{rows} * ctx) {
-            scores.resize(int64_t{rows} * ctx);
-          }
-          for (int32_t j = 0; j < ctx; ++j) {
-            const int64_t slot = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-            const int64_t at = (slot * kv_row + kvh * hd) * es;
-            ConvertToF32(kc + at, kv_dt, &k_rows[int64_t{j} * hd], hd);
-            ConvertToF32(vc + at, kv_dt, &v_rows[int64_t{j} * hd], hd);
-          }
-          for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-            const float* q = q_base + int64_t{qt.t_begin} * row + h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, row,
-                        k_rows.data(), hd, 0.f, scores.data(), ctx);
-            for (int32_t qi = 0; qi < rows; ++qi) {
-              float* srow = &scores[int64_t{qi} * ctx];
-              const int32_t visible = cached + (qt.t_begin - q_begin) + qi + 1;  // causal
-              cpu::Softmax(srow, visible);
-              std::fill(srow + visible, srow + ctx, 0.f);
-            }
-            float* oh = o + int64_t{qt.t_begin} * nh * hd + h * hd;
-            if (!cpu::AttentionPv(scores.data(), ctx, rows, v_rows.data(), ctx, hd, oh,
-                                  nh * hd)) {
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f,
-                          scores.data(), ctx, v_rows.data(), hd, 0.f, oh, nh * hd);
-            }
+          view.Extend(&kv, qt.r, qt.kvh, tables + qt.r * table_width, seq_lens[qt.r], ctx);
+          for (int h = qt.kvh * group; h < (qt.kvh + 1) * group; ++h) {
+            view.Attend(kv, q_base + int64_t{qt.t_begin} * row + h * hd, row,
+                        qt.t_end - qt.t_begin, ctx, cached + (qt.t_begin - q_begin) + 1, 1, scale,
+                        &scores, o + int64_t{qt.t_begin} * nh * hd + h * hd, nh * hd);
           }
         }
       });
-      // 2b. The other tokens (decodes, short chunks): per (token, head).
-      pool->ParallelFor(real * nh, 4, [=](int64_t item_begin, int64_t item_end) {
+      // 2b. The other tokens (decodes, short chunks): per (token, KV head),
+      // the group's query heads as the rows of one product.
+      pool->ParallelFor(real * nkv, 4, [&](int64_t item_begin, int64_t item_end) {
+        thread_local ContextKv kv;
         thread_local std::vector<float> scores;
-        int32_t r = 0;
+        thread_local std::vector<int64_t> offsets;  // of request r's rows in the cache
+        kv.r = -1;
+        int32_t r = 0, offsets_r = -1;
         for (int64_t item = item_begin; item < item_end; ++item) {
-          const int32_t t = static_cast<int32_t>(item / nh);
-          const int h = static_cast<int>(item % nh);
+          const int32_t t = static_cast<int32_t>(item / nkv);
+          const int kvh = static_cast<int>(item % nkv);
           while (qsl[r + 1] <= t) ++r;  // items are in token order
           const int32_t q_len = qsl[r + 1] - qsl[r];
           if (q_len >= kGemmMinQueries) continue;  // done in 2a
           const int32_t ctx = seq_lens[r] - q_len + (t - qsl[r]) + 1;  // causal
-          const int32_t* table = tables + r * table_width;
-          if (static_cast<int32_t>(scores.size()) < ctx) scores.resize(ctx);
-          const float* q = q_base + t * row + h * hd;
-          const int kvh = h / group;
-          for (int32_t j = 0; j < ctx; ++j) {
-            const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_row + kvh * hd;
-            scores[j] = (kv_dt == DType::kBF16
-                             ? cpu::Dot(q, reinterpret_cast<const uint16_t*>(kc) + at, hd)
-                             : cpu::Dot(q, reinterpret_cast<const float*>(kc) + at, hd)) *
-                        scale;
-          }
-          cpu::Softmax(scores.data(), ctx);
-          float* oh = o + t * nh * hd + h * hd;
-          std::memset(oh, 0, sizeof(float) * hd);
-          for (int32_t j = 0; j < ctx; ++j) {
-            const int64_t at = (static_cast<int64_t>(table[j / bs]) * bs + j % bs) * kv_row + kvh * hd;
-            if (kv_dt == DType::kBF16) {
-              cpu::Axpy(scores[j], reinterpret_cast<const uint16_t*>(vc) + at, oh, hd);
-            } else {
-              cpu::Axpy(scores[j], reinterpret_cast<const float*>(vc) + at, oh, hd);
+          const float* q = q_base + t * row + kvh * group * hd;
+          float* oh = o + t * nh * hd + kvh * group * hd;
+          if (r != offsets_r) {
+            const int32_t* table = tables + r * table_width;
+            offsets.resize(seq_lens[r]);
+            for (int32_t j = 0; j < seq_lens[r]; ++j) {
+              offsets[j] = (int64_t{table[j / bs]} * bs + j % bs) * kv_row;
             }
+            offsets_r = r;
           }
+          if (static_cast<int64_t>(scores.size()) < int64_t{group} * ctx) {
+            scores.resize(int64_t{group} * ctx);
+          }
+          const int64_t head = int64_t{kvh} * hd;
+          const bool done =
+              kv_dt == DType::kBF16
+                  ? cpu::AttentionDecode(q, group, hd, reinterpret_cast<const uint16_t*>(kc) + head,
+                                         reinterpret_cast<const uint16_t*>(vc) + head,
+                                         offsets.data(), ctx, scale, scores.data(), oh)
+                  : cpu::AttentionDecode(q, group, hd, reinterpret_cast<const float*>(kc) + head,
+                                         reinterpret_cast<const float*>(vc) + head,
+                                         offsets.data(), ctx, scale, scores.data(), oh);
+          if (done) continue;
+          view.Extend(&kv, r, kvh, tables + r * table_width, seq_lens[r], ctx);
+          view.Attend(kv, q, hd, group, ctx, ctx, 0, scale, &scores, oh, hd);
         }
       });
     });
@@ -373,13 +356,91 @@ class CpuOps : public Ops {
   // Row-wise ops split only when each thread gets this many rows.
   static constexpr int64_t kMinRows = 4;
   // Attention of a request with at least kGemmMinQueries query tokens runs
-  // as sgemms over tiles of kQueryTile queries.
+  // per head over tiles of kQueryTile queries.
   static constexpr int32_t kGemmMinQueries = 8;
   static constexpr int32_t kQueryTile = 64;
   struct QueryTile {
     int32_t r;
     int kvh;
     int32_t t_begin, t_end;
+  };
+
+  // One request's K and V rows for one KV head, widened to f32: K transposed
+  // (k[d * ld + j], 16 keys per vector) where cpu::AttentionScores runs, else
+  // rows of hd like V. Kept by a thread across the query tiles it runs in
+  // one step, which see ever longer prefixes of the same context.
+  struct ContextKv {
+    int32_t r = -1;
+    int kvh = 0;
+    int32_t have = 0;  // rows gathered
+    int64_t ld = 0;    // transposed K: floats from one dimension to the next
+    std::vector<float> k, v, row;
+  };
+
+  // The KV cache of one layer as attention reads it.
+  struct KvView {
+    const char* kc;
+    const char* vc;
+    DType dt;
+    int64_t es, bs, kv_row;
+    int hd;
+    bool transposed;
+
+    // Makes `c` hold rows [0, ctx) of request r's context for kv head kvh
+    // (its block table `table`, `seq_len` tokens in all).
+    void Extend(ContextKv* c, int32_t r, int kvh, const int32_t* table, int32_t seq_len,
+                int32_t ctx) const {
+      if (c->r != r || c->kvh != kvh) {
+        c->r = r;
+        c->kvh = kvh;
+        c->have = 0;
+        c->ld = (seq_len + 15) / 16 * 16;
+        const size_t need = static_cast<size_t>(c->ld) * hd;
+        if (c->k.size() < need) {
+          c->k.resize(need);
+          c->v.resize(need);
+        }
+        c->row.resize(hd);
+      }
+      for (int32_t j = c->have; j < ctx; ++j) {
+        const int64_t at = ((int64_t{table[j / bs]} * bs + j % bs) * kv_row + kvh * hd) * es;
+        ConvertToF32(vc + at, dt, &c->v[int64_t{j} * hd], hd);
+        if (!transposed) {
+          ConvertToF32(kc + at, dt, &c->k[int64_t{j} * hd], hd);
+          continue;
+        }
+        ConvertToF32(kc + at, dt, c->row.data(), hd);
+        for (int d = 0; d < hd; ++d) c->k[d * c->ld + j] = c->row[d];
+      }
+      c->have = std::max(c->have, ctx);
+    }
+
+    // Attention of `rows` queries (q rows ldq apart) over the first ctx rows
+    // of c; query i sees the first visible0 + i * step keys (causal within a
+    // chunk: step 1; a decode group: step 0). Outputs rows ldo apart.
+    void Attend(const ContextKv& c, const float* q, int64_t ldq, int32_t rows, int32_t ctx,
+                int32_t visible0, int32_t step, float scale, std::vector<float>* scores,
+                float* out, int64_t ldo) const {
+      if (static_cast<int64_t>(scores->size()) < int64_t{rows} * ctx) {
+        scores->resize(int64_t{rows} * ctx);
+      }
+      float* s = scores->data();
+      if (!transposed || !cpu::AttentionScores(q, ldq, rows, c.k.data(), c.ld, ctx, hd, scale, s,
+                                               ctx)) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, ldq,
+                    c.k.data(), hd, 0.f, s, ctx);
+      }
+      for (int32_t i = 0; i < rows; ++i) {
+        float* srow = s + int64_t{i} * ctx;
+        const int32_t visible = visible0 + i * step;
+        cpu::Softmax(srow, visible);
+        std::fill(srow + visible, srow + ctx, 0.f);
+      }
+      if (!cpu::AttentionPv(s, ctx, rows, c.v.data(), ctx, hd, out, ldo)) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f, s, ctx,
+                    c.v.data(), hd, 0.f, out, ldo);
+      }
+    }
   };
 
   // One token's k or v row into its cache slot, in the cache's dtype.
