@@ -71,6 +71,33 @@ TANDEM_AVX512 inline float Reduce(__m512 v) {
 TANDEM_AVX512 inline float ReduceAdd(__m512 v) { return Reduce<false>(v); }
 TANDEM_AVX512 inline float ReduceMax(__m512 v) { return Reduce<true>(v); }
 
+// Lane j of the result = the sum of the 16 lanes of a[j], for 16 vectors:
+// a transposing tree of 45 shuffles and adds instead of 16 reductions of
+// ~8 dependent steps each.
+TANDEM_AVX512 inline __m512 Reduce16(const __m512 (&a)[16]) {
+  // Pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3].
+  __m512 t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  // Quads: per 128-bit lane L, the sums over L of 4 vectors.
+  __m512 u[4];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // Across the 128-bit lanes: lanes (0 + 1, 2 + 3), then all four.
+  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                   _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+}
+
 // An R x C tile: R rows of x against C rows of w (W: float or bf16 bits).
 // Each w vector is loaded once per k-step and used by R rows; the
 // accumulators stay in registers. With `next` (the next C weight rows), also
@@ -118,10 +145,18 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const W* w, int64_t 
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
+  if constexpr (R == 4 && C == 4) {
+    const __m512 sums = Reduce16(reinterpret_cast<const __m512(&)[16]>(acc));
+    _mm_storeu_ps(out, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(sums, 3));
+  } else {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
+      for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
+  }
 }
 
 // Rows of x in groups of 4 (then 2, 1) against one group of C weight rows.
@@ -357,10 +392,18 @@ TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uin
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
   }
+  if constexpr (R == 4 && C == 4) {
+    const __m512 sums = Reduce16(reinterpret_cast<const __m512(&)[16]>(acc));
+    _mm_storeu_ps(out, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(sums, 3));
+  } else {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
+      for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
+  }
 }
 
 struct DpBf16Tiles {
@@ -712,33 +755,6 @@ void Axpy(float alpha, const uint16_t* x, float* y, int64_t n) {
 }
 
 namespace {
-
-// Lane j of the result = the sum of the 16 lanes of a[j], for 16 vectors:
-// a transposing tree of 45 shuffles and adds instead of 16 reductions of
-// ~8 dependent steps each.
-TANDEM_AVX512 inline __m512 Reduce16(const __m512 (&a)[16]) {
-  // Pairs: per 128-bit lane [a0+a2, b0+b2, a1+a3, b1+b3].
-  __m512 t[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  }
-  // Quads: per 128-bit lane L, the sums over L of 4 vectors.
-  __m512 u[4];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // Across the 128-bit lanes: lanes (0 + 1, 2 + 3), then all four.
-  const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
-                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
-                                   _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
-}
 
 // The lanes of q * kr over D vectors, not yet summed.
 template <int D, typename W>
