@@ -552,8 +552,7 @@ void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, 
 
 namespace {
 
-template <typename W>
-TANDEM_AVX512 float DotAvx512(const float* a, const W* b, int64_t n) {
+TANDEM_AVX512 float DotAvx512(const float* a, const float* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -570,20 +569,6 @@ TANDEM_AVX512 float DotAvx512(const float* a, const W* b, int64_t n) {
   return ReduceAdd(_mm512_add_ps(acc0, acc1));
 }
 
-template <typename W>
-TANDEM_AVX512 void AxpyAvx512(float alpha, const W* x, float* y, int64_t n) {
-  const __m512 a = _mm512_set1_ps(alpha);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, Load(x + i), _mm512_loadu_ps(y + i)));
-  }
-  if (i < n) {
-    const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(y + i, m,
-                          _mm512_fmadd_ps(a, MaskLoad(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
-  }
-}
-
 // f32 to bf16, rounding to nearest even, 16 at a time with AVX512-BF16's
 // vcvtneps2bf16 (the same rounding as the portable loop for every non-NaN).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), no_sanitize("thread")))
@@ -598,13 +583,6 @@ void ToBf16Avx512(const float* x, uint16_t* out, int64_t n) {
     const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
     _mm256_mask_storeu_epi16(out + i, m, reinterpret_cast<const __m256i&>(h));
   }
-}
-
-float Bf16Bits(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
 }
 
 // exp of 16 lanes: x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' expf
@@ -735,23 +713,6 @@ float Dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-float Dot(const float* a, const uint16_t* b, int64_t n) {
-  if (HasAvx512()) return DotAvx512(a, b, n);
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * Bf16Bits(b[i]);
-  return s;
-}
-
-void Axpy(float alpha, const float* x, float* y, int64_t n) {
-  if (HasAvx512()) return AxpyAvx512(alpha, x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-void Axpy(float alpha, const uint16_t* x, float* y, int64_t n) {
-  if (HasAvx512()) return AxpyAvx512(alpha, x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Bf16Bits(x[i]);
 }
 
 namespace {

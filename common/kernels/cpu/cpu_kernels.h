@@ -62,12 +62,8 @@ void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const
                        int64_t K, int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
                        float* scratch = nullptr, int64_t scratch_floats = 0);
 
-// dot(a, b) over n elements; y += alpha * x over n elements; b and x f32 or
-// bf16 bits (a bf16 KV cache). AVX-512 when available, else scalar.
+// dot(a, b) over n elements (AVX-512 when available, else scalar).
 float Dot(const float* a, const float* b, int64_t n);
-float Dot(const float* a, const uint16_t* b, int64_t n);
-void Axpy(float alpha, const float* x, float* y, int64_t n);
-void Axpy(float alpha, const uint16_t* x, float* y, int64_t n);
 // out = bf16(x), rounding to nearest even (AVX512-BF16 where the CPU has
 // it, else ConvertFromF32's loop; the same bits either way).
 void ToBf16(const float* x, uint16_t* out, int64_t n);
