@@ -4,7 +4,7 @@
 // alike: matmuls by output columns (each thread's slice through the AVX-512
 // kernels of cpu_kernels.h, or OpenBLAS at one thread on a CPU without
 // AVX-512), attention by (request, KV head, query tile) for prefill chunks
-// and by (token, head) for the rest, the row-wise ops by rows.
+// and by (token, KV head) for the rest, the row-wise ops by rows.
 #include <cblas.h>
 
 #include <algorithm>
