@@ -425,26 +425,40 @@ void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int
 
 namespace {
 
+// Where BroadcastTile finds row k of b: `ld` floats apart, or (for decode
+// attention, reading the cache in place) at base + off[k], f32 or bf16 bits.
+struct StridedRows {
+  const float* b;
+  int64_t ld;
+  const float* operator()(int64_t k) const { return b + k * ld; }
+};
+template <typename W>
+struct OffsetRows {
+  const W* base;
+  const int64_t* off;
+  const W* operator()(int64_t k) const { return base + off[k]; }
+};
+
 // out[r, :16 C] = scale * sum_k a[r, k] * b[k, :16 C] for r < R, k < inner
-// (a rows `lda` apart, b rows `ldb` apart): for each k, b's row is loaded
-// once and each a[r, k] broadcast into R x C FMAs (outer-product form: no
-// reduction at the end). With kTail the last vector of each row holds the
-// lanes of `last` only (loads and stores masked).
-template <int R, int C, bool kTail = false>
-TANDEM_AVX512 inline void BroadcastTile(const float* a, int64_t lda, int64_t inner,
-                                        const float* b, int64_t ldb, float scale, float* out,
-                                        int64_t ldo, __mmask16 last = 0xFFFF) {
+// (a rows `lda` apart, b's rows where `rows` says): for each k, b's row is
+// loaded once and each a[r, k] broadcast into R x C FMAs (outer-product
+// form: no reduction at the end). With kTail the last vector of each row
+// holds the lanes of `last` only (loads and stores masked).
+template <int R, int C, bool kTail = false, typename Rows>
+TANDEM_AVX512 inline void BroadcastTile(const float* a, int64_t lda, int64_t inner, Rows rows,
+                                        float scale, float* out, int64_t ldo,
+                                        __mmask16 last = 0xFFFF) {
   __m512 acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t k = 0; k < inner; ++k) {
+    const auto* b = rows(k);
     __m512 bv[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      bv[c] = kTail && c == C - 1 ? _mm512_maskz_loadu_ps(last, b + k * ldb + c * 16)
-                                  : _mm512_loadu_ps(b + k * ldb + c * 16);
+      bv[c] = kTail && c == C - 1 ? MaskLoad(last, b + c * 16) : Load(b + c * 16);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -468,16 +482,16 @@ TANDEM_AVX512 inline void BroadcastTile(const float* a, int64_t lda, int64_t inn
 }
 
 // BroadcastTile over all rows: R at a time, then one by one.
-template <int R, int C, bool kTail = false>
+template <int R, int C, bool kTail = false, typename Rows>
 TANDEM_AVX512 inline void BroadcastRows(const float* a, int64_t lda, int64_t rows, int64_t inner,
-                                        const float* b, int64_t ldb, float scale, float* out,
-                                        int64_t ldo, __mmask16 last = 0xFFFF) {
+                                        Rows b, float scale, float* out, int64_t ldo,
+                                        __mmask16 last = 0xFFFF) {
   int64_t r = 0;
   for (; r + R <= rows; r += R) {
-    BroadcastTile<R, C, kTail>(a + r * lda, lda, inner, b, ldb, scale, out + r * ldo, ldo, last);
+    BroadcastTile<R, C, kTail>(a + r * lda, lda, inner, b, scale, out + r * ldo, ldo, last);
   }
   for (; r < rows; ++r) {
-    BroadcastTile<1, C, kTail>(a + r * lda, lda, inner, b, ldb, scale, out + r * ldo, ldo, last);
+    BroadcastTile<1, C, kTail>(a + r * lda, lda, inner, b, scale, out + r * ldo, ldo, last);
   }
 }
 
@@ -487,10 +501,15 @@ TANDEM_AVX512 void ScoresAvx512(const float* q, int64_t ldq, int64_t rows, const
   // Columns of 64 keys outer: that slice of kt (hd x 64 floats) stays in L1
   // while every row passes.
   int64_t j = 0;
-  for (; j + 64 <= ctx; j += 64) BroadcastRows<4, 4>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds);
-  for (; j + 16 <= ctx; j += 16) BroadcastRows<4, 1>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds);
+  for (; j + 64 <= ctx; j += 64) {
+    BroadcastRows<4, 4>(q, ldq, rows, hd, StridedRows{kt + j, ldkt}, scale, s + j, lds);
+  }
+  for (; j + 16 <= ctx; j += 16) {
+    BroadcastRows<4, 1>(q, ldq, rows, hd, StridedRows{kt + j, ldkt}, scale, s + j, lds);
+  }
   if (j < ctx) {
-    BroadcastRows<4, 1, true>(q, ldq, rows, hd, kt + j, ldkt, scale, s + j, lds, TailMask(ctx - j));
+    BroadcastRows<4, 1, true>(q, ldq, rows, hd, StridedRows{kt + j, ldkt}, scale, s + j, lds,
+                              TailMask(ctx - j));
   }
 }
 
@@ -506,8 +525,9 @@ bool AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt,
 bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo) {
   if (!HasAvx512()) return false;
-  if (hd == 64) return BroadcastRows<4, 4>(p, ldp, rows, ctx, v, hd, 1.f, out, ldo), true;
-  if (hd == 128) return BroadcastRows<2, 8>(p, ldp, rows, ctx, v, hd, 1.f, out, ldo), true;
+  const StridedRows rows_of_v{v, hd};
+  if (hd == 64) return BroadcastRows<4, 4>(p, ldp, rows, ctx, rows_of_v, 1.f, out, ldo), true;
+  if (hd == 128) return BroadcastRows<2, 8>(p, ldp, rows, ctx, rows_of_v, 1.f, out, ldo), true;
   return false;
 }
 
@@ -744,32 +764,6 @@ TANDEM_AVX512 void DecodeScores(const float* q, const W* k, const int64_t* off, 
   for (; j < ctx; ++j) s[j] = ReduceAdd(DotLanes<D>(qv, k + off[j])) * scale;
 }
 
-// out[r, :16 D] = sum_j p[r, j] * (v + off[j])[:16 D] for r < R.
-template <int R, int D, typename W>
-TANDEM_AVX512 void DecodePv(const float* p, int64_t ldp, const W* v, const int64_t* off,
-                            int64_t ctx, float* out, int64_t ldo) {
-  __m512 acc[R][D];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) acc[r][d] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < ctx; ++j) {
-    __m512 vv[D];
-#pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) vv[d] = Load(v + off[j] + d * 16);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 pb = _mm512_set1_ps(p[r * ldp + j]);
-#pragma GCC unroll 8
-      for (int d = 0; d < D; ++d) acc[r][d] = _mm512_fmadd_ps(pb, vv[d], acc[r][d]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int d = 0; d < D; ++d) _mm512_storeu_ps(out + r * ldo + d * 16, acc[r][d]);
-}
-
 template <int D, typename W>
 TANDEM_AVX512 void DecodeGroup(const float* q, int rows, const W* k, const W* v,
                                const int64_t* off, int64_t ctx, float scale, float* s,
@@ -781,9 +775,7 @@ TANDEM_AVX512 void DecodeGroup(const float* q, int rows, const W* k, const W* v,
   }
   // V rows are read once per pair of heads (the accumulators of two heads
   // of 128 dims fill the registers).
-  int r = 0;
-  for (; r + 2 <= rows; r += 2) DecodePv<2, D>(s + r * ctx, ctx, v, off, ctx, out + r * hd, hd);
-  for (; r < rows; ++r) DecodePv<1, D>(s + r * ctx, ctx, v, off, ctx, out + r * hd, hd);
+  BroadcastRows<2, D>(s, ctx, rows, ctx, OffsetRows<W>{v, off}, 1.f, out, hd);
 }
 
 template <typename W>
