@@ -98,6 +98,24 @@ TANDEM_AVX512 inline __m512 Reduce16(const __m512 (&a)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
+// out[r * ldo + c] = the sum of acc[r][c]'s lanes: a 4 x 4 tile through
+// Reduce16, other shapes one by one.
+template <int R, int C>
+TANDEM_AVX512 inline void StoreSums(const __m512 (&acc)[R][C], float* out, int64_t ldo) {
+  if constexpr (R == 4 && C == 4) {
+    const __m512 sums = Reduce16(reinterpret_cast<const __m512(&)[16]>(acc));
+    _mm_storeu_ps(out, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(sums, 3));
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
+  }
+}
+
 // An R x C tile: R rows of x against C rows of w (W: float or bf16 bits).
 // Each w vector is loaded once per k-step and used by R rows; the
 // accumulators stay in registers. With `next` (the next C weight rows), also
@@ -145,18 +163,7 @@ TANDEM_AVX512 inline void Tile(const float* x, int64_t ldx, const W* w, int64_t 
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
     }
   }
-  if constexpr (R == 4 && C == 4) {
-    const __m512 sums = Reduce16(reinterpret_cast<const __m512(&)[16]>(acc));
-    _mm_storeu_ps(out, _mm512_extractf32x4_ps(sums, 0));
-    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(sums, 1));
-    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(sums, 2));
-    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(sums, 3));
-  } else {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
-  }
+  StoreSums<R, C>(acc, out, ldo);
 }
 
 // Rows of x in groups of 4 (then 2, 1) against one group of C weight rows.
@@ -392,18 +399,7 @@ TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uin
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
   }
-  if constexpr (R == 4 && C == 4) {
-    const __m512 sums = Reduce16(reinterpret_cast<const __m512(&)[16]>(acc));
-    _mm_storeu_ps(out, _mm512_extractf32x4_ps(sums, 0));
-    _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(sums, 1));
-    _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(sums, 2));
-    _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(sums, 3));
-  } else {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) out[r * ldo + c] = ReduceAdd(acc[r][c]);
-  }
+  StoreSums<R, C>(acc, out, ldo);
 }
 
 struct DpBf16Tiles {
