@@ -352,18 +352,18 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     auto backend = CreateBackend(o).value();
     ASSERT_EQ(backend->ops->kv_dtype(), kv);
     ASSERT_EQ(backend->ops->dtype(), DType::kF32);
-    const int nh = 4, nkv = 2, bs = 4, num_blocks = 100, max_seqs = 5, width = 24;
+    const int nh = 4, nkv = 2, bs = 4, num_blocks = 100, max_seqs = 5, width = 48;
     const AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
-    // r0: a 70-token prefill chunk after 13 cached (sgemm path, two query
-    // tiles); r1: 1 decode token after 40; r2: 3 tokens of a fresh prompt;
-    // r3: 9 of another (sgemm path); then 2 padding rows.
-    const std::vector<int32_t> q_len = {70, 1, 3, 9}, cached = {13, 40, 0, 0};
+    // r0: a 140-token prefill chunk after 13 cached (tiled path, three query
+    // tiles, run out of order); r1: 1 decode token after 40; r2: 3 tokens of
+    // a fresh prompt; r3: 9 of another (tiled path); then 2 padding rows.
+    const std::vector<int32_t> q_len = {140, 1, 3, 9}, cached = {13, 40, 0, 0};
     const int num_real = 4;
-    const int64_t n = 70 + 1 + 3 + 9 + 2, row = (nh + 2 * nkv) * hd, kv_row = nkv * hd;
+    const int64_t n = 140 + 1 + 3 + 9 + 2, row = (nh + 2 * nkv) * hd, kv_row = nkv * hd;
     std::vector<int32_t> blocks(num_blocks);
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), rng_);
-    std::vector<int32_t> tables(max_seqs * width, 0), qsl(max_seqs + 1, 83), seq(max_seqs, 0),
+    std::vector<int32_t> tables(max_seqs * width, 0), qsl(max_seqs + 1, 153), seq(max_seqs, 0),
         slots(n, -1);
     int used = 0;
     qsl[0] = 0;
@@ -391,7 +391,7 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     // The new tokens' k and v are in their slots, rounded to the cache's dtype.
     const std::vector<float> kf = AsF32(cache.k), vf = AsF32(cache.v);
     std::vector<float> stored(kv_row);
-    for (int64_t i = 0; i < 83; ++i) {
+    for (int64_t i = 0; i < 153; ++i) {
       for (int part = 0; part < 2; ++part) {
         const float* src = qkv.f32() + i * row + nh * hd + part * kv_row;
         std::vector<uint16_t> bits(kv_row);

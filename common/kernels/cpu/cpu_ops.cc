@@ -281,12 +281,24 @@ class CpuOps : public Ops {
       // and outputs as two products over the request's K and V, widened
       // once per thread and extended tile by tile.
       const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, cpu::HasAvx512()};
+      // A (request, KV head)'s tiles go first, last, second, second to
+      // last...: the later tiles see longer contexts, and in this order any
+      // contiguous run of them (a thread's share) holds as much work as the
+      // rest; the first long tile gathers the context the short ones reuse.
+      // (In order, the second of two threads took 1.75 of the first's 1.25
+      // at 4096 tokens and 3 KV heads.)
       tiles.clear();
       for (int32_t r = 0; r < num_reqs; ++r) {
-        if (qsl[r + 1] - qsl[r] < kGemmMinQueries) continue;
+        const int32_t q_len = qsl[r + 1] - qsl[r];
+        if (q_len < kGemmMinQueries) continue;
+        const int32_t count = (q_len + kQueryTile - 1) / kQueryTile;
         for (int kvh = 0; kvh < nkv; ++kvh) {
-          for (int32_t t = qsl[r]; t < qsl[r + 1]; t += kQueryTile) {
-            tiles.push_back({r, kvh, t, std::min(qsl[r + 1], t + kQueryTile)});
+          for (int32_t lo = 0, hi = count - 1; lo <= hi; ++lo, --hi) {
+            for (int32_t k : {lo, hi}) {
+              const int32_t t = qsl[r] + k * kQueryTile;
+              tiles.push_back({r, kvh, t, std::min(qsl[r + 1], t + kQueryTile)});
+              if (lo == hi) break;
+            }
           }
         }
       }
