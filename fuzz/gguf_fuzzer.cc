@@ -1,8 +1,11 @@
 // GGUF bytes as --model=FILE.gguf meets them: header, metadata, tensor infos,
-// every tensor decoded, the Llama config and the embedded tokenizer built and
+// every tensor decoded, the Llama config, the tensors read as the engine
+// reads them (f32 and kept as blocks), and the embedded tokenizer built and
 // used. Any input must end in a Status, never a crash, leak or UB.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "common/model/gguf.h"
@@ -19,7 +22,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     buf.resize(t.numel());
     (void)(*file)->ReadF32(t, buf.data());
   }
-  (void)tandem::LlamaConfigFromGguf(**file);
+  // The tensors as the engine reads them: under Hugging Face names, q/k rows
+  // un-permuted, block types kept as stored (--weight-dtype=gguf).
+  if (auto config = tandem::LlamaConfigFromGguf(**file); config.ok()) {
+    const tandem::GgufWeights weights(file->get(), *config);
+    std::vector<uint8_t> blocks;
+    for (const tandem::GgufTensorInfo& t : (*file)->tensors()) {
+      if (t.numel() > (1 << 20) || t.dims.empty()) continue;
+      const std::string name = tandem::GgufWeights::HfName(t.name);
+      const std::vector<int64_t> shape(t.dims.rbegin(), t.dims.rend());
+      buf.resize(t.numel());
+      (void)weights.ReadF32(name, shape, buf.data());
+      const std::optional<tandem::DType> type = weights.BlockType(name);
+      if (!type.has_value() || t.numel() % tandem::kBlockElems != 0) continue;
+      blocks.resize(tandem::DTypeBytes(*type, t.numel()));
+      (void)weights.ReadBlocks(name, shape, blocks.data());
+    }
+  }
   auto vocab = tandem::ReadGgufVocab(**file);
   if (!vocab.ok() || vocab->model.empty() || vocab->tokens.size() > 4096) return 0;
   auto tok = tandem::Tokenizer::FromGgufVocab(*vocab, "fuzz.gguf");
