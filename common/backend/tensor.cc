@@ -57,6 +57,13 @@ float F16ToF32(uint16_t h) {
   return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+// The blocks of n elements of a block type; n must be whole blocks.
+int64_t WholeBlocks(DType dtype, int64_t n) {
+  TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
+                                       << " elements is not whole blocks";
+  return n / kBlockElems;
+}
+
 }  // namespace
 
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
@@ -71,9 +78,9 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = ToF16(src[i]);
       return;
     case DType::kQ8_0: {
-      TANDEM_CHECK(n % kBlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
       auto* out = static_cast<uint8_t*>(dst);
-      for (int64_t b = 0; b < n / kBlockElems; ++b, out += kQ8BlockBytes) {
+      const int64_t blocks = WholeBlocks(dtype, n);
+      for (int64_t b = 0; b < blocks; ++b, out += kQ8BlockBytes) {
         const float* x = src + b * kBlockElems;
         float amax = 0.f;
         for (int i = 0; i < kBlockElems; ++i) amax = std::max(amax, std::fabs(x[i]));
@@ -91,11 +98,10 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
     }
     case DType::kQ4_0:
     case DType::kQ4_1: {
-      TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
-                                           << " elements is not whole blocks";
       const bool q4_1 = dtype == DType::kQ4_1;
       auto* out = static_cast<uint8_t*>(dst);
-      for (int64_t b = 0; b < n / kBlockElems; ++b, out += BlockBytes(dtype)) {
+      const int64_t blocks = WholeBlocks(dtype, n);
+      for (int64_t b = 0; b < blocks; ++b, out += BlockBytes(dtype)) {
         const float* x = src + b * kBlockElems;
         float d, m = 0.f;
         if (q4_1) {  // GGML quantize_row_q4_1_ref: [min, max] over 15 steps
@@ -142,9 +148,9 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
       return;
     case DType::kQ8_0: {
-      TANDEM_CHECK(n % kBlockElems == 0) << "q8_0: " << n << " elements is not whole blocks";
       const auto* in = static_cast<const uint8_t*>(src);
-      for (int64_t b = 0; b < n / kBlockElems; ++b, in += kQ8BlockBytes) {
+      const int64_t blocks = WholeBlocks(dtype, n);
+      for (int64_t b = 0; b < blocks; ++b, in += kQ8BlockBytes) {
         uint16_t dh;
         std::memcpy(&dh, in, 2);
         const float d = F16ToF32(dh);
@@ -156,11 +162,10 @@ void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
     }
     case DType::kQ4_0:
     case DType::kQ4_1: {
-      TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
-                                           << " elements is not whole blocks";
       const bool q4_1 = dtype == DType::kQ4_1;
       const auto* in = static_cast<const uint8_t*>(src);
-      for (int64_t b = 0; b < n / kBlockElems; ++b, in += BlockBytes(dtype), dst += 32) {
+      const int64_t blocks = WholeBlocks(dtype, n);
+      for (int64_t b = 0; b < blocks; ++b, in += BlockBytes(dtype), dst += 32) {
         uint16_t dh, mh = 0;
         std::memcpy(&dh, in, 2);
         if (q4_1) std::memcpy(&mh, in + 2, 2);
