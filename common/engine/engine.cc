@@ -132,12 +132,13 @@ std::array<int, kNumRequestStates> LlmEngine::CountStates() const {
   return n;
 }
 
-RequestOutput& LlmEngine::OutputFor(const Request* r, std::vector<RequestOutput>* out) {
+RequestOutput& LlmEngine::OutputFor(const Request* r, std::vector<RequestOutput>* out,
+                                    size_t search_end) {
   // One output per request per step: a remotely prefilled request's first
   // token (queued by RemoteKvArrived) and the token sampled in the same step
   // travel together, and a finished output is the request's last word.
-  for (RequestOutput& o : *out) {
-    if (o.id == r->id) return o;
+  for (size_t i = 0; i < search_end; ++i) {
+    if ((*out)[i].id == r->id) return (*out)[i];
   }
   RequestOutput& o = out->emplace_back();
   o.id = r->id;
@@ -152,7 +153,7 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
     case FinishReason::kAborted: r->state = RequestState::kFinishedAborted; break;
     default: r->state = RequestState::kFinishedError; break;
   }
-  RequestOutput& o = OutputFor(r, out);
+  RequestOutput& o = OutputFor(r, out, out->size());  // rare: one search per request
   o.finished = true;
   o.finish_reason = reason;
   o.status = r->error;
@@ -165,10 +166,11 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   if (!keep) requests_.erase(r->id);
 }
 
-void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out) {
+void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out,
+                            size_t carried) {
   const bool first = r->num_output_tokens() == 0;
   r->tokens.push_back(token);
-  RequestOutput& o = OutputFor(r, out);
+  RequestOutput& o = OutputFor(r, out, carried);
   o.new_tokens.push_back(token);
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
@@ -194,6 +196,9 @@ std::vector<RequestOutput> LlmEngine::TakeOutputs() {
 
 absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   std::vector<RequestOutput> out = TakeOutputs();
+  // A request samples once per step: only these outputs, produced between
+  // steps, can already be its own.
+  const size_t carried = out.size();
   SchedulerOutput sched = scheduler_->Schedule();
   for (Request* r : sched.failed) Finish(r, FinishReason::kError, &out);
   for (Request* r : sched.kv_needed) {
@@ -238,7 +243,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     if (!c.sample) continue;
     const int32_t token = sampler_.Sample(step.logits + int64_t{row} * vocab, vocab, r->params, &r->rng);
     ++row;
-    AppendToken(r, token, &out);
+    AppendToken(r, token, &out, carried);
     if (r->finished()) done.push_back(r);
   }
   for (Request* r : done) Finish(r, r->finish, &out);
@@ -282,7 +287,7 @@ absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_tok
   // seeded sampling continues as it would have in one process.
   if (r->params.temperature > 0.f) r->rng();
   scheduler_->RemoteKvArrived(r);
-  AppendToken(r, first_token, &pending_outputs_);
+  AppendToken(r, first_token, &pending_outputs_, pending_outputs_.size());
   if (r->finished()) Finish(r, r->finish, &pending_outputs_);
   return absl::OkStatus();
 }

@@ -135,10 +135,12 @@ class LlmEngine {
  private:
   LlmEngine() = default;
   Request* Find(const std::string& id) const;
-  // The request's output in `out`, added if it has none yet.
-  RequestOutput& OutputFor(const Request* r, std::vector<RequestOutput>* out);
-  // Appends `token` to a request's output and decides whether it stops.
-  void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out);
+  // The request's output among the first `search_end` of `out`, else a new
+  // one at the end.
+  RequestOutput& OutputFor(const Request* r, std::vector<RequestOutput>* out, size_t search_end);
+  // Appends `token` to a request's output (one of the first `carried` of
+  // `out`, or a new one) and decides whether it stops.
+  void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out, size_t carried);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
   // Copies KV rows between host buffers and a request's blocks (both ways:
   // one range check, one slot walk).
