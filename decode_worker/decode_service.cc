@@ -13,22 +13,38 @@
 namespace tandem {
 
 DecodeServiceImpl::DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
-                                     std::shared_ptr<grpc::Channel> prefill_channel,
+                                     std::unique_ptr<PrefillPool> prefill_pool,
                                      DecodeOptions options, const Tokenizer* tokenizer)
     : state_(state),
       metrics_(metrics),
-      prefill_(prefill_channel != nullptr ? v1::Prefill::NewStub(prefill_channel) : nullptr),
+      pool_(std::move(prefill_pool)),
       options_(options),
-      tokenizer_(tokenizer) {}
+      tokenizer_(tokenizer) {
+  if (pool_ != nullptr) watcher_ = std::thread([this] { WatchPrefillPool(); });
+}
 
-DecodeServiceImpl::~DecodeServiceImpl() = default;
+DecodeServiceImpl::~DecodeServiceImpl() {
+  stop_.Notify();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void DecodeServiceImpl::WatchPrefillPool() {
+  bool usable_before = true;
+  do {
+    const int usable = pool_->CountUsable();
+    metrics_->PrefillEndpoints(pool_->size(), usable);
+    const bool usable_now = usable > 0 || options_.fallback_local;
+    if (usable_now != usable_before) {
+      TANDEM_LOG(WARNING) << (usable_now ? "a prefill worker is usable again: SERVING"
+                                         : "no prefill worker is usable: NOT_SERVING");
+      usable_before = usable_now;
+    }
+    state_->upstream_usable = usable_now;
+    state_->UpdateHealth();
+  } while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(1)));
+}
 
 void DecodeServiceImpl::SetEngine(EngineClient* client) { client_ = client; }
-
-void DecodeServiceImpl::Release(const std::string& id) {
-  MutexLock lock(&mu_);
-  in_flight_.erase(id);
-}
 
 void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) {
   if (call->done.exchange(true)) return;
@@ -38,7 +54,7 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
   }
   call->writer->End(status);
   client_.load()->Cancel(call->id);  // frees its blocks wherever it is
-  Release(call->id);
+  in_flight_.Release(call->id);
 }
 
 void DecodeServiceImpl::OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) {
@@ -51,8 +67,8 @@ void DecodeServiceImpl::OnPrefillToken(const std::shared_ptr<GenerateCall>& call
   client_.load()->RemoteKvArrived(call->id, token);
 }
 
-void DecodeServiceImpl::PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
-                                           const grpc::Status& status) {
+void DecodeServiceImpl::PrefillFailed(const std::shared_ptr<GenerateCall>& call,
+                                      const grpc::Status& status) {
   if (!options_.fallback_local) return Fail(call, status);
   if (call->done.load()) return;
   TANDEM_LOG(WARNING) << "request " << call->id << ": " << status.error_message()
@@ -67,13 +83,15 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.tokens.insert(args.tokens.end(), call->generated.begin(), call->generated.end());
   args.num_cached = cached;
   args.prefill = call->prefills++;
+  // The budget grows with the tokens to prefill: a long prompt on a slow
+  // device is not cut off by a limit sized for short ones.
+  const absl::Duration budget =
+      options_.prefill_timeout +
+      options_.prefill_timeout_per_token * static_cast<double>(args.tokens.size() - cached);
   args.deadline = std::min(call->client_deadline,
-                           std::chrono::system_clock::now() +
-                               absl::ToChronoSeconds(options_.prefill_timeout));
-  EngineClient* client = client_.load();
-  metrics_->KvTransferSaved(static_cast<size_t>(cached) * 2 * client->slot_bytes() *
-                            client->model_config().num_hidden_layers);
-  (new PrefillClient(this, prefill_.get(), call, std::move(args)))->Start();
+                           std::chrono::system_clock::now() + absl::ToChronoMilliseconds(budget));
+  args.first_message_timeout = options_.first_message_timeout;
+  (new PrefillClient(this, pool_->Pick(), call, std::move(args)))->Start();
 }
 
 bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens,
@@ -100,18 +118,20 @@ bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>
 
 void DecodeServiceImpl::Finish(const std::shared_ptr<GenerateCall>& call,
                                v1::GenerateResponse msg, v1::FinishReason reason) {
+  // One end per call: a cancel racing this finish must not release the id
+  // (perhaps already reused) a second time.
+  if (call->done.exchange(true)) return;
   if (call->text != nullptr && !call->text->stopped()) {
     msg.mutable_text()->append(call->text->Finish());
   }
   msg.set_finish_reason(reason);
   msg.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
   msg.mutable_usage()->set_completion_tokens(static_cast<uint32_t>(call->generated.size()));
-  call->done = true;
   metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
   call->writer->Send(std::move(msg));
   call->writer->End(grpc::Status::OK);
   client_.load()->Cancel(call->id);  // still running after a stop string; else a no-op
-  Release(call->id);
+  in_flight_.Release(call->id);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
@@ -144,14 +164,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
                                   options_.max_stop_string_bytes, " bytes, got ", stop.size()));
     }
   }
-  {
-    MutexLock lock(&mu_);
-    if (!in_flight_.insert(*resolved_id).second) {
-      writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request_id '", EchoClientText(*resolved_id),
-                                            "' is already in flight")));
-      return writer.get();
-    }
+  if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
+    writer->End(ToGrpcStatus(claimed));
+    return writer.get();
   }
   auto call = std::make_shared<GenerateCall>();
   call->id = *resolved_id;

@@ -22,8 +22,14 @@
 //     its own engine (mixed batches run eager under FULL_DECODE_ONLY);
 //   - remote with `local_prefill_max_tokens` (conditional): prompts of at most
 //     that many tokens locally, longer ones remotely;
-//   - `fallback_local`: a prompt whose prefill worker is unreachable
-//     (UNAVAILABLE) is prefilled locally instead of failing.
+//   - `fallback_local`: a prompt that no prefill worker delivered complete KV
+//     for in time (unreachable, stalled, over its budget, an incomplete
+//     stream) is prefilled locally instead of failing.
+// A prefill's budget grows with its prompt (prefill_timeout +
+// prefill_timeout_per_token per token); each attempt must send its first
+// message within first_message_timeout or is retried on another worker.
+// The decode worker reports SERVING while it can serve: it has a usable
+// prefill endpoint, or prefills locally (aggregated or as fallback).
 // Each local prefill is counted in tandem_prefill_local_total{reason}.
 // Cancellation, deadlines and failures free every KV block of the request.
 //
@@ -37,15 +43,18 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
-#include "common/base/mutex.h"
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/serving/in_flight_ids.h"
 #include "common/serving/engine_client.h"
 #include "common/serving/metrics.h"
 #include "common/serving/worker.h"
 #include "common/tokenizer/tokenizer.h"
 #include "decode_worker/generate_call.h"
 #include "decode_worker/prefill_client.h"
+#include "decode_worker/prefill_pool.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
@@ -57,16 +66,21 @@ struct DecodeOptions {
   int max_waiting = 256;                      // requests queued for KV blocks
   int max_stop_strings = 16;                  // SamplingParams.stop entries
   int max_stop_string_bytes = 256;            // bytes of one stop string
-  absl::Duration prefill_timeout = absl::Seconds(120);
+  // A prefill's budget: this plus prefill_timeout_per_token per token.
+  absl::Duration prefill_timeout = absl::Seconds(60);
+  absl::Duration prefill_timeout_per_token = absl::Milliseconds(10);
+  // One attempt's wait for its first message (a worker sends its header at
+  // admission), after which it is retried elsewhere.
+  absl::Duration first_message_timeout = absl::Seconds(5);
 };
 
 class DecodeServiceImpl final : public v1::Decode::CallbackService, private PrefillClient::Host {
  public:
   // `tokenizer` (may be null: the model has none, ids only) must outlive the
   // service; text prompts, text outputs and stop strings need it.
-  // `prefill_channel` may be null when options.prefill_remote is false.
+  // `prefill_pool` may be null when options.prefill_remote is false.
   DecodeServiceImpl(WorkerState* state, WorkerMetrics* metrics,
-                    std::shared_ptr<grpc::Channel> prefill_channel, DecodeOptions options,
+                    std::unique_ptr<PrefillPool> prefill_pool, DecodeOptions options,
                     const Tokenizer* tokenizer = nullptr);
   ~DecodeServiceImpl() override;
   // Called on the engine thread once the engine is ready.
@@ -86,7 +100,6 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   // Counts `tokens` and fills `msg`'s text; true when a stop string ended the
   // output (then `msg` is the final message).
   bool AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens, v1::GenerateResponse* msg);
-  void Release(const std::string& id);
 
   // PrefillClient::Host (any thread).
   const v1::ModelFingerprint& fingerprint() const override { return client_.load()->fingerprint(); }
@@ -94,19 +107,25 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   WorkerMetrics* metrics() override { return metrics_; }
   void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) override;
   void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) override;
-  void PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
-                          const grpc::Status& status) override;
-  // Ends the call with `status` and frees everything it holds.
+  PrefillPool* pool() override { return pool_.get(); }
+  void PrefillFailed(const std::shared_ptr<GenerateCall>& call,
+                     const grpc::Status& status) override;
+  // Ends the call with `status` and frees everything it holds (once).
   void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) override;
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
-  std::unique_ptr<v1::Prefill::Stub> prefill_;
+  // Every second: the usable-endpoint gauge, and health (NOT_SERVING when
+  // no prefill endpoint is usable and there is no local fallback).
+  void WatchPrefillPool();
+
+  std::unique_ptr<PrefillPool> pool_;
   DecodeOptions options_;
   const Tokenizer* tokenizer_;
   std::atomic<EngineClient*> client_{nullptr};  // set before the worker is ready
-  Mutex mu_;
-  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  InFlightIds in_flight_;
+  absl::Notification stop_;
+  std::thread watcher_;
 };
 
 }  // namespace tandem

@@ -9,6 +9,7 @@
 #include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "decode_worker/decode_service.h"
+#include "decode_worker/prefill_pool.h"
 
 int main(int argc, char** argv) {
   tandem::BlockTerminationSignals();  // before any thread exists
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
   std::string prefill_address;
   std::string prefill_mode = "auto", prefill_fallback = "none";
   tandem::DecodeOptions decode;
-  int queue_timeout_ms = 30000, prefill_timeout_s = 120;
+  int queue_timeout_ms = 30000;
+  double prefill_timeout_s = 60, prefill_timeout_per_token_ms = 10, first_message_timeout_s = 5;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
@@ -33,11 +35,19 @@ int main(int argc, char** argv) {
   flags.Add("local-prefill-max-tokens", &decode.local_prefill_max_tokens,
             "remote prefill: prompts of at most this many tokens are prefilled here (0 = none)");
   flags.Add("prefill-fallback", &prefill_fallback,
-            "none, or local: prefill here when no prefill worker is reachable");
+            "none, or local: prefill here when no prefill worker delivers complete KV in "
+            "time (unreachable, stalled, over its budget, an incomplete stream)");
   flags.Add("max-waiting", &decode.max_waiting, "requests that may wait for KV blocks");
   flags.Add("queue-timeout-ms", &queue_timeout_ms,
             "how long a request waits for KV blocks before RESOURCE_EXHAUSTED");
-  flags.Add("prefill-timeout-seconds", &prefill_timeout_s, "deadline of one prefill stream");
+  flags.Add("prefill-timeout-seconds", &prefill_timeout_s,
+            "a prefill's budget (every attempt, queue, compute and transfer): this plus "
+            "--prefill-timeout-per-token-ms per prompt token");
+  flags.Add("prefill-timeout-per-token-ms", &prefill_timeout_per_token_ms,
+            "what each prompt token adds to a prefill's budget");
+  flags.Add("prefill-first-message-timeout-seconds", &first_message_timeout_s,
+            "a prefill worker that sends nothing for this long after a call (it answers "
+            "at admission) is set aside for 10 s and the prefill retried on another one");
   tandem::TlsFiles prefill_tls;  // the client side of the decode -> prefill hop
   prefill_tls.Register(&flags, "prefill-", /*server=*/false);
   tandem::EngineConfig config;
@@ -84,14 +94,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   config.waiting_timeout = absl::Milliseconds(queue_timeout_ms);
+  for (double v : {prefill_timeout_s, prefill_timeout_per_token_ms, first_message_timeout_s}) {
+    if (!(v >= 0)) {
+      std::cerr << "decode_worker: prefill timeouts must be >= 0, got " << v << std::endl;
+      return 2;
+    }
+  }
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
+  decode.prefill_timeout_per_token = absl::Milliseconds(prefill_timeout_per_token_ms);
+  decode.first_message_timeout = absl::Seconds(first_message_timeout_s);
   grpc::ChannelArguments args;
-  args.SetLoadBalancingPolicyName("round_robin");
   // A Prefill call that fails UNAVAILABLE before its first response (a
   // connection still being made, a handshake cut short) is retried by gRPC,
   // twice, 0.1-0.2 s apart; one that fails after its KV began to arrive is not
-  // (the call is committed), and a prefill worker that stays unreachable still
-  // ends as UNAVAILABLE, for --prefill-fallback to act on.
+  // (the call is committed). The PrefillClient then tries another endpoint.
   args.SetServiceConfigJSON(R"({"methodConfig": [{
       "name": [{"service": "tandem.v1.Prefill"}],
       "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "0.5s",
@@ -102,18 +118,26 @@ int main(int argc, char** argv) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Keepalive: a frozen prefill worker's connection fails within ~4 s (the
+  // workers' servers accept a ping a second), so it leaves the rotation.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   auto prefill_credentials = tandem::ChannelCredentials(prefill_tls, "prefill-");
   if (!prefill_credentials.ok()) {
     std::cerr << "decode_worker: " << prefill_credentials.status().message() << std::endl;
     return 2;
   }
-  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<tandem::PrefillPool> pool;
   if (decode.prefill_remote) {
-    channel = grpc::CreateCustomChannel(prefill_address, *prefill_credentials, args);
+    pool = std::make_unique<tandem::PrefillPool>(prefill_address, *prefill_credentials, args,
+                                                 absl::Seconds(10));
+    TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address;
   }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
-  tandem::DecodeServiceImpl service(&state, &metrics, channel, decode, tokenizer->get());
+  tandem::DecodeServiceImpl service(&state, &metrics, std::move(pool), decode, tokenizer->get());
   return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineClient* client) {
     // Runs on the engine thread once the engine is ready.
     service.SetEngine(client);

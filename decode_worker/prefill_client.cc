@@ -2,14 +2,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/serving/kv_transfer.h"
 #include "common/serving/status_convert.h"
 
 namespace tandem {
 
-PrefillClient::PrefillClient(Host* host, v1::Prefill::Stub* stub,
+PrefillClient::PrefillClient(Host* host, PrefillPool::Endpoint* endpoint,
                              std::shared_ptr<GenerateCall> call, Args args)
-    : host_(host), stub_(stub), call_(std::move(call)), args_(std::move(args)) {
+    : host_(host),
+      endpoint_(endpoint),
+      call_(std::move(call)),
+      args_(std::move(args)),
+      checker_(host_->fingerprint(), host_->slot_bytes(), args_.num_cached,
+               static_cast<int64_t>(args_.tokens.size())) {
   context_.set_deadline(args_.deadline);
 }
 
@@ -28,83 +32,130 @@ void PrefillClient::Start() {
     MutexLock lock(&call_->mu);
     call_->prefill_context = &context_;
   }
-  stub_->async()->Prefill(&context_, &request_, this);
+  first_message_alarm_.Set(
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(args_.first_message_timeout),
+      [this](bool fired) {
+        if (fired && !got_message_.load()) {
+          stalled_ = true;
+          context_.TryCancel();
+        }
+        Unhold();
+      });
+  endpoint_->stub->async()->Prefill(&context_, &request_, this);
   StartRead(&response_);
   StartCall();
 }
 
+void PrefillClient::Unhold() {
+  if (holds_.fetch_sub(1) == 1) delete this;
+}
+
 void PrefillClient::OnReadDone(bool ok) {
   if (!ok) return;  // the stream ended; OnDone has the status
+  if (!got_message_.exchange(true)) first_message_alarm_.Cancel();
   if (call_->done.load()) {
     context_.TryCancel();
     return;
   }
   if (response_.has_header()) {
-    absl::Status s = CheckFingerprint(response_.header().fingerprint(), host_->fingerprint());
-    if (s.ok() && (response_.header().num_tokens() != args_.tokens.size() ||
-                   response_.header().first_token() != args_.num_cached)) {
-      s = absl::InternalError(absl::StrCat(
-          "prefill worker sent KV for tokens [", response_.header().first_token(), ", ",
-          response_.header().num_tokens(), "), expected [", args_.num_cached, ", ",
-          args_.tokens.size(), ")"));
-    }
-    if (!s.ok()) {
-      host_->metrics()->KvTransferFailure("fingerprint_mismatch");
-      return Abandon(ToGrpcStatus(s));
-    }
+    absl::Status s = checker_.Header(response_.header());
+    if (!s.ok()) return Abandon(ToGrpcStatus(s));
   } else if (response_.has_chunk()) {
-    absl::Status s = VerifyChunk(response_.chunk(), host_->slot_bytes());
-    if (absl::IsDataLoss(s)) host_->metrics()->KvTransferFailure("data_loss");
-    if (absl::IsDataLoss(s) && args_.attempt == 0) {
+    absl::Status s = checker_.Chunk(response_.chunk());
+    if (checker_.failure() == KvStreamChecker::Failure::kDataLoss && args_.attempt == 0) {
+      host_->metrics()->KvTransferFailure("data_loss");
       TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
-      retry_ = true;
+      crc_retry_ = true;
       context_.TryCancel();
       return;
     }
-    if (!s.ok()) {
-      if (!absl::IsDataLoss(s)) host_->metrics()->KvTransferFailure("other");
-      return Abandon(ToGrpcStatus(s));
-    }
-    kv_bytes_ += response_.chunk().k().size() + response_.chunk().v().size();
+    if (!s.ok()) return Abandon(ToGrpcStatus(s));
+    if (first_kv_ == absl::Time()) first_kv_ = absl::Now();
     host_->OnKvChunk(call_, std::move(*response_.mutable_chunk()));
   } else if (response_.has_done()) {
+    absl::Status s = checker_.Done();
+    if (!s.ok()) return Abandon(ToGrpcStatus(s));
     got_done_ = true;
-    host_->metrics()->KvTransfer(kv_bytes_, absl::ToDoubleSeconds(absl::Now() - started_));
+    const absl::Time now = absl::Now();
+    const absl::Time first = first_kv_ == absl::Time() ? now : first_kv_;
+    host_->metrics()->KvTransferWait(absl::ToDoubleSeconds(first - started_));
+    host_->metrics()->KvTransfer(checker_.bytes(), absl::ToDoubleSeconds(now - first));
+    host_->metrics()->KvTransferSaved(static_cast<size_t>(args_.num_cached) * 2 *
+                                      host_->slot_bytes() * host_->fingerprint().num_layers());
     host_->OnPrefillToken(call_, response_.done().first_token());
   }
   response_.Clear();
   StartRead(&response_);
 }
 
+void PrefillClient::Retry(PrefillPool::Endpoint* endpoint) {
+  // Everything the retry needs is this stream's own: no engine-thread state.
+  Args again = args_;
+  ++again.attempt;
+  (new PrefillClient(host_, endpoint, call_, std::move(again)))->Start();
+}
+
 void PrefillClient::OnDone(const grpc::Status& status) {
+  first_message_alarm_.Cancel();
   {
     MutexLock lock(&call_->mu);
     if (call_->prefill_context == &context_) call_->prefill_context = nullptr;
   }
-  if (retry_ && !call_->done.load()) {
-    // Everything the retry needs is this stream's own: no engine-thread state.
-    Args again = args_;
-    ++again.attempt;
-    (new PrefillClient(host_, stub_, call_, std::move(again)))->Start();
-  } else if (!abandoned_ && !got_done_ && !call_->done.load()) {
-    grpc::Status s = status.ok() ? grpc::Status(grpc::StatusCode::INTERNAL,
-                                                "prefill stream ended without a first token")
-                                 : status;
-    const bool unavailable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
-    host_->metrics()->KvTransferFailure(unavailable ? "unavailable" : "other");
-    grpc::Status failed(s.error_code(), absl::StrCat("prefill worker: ", s.error_message()));
-    if (unavailable) {
-      host_->PrefillUnavailable(call_, failed);
+  const bool live = !abandoned_ && !got_done_ && !call_->done.load();
+  PrefillPool* pool = host_->pool();
+  if (live && crc_retry_) {
+    Retry(pool->Pick(endpoint_));
+  } else if (live) {
+    grpc::Status s = status;
+    const char* reason = "other";
+    if (stalled_.load()) {
+      pool->Eject(endpoint_);
+      s = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat(endpoint_->target, " sent nothing within ",
+                                    absl::FormatDuration(args_.first_message_timeout)));
+      reason = "stalled";
+    } else if (status.ok()) {  // ended without `done`
+      s = grpc::Status(grpc::StatusCode::DATA_LOSS,
+                       absl::StrCat("the KV stream ended without its last message (",
+                                    checker_.bytes(), " KV bytes received)"));
+      reason = "incomplete";
+    } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      reason = "unavailable";
+    } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      reason = "deadline";
+    }
+    host_->metrics()->KvTransferFailure(reason);
+    const bool elsewhere = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    PrefillPool::Endpoint* next = elsewhere ? pool->Pick(endpoint_) : nullptr;
+    if (next != nullptr && next != endpoint_ && args_.attempt + 1 < kMaxAttempts &&
+        std::chrono::system_clock::now() < args_.deadline) {
+      TANDEM_LOG(WARNING) << "request " << call_->id << ": prefill on " << endpoint_->target
+                          << ": " << s.error_message() << "; retrying on " << next->target;
+      Retry(next);
     } else {
-      host_->Fail(call_, failed);
+      grpc::Status failed(s.error_code(), absl::StrCat("prefill worker: ", s.error_message()));
+      const bool recoverable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                               s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                               s.error_code() == grpc::StatusCode::DATA_LOSS;
+      if (recoverable) {
+        host_->PrefillFailed(call_, failed);
+      } else {
+        host_->Fail(call_, failed);
+      }
     }
   }
-  delete this;
+  Unhold();
 }
 
 void PrefillClient::Abandon(const grpc::Status& status) {
   abandoned_ = true;
-  host_->Fail(call_, status);
+  host_->metrics()->KvTransferFailure(KvStreamChecker::FailureName(checker_.failure()));
+  if (checker_.failure() == KvStreamChecker::Failure::kIncomplete ||
+      checker_.failure() == KvStreamChecker::Failure::kDataLoss) {
+    host_->PrefillFailed(call_, status);
+  } else {
+    host_->Fail(call_, status);
+  }
   context_.TryCancel();
 }
 

@@ -1,23 +1,41 @@
 // PrefillClient: one tandem.v1.Prefill stream of the decode worker. It sends
 // the tokens whose KV the decode side lacks (with how many leading tokens it
-// already holds), checks the header's fingerprint and range and every chunk's
-// checksum, and hands chunks and the sampled token to its Host. A corrupt
-// chunk on the first attempt starts one more stream with the same tokens.
-// Runs on gRPC's reactor threads; its transfer state (bytes, timing, retry)
-// is its own, and it reads only the call's immutable fields.
+// already holds) to an endpoint of the PrefillPool, checks the stream with a
+// KvStreamChecker (fingerprint and range, each chunk's size and checksum,
+// every (layer, token) row exactly once) and hands verified chunks to its
+// Host; the sampled token is handed over only once the KV is known complete.
 //
+// What ends a stream early, and what follows:
+//  - no first message within the first-message timeout (a frozen or
+//    overloaded worker; a healthy one sends its header at admission): the
+//    endpoint is ejected and the prefill retried on another one;
+//  - UNAVAILABLE: retried on another endpoint, if there is one;
+//  - a chunk failing its CRC32C: retried once (transient corruption);
+//  - all of those once out of endpoints or attempts, an incomplete stream,
+//    or the prefill budget (DEADLINE_EXCEEDED) passing: PrefillFailed, where
+//    the service prefills locally (--prefill-fallback=local) or fails;
+//  - a fingerprint mismatch or a malformed stream: Fail.
+// Every failure is counted in tandem_kv_transfer_failures_total{reason}.
+//
+// Threads: gRPC's reactor threads and its alarm thread; the transfer state is
+// the client's own, and it reads only the call's immutable fields.
 // Lifetime: created and started on the engine thread (or by the stream it
-// retries); deletes itself in OnDone.
+// retries); deletes itself once the stream is done and its timer has fired
+// or been cancelled.
 #ifndef TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 #define TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/serving/kv_stream_checker.h"
 #include "common/serving/metrics.h"
 #include "decode_worker/generate_call.h"
+#include "decode_worker/prefill_pool.h"
+#include "grpcpp/alarm.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
@@ -32,13 +50,16 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
     virtual const v1::ModelFingerprint& fingerprint() const = 0;
     virtual size_t slot_bytes() const = 0;
     virtual WorkerMetrics* metrics() = 0;
+    virtual PrefillPool* pool() = 0;
     // A verified chunk of the call's KV.
     virtual void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) = 0;
     // The KV is complete; `token` was sampled after the last prefill token.
     virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) = 0;
-    // No prefill worker could be reached (UNAVAILABLE).
-    virtual void PrefillUnavailable(const std::shared_ptr<GenerateCall>& call,
-                                    const grpc::Status& status) = 0;
+    // No prefill worker delivered complete KV in time (UNAVAILABLE,
+    // DEADLINE_EXCEEDED, DATA_LOSS): the request may be prefilled locally.
+    virtual void PrefillFailed(const std::shared_ptr<GenerateCall>& call,
+                               const grpc::Status& status) = 0;
+    // Ends the call with `status` (no local fallback).
     virtual void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) = 0;
   };
 
@@ -47,9 +68,14 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
     int64_t num_cached = 0;       // leading tokens whose KV the decode side holds
     int prefill = 0;              // the call's prefill number (request id suffix)
     int attempt = 0;
+    // The whole prefill's budget (every attempt), and one attempt's wait for
+    // its first message.
     std::chrono::system_clock::time_point deadline;
+    absl::Duration first_message_timeout = absl::Seconds(5);
   };
-  PrefillClient(Host* host, v1::Prefill::Stub* stub, std::shared_ptr<GenerateCall> call,
+  static constexpr int kMaxAttempts = 3;
+
+  PrefillClient(Host* host, PrefillPool::Endpoint* endpoint, std::shared_ptr<GenerateCall> call,
                 Args args);
 
   void Start();
@@ -57,18 +83,28 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
   void OnDone(const grpc::Status& status) override;
 
  private:
+  // Ends the call at once with `status` (counted under the checker's reason).
   void Abandon(const grpc::Status& status);
+  // Starts attempt + 1 on `endpoint`.
+  void Retry(PrefillPool::Endpoint* endpoint);
+  // Drops one of the two holds (the stream's, the timer's); the last deletes.
+  void Unhold();
 
   Host* host_;
-  v1::Prefill::Stub* stub_;
+  PrefillPool::Endpoint* endpoint_;
   std::shared_ptr<GenerateCall> call_;
   const Args args_;
   grpc::ClientContext context_;
+  grpc::Alarm first_message_alarm_;
   v1::PrefillRequest request_;
   v1::PrefillResponse response_;
+  KvStreamChecker checker_;
   absl::Time started_;
-  size_t kv_bytes_ = 0;
-  bool retry_ = false;
+  absl::Time first_kv_;  // the first chunk's arrival
+  std::atomic<bool> got_message_{false};
+  std::atomic<bool> stalled_{false};  // the first-message timer fired
+  std::atomic<int> holds_{2};
+  bool crc_retry_ = false;
   bool abandoned_ = false;
   bool got_done_ = false;
 };

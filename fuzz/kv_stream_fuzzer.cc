@@ -1,13 +1,16 @@
 // The KV stream as the decode worker consumes it: length-prefixed
-// PrefillResponse messages, each header checked against the local
-// fingerprint and token count, each chunk's sizes and CRC32C verified, and
-// the chunk's range checked against the reserved token slots as the import
-// does. Any input must end in a Status, never a crash or UB.
+// PrefillResponse messages fed to the KvStreamChecker the PrefillClient uses
+// (header against the local fingerprint and range, chunk sizes and CRC32C,
+// coverage). Any input must end in a Status, never a crash or UB; and no
+// stream may be accepted at `done` unless an independent count here says
+// every (layer, token) row of the range arrived exactly once.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
-#include "common/serving/kv_transfer.h"
+#include "common/serving/kv_stream_checker.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -18,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   local.set_num_kv_heads(2);
   local.set_head_dim(16);
   constexpr size_t kSlotBytes = 2 * 16 * 4;
-  constexpr uint32_t kPromptTokens = 40;
+  constexpr int64_t kFirst = 8, kPromptTokens = 40;
+  tandem::KvStreamChecker checker(local, kSlotBytes, kFirst, kPromptTokens);
+  // The oracle: how often each (layer, token) row was accepted.
+  std::vector<int> seen(4 * kPromptTokens, 0);
   size_t pos = 0;
   while (pos + 4 <= size) {
     uint32_t len;
@@ -30,17 +36,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pos += len;
     if (!parsed) break;
     if (msg.has_header()) {
-      if (!tandem::CheckFingerprint(msg.header().fingerprint(), local).ok()) break;
-      if (msg.header().num_tokens() != kPromptTokens) break;
+      if (!checker.Header(msg.header()).ok()) break;
     } else if (msg.has_chunk()) {
       const tandem::v1::KvChunk& c = msg.chunk();
-      if (!tandem::VerifyChunk(c, kSlotBytes).ok()) break;
-      const uint64_t end = uint64_t{c.first_token()} + c.num_tokens();
-      if (c.layer() >= local.num_layers() || end > kPromptTokens + 1) break;
-      // The import copies num_tokens rows of kSlotBytes from k and v.
-      volatile uint8_t sink = 0;
-      for (size_t i = 0; i < c.k().size(); i += kSlotBytes) sink ^= c.k()[i] ^ c.v()[i];
+      if (!checker.Chunk(c).ok()) break;
+      // Accepted: within the range, and the import copies num_tokens rows.
+      if (c.layer() >= 4 || c.first_token() < kFirst ||
+          uint64_t{c.first_token()} + c.num_tokens() > kPromptTokens ||
+          c.k().size() != c.num_tokens() * kSlotBytes) {
+        std::abort();
+      }
+      for (uint32_t t = 0; t < c.num_tokens(); ++t) ++seen[c.layer() * kPromptTokens + c.first_token() + t];
     } else if (msg.has_done()) {
+      if (checker.Done().ok()) {
+        for (int layer = 0; layer < 4; ++layer) {
+          for (int64_t t = kFirst; t < kPromptTokens; ++t) {
+            if (seen[layer * kPromptTokens + t] != 1) std::abort();  // accepted incomplete KV
+          }
+        }
+      }
       break;
     }
   }

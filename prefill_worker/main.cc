@@ -1,4 +1,6 @@
 // prefill_worker: the Prefill gRPC service (PIECEWISE graphs by default).
+#include <iostream>
+
 #include "common/base/flags.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/worker.h"
@@ -18,11 +20,12 @@ int main(int argc, char** argv) {
   options.grpc_address = "0.0.0.0:50052";
   options.metrics_address = "0.0.0.0:9401";
   int max_waiting = 256;
-  int corrupt_streams = 0;
+  double kv_export_timeout_s = 30;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("max-waiting", &max_waiting, "queued prompts beyond which requests get RESOURCE_EXHAUSTED");
-  flags.Add("fault-corrupt-kv-streams", &corrupt_streams,
-            "testing only: corrupt one KV chunk checksum in each of the first N streams");
+  flags.Add("kv-export-timeout-seconds", &kv_export_timeout_s,
+            "a prefilled request's KV is freed when its reader takes nothing for this long, "
+            "whatever the call's deadline");
   tandem::EngineConfig config;
   if (int code = tandem::ParseWorkerCommandLine("prefill_worker", &flags, engine_flags, argc, argv, &config);
       code >= 0) {
@@ -30,8 +33,13 @@ int main(int argc, char** argv) {
   }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("prefill");
-  tandem::PrefillServiceImpl service(&state, &metrics, max_waiting);
-  service.CorruptNextStreams(corrupt_streams);
+  if (!(kv_export_timeout_s > 0)) {
+    std::cerr << "prefill_worker: --kv-export-timeout-seconds=" << kv_export_timeout_s
+              << " must be > 0" << std::endl;
+    return 2;
+  }
+  tandem::PrefillServiceImpl service(&state, &metrics, max_waiting,
+                                     absl::Seconds(kv_export_timeout_s));
   return tandem::RunWorker(options, config, &state, &metrics, {&service},
                            [&](tandem::EngineClient* client) { service.SetEngine(client); });
 }

@@ -1,5 +1,7 @@
 #include "prefill_worker/prefill_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/serving/kv_transfer.h"
@@ -8,64 +10,105 @@
 
 namespace tandem {
 
-// One request's KV export. Engine thread only, after creation.
+// One Prefill call: its id and stream (any thread), its export (engine thread).
 struct PrefillServiceImpl::Transfer {
-  Transfer(std::shared_ptr<KvExporter> exporter, const std::string& id, int32_t first_token,
-           bool corrupt)
-      : id(id), exporter(std::move(exporter)), first_token(first_token), corrupt(corrupt),
-        start(absl::Now()) {}
   std::string id;
+  std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer;
+  // Any thread.
+  std::atomic<bool> released{false};
+  std::atomic<bool> exporting{false};       // the KV began to go out
+  std::atomic<bool> failure_counted{false};
+  std::atomic<int64_t> last_progress_ns{0};  // the reader last took a chunk
+  // Engine thread.
   std::shared_ptr<KvExporter> exporter;
-  int32_t first_token;
-  bool corrupt;          // testing: flip the checksum of the first chunk
-  int chunks = 0;
+  int32_t first_token = 0;
   size_t bytes = 0;
-  absl::Time start;
-  bool finished = false;
+  absl::Time first_sent;  // the first chunk was queued
+  bool finished = false;  // the last message is queued, or the export failed
+
+  void Progress() { last_progress_ns = absl::ToUnixNanos(absl::Now()); }
 };
 
-void PrefillServiceImpl::EndTransfer(Transfer& t) {
-  if (t.finished) return;
-  t.finished = true;
-  client_.load()->Cancel(t.id);  // releases the blocks kept for the export
-  Release(t.id);
+PrefillServiceImpl::PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics,
+                                       int max_waiting, absl::Duration export_timeout)
+    : state_(state),
+      metrics_(metrics),
+      max_waiting_(max_waiting),
+      export_timeout_(export_timeout),
+      lease_watcher_([this] { WatchLeases(); }) {}
+
+PrefillServiceImpl::~PrefillServiceImpl() {
+  stop_.Notify();
+  lease_watcher_.join();
 }
 
-void PrefillServiceImpl::SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
-                                  const std::shared_ptr<Transfer>& t) {
-  client_.load()->ExportKv(t->exporter, [this, writer, t](const EngineClient::NextChunk& next) {
-    Fill(writer, *t, next);
-  });
+void PrefillServiceImpl::Release(Transfer& t) {
+  if (t.released.exchange(true)) return;
+  client_.load()->Cancel(t.id);  // frees its blocks wherever it is
+  in_flight_.Release(t.id);
 }
 
-void PrefillServiceImpl::Fill(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
-                              Transfer& t, const EngineClient::NextChunk& next) {
-  if (t.finished) return;
-  if (writer->ended()) return EndTransfer(t);  // cancelled or broken: drop the rest
-  while (!t.exporter->done() && writer->buffered_bytes() < kStreamWindowBytes) {
+void PrefillServiceImpl::WatchLeases() {
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+    const int64_t now = absl::ToUnixNanos(absl::Now());
+    const int64_t limit = absl::ToInt64Nanoseconds(export_timeout_);
+    std::vector<std::shared_ptr<Transfer>> expired;
+    {
+      MutexLock lock(&leases_mu_);
+      for (auto it = leases_.begin(); it != leases_.end();) {
+        std::shared_ptr<Transfer> t = it->lock();
+        if (t == nullptr || t->released.load()) {
+          it = leases_.erase(it);
+        } else if (now - t->last_progress_ns.load() > limit) {
+          expired.push_back(std::move(t));
+          it = leases_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const std::shared_ptr<Transfer>& t : expired) {
+      TANDEM_LOG(WARNING) << "request " << t->id << ": its reader took no KV for "
+                          << absl::FormatDuration(export_timeout_) << "; freeing its blocks";
+      if (!t->failure_counted.exchange(true)) metrics_->KvTransferFailure("expired");
+      t->writer->End(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("KV export lease expired: the reader took nothing for ",
+                       absl::FormatDuration(export_timeout_))));
+      Release(*t);
+    }
+  }
+}
+
+void PrefillServiceImpl::SendMore(const std::shared_ptr<Transfer>& t) {
+  if (t->released.load()) return;
+  client_.load()->ExportKv(t->exporter,
+                           [this, t](const EngineClient::NextChunk& next) { Fill(*t, next); });
+}
+
+void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) {
+  if (t.finished || t.released.load()) return;
+  StreamWriter<v1::PrefillResponse>& writer = *t.writer;
+  if (writer.ended()) return Release(t);  // cancelled or broken: drop the rest
+  while (!t.exporter->done() && writer.buffered_bytes() < kStreamWindowBytes) {
     absl::StatusOr<v1::PrefillResponse> msg = next();
     if (!msg.ok()) {
-      writer->End(ToGrpcStatus(msg.status()));
-      return EndTransfer(t);
+      t.finished = true;
+      if (!t.failure_counted.exchange(true)) metrics_->KvTransferFailure("other");
+      writer.End(ToGrpcStatus(msg.status()));
+      return Release(t);
     }
-    if (t.corrupt && ++t.chunks == 1) {
-      msg->mutable_chunk()->set_crc32c(msg->chunk().crc32c() ^ 1u);
-    }
+    if (t.bytes == 0) t.first_sent = absl::Now();
     t.bytes += msg->chunk().k().size() + msg->chunk().v().size();
-    writer->Send(*std::move(msg));
+    writer.Send(*std::move(msg));
   }
   if (!t.exporter->done()) return;  // more when the reader has taken these
-  metrics_->KvTransfer(t.bytes, absl::ToDoubleSeconds(absl::Now() - t.start));
+  t.finished = true;
   v1::PrefillResponse done;
   done.mutable_done()->set_first_token(t.first_token);
-  writer->Send(std::move(done));
-  writer->End(grpc::Status::OK);
-  EndTransfer(t);
-}
-
-void PrefillServiceImpl::Release(const std::string& id) {
-  MutexLock lock(&mu_);
-  in_flight_.erase(id);
+  writer.Send(std::move(done));
+  writer.End(grpc::Status::OK);
+  Release(t);  // every chunk is copied out: the blocks may go
 }
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
@@ -74,13 +117,12 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
   const std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer = opened.first;
   if (!opened.second) return writer.get();
   const absl::Time start = absl::Now();
-  // Room for the "#attempt" suffix the decode worker adds to a client's id.
+  // Room for the "#prefill.attempt" suffix the decode worker adds to a client's id.
   auto resolved_id = ResolveRequestId(request->request_id(), kMaxRequestIdBytes + 16);
   if (!resolved_id.ok()) {
     writer->End(ToGrpcStatus(resolved_id.status()));
     return writer.get();
   }
-  const std::string id = *resolved_id;
   const int64_t num_tokens = request->prompt_token_ids_size();
   const int64_t cached = request->num_cached_tokens();
   if (num_tokens > 0 && cached >= num_tokens) {
@@ -90,49 +132,58 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
                                           " tokens: the last one is computed to sample")));
     return writer.get();
   }
-  {
-    MutexLock lock(&mu_);
-    if (!in_flight_.insert(id).second) {
-      writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                               absl::StrCat("request_id '", EchoClientText(id),
-                                            "' is already in flight")));
-      return writer.get();
-    }
+  if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
+    writer->End(ToGrpcStatus(claimed));
+    return writer.get();
   }
   EngineClient* client = client_.load();
+  auto t = std::make_shared<Transfer>();
+  t->id = *resolved_id;
+  t->writer = writer;
+  t->exporter = std::make_shared<KvExporter>(t->id, cached, num_tokens, client->fingerprint(),
+                                             client->slot_bytes(),
+                                             client->model_config().num_hidden_layers);
+  // The header goes out now: the caller knows this worker took the request.
+  writer->Send(t->exporter->Header());
+  writer->OnFinished([this, t](const grpc::Status& s) {
+    if (s.ok()) {
+      metrics_->KvTransfer(t->bytes, t->bytes == 0 ? 0.0 : absl::ToDoubleSeconds(absl::Now() - t->first_sent));
+    } else if (t->exporting.load() && !t->failure_counted.exchange(true)) {
+      metrics_->KvTransferFailure("cancelled");  // the reader went away mid-transfer
+    }
+  });
+  writer->OnCancelled([this, t] { Release(*t); });
   EngineClient::Submission s;
-  s.id = id;
+  s.id = t->id;
   s.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   s.params = FromProto(request->sampling());
   s.params.max_tokens = 1;  // the prefill worker samples only the first token
   s.kind = RequestKind::kPrefillOnly;
   s.max_waiting = max_waiting_;
-  writer->OnCancelled([this, client, id] {
-    client->Cancel(id);  // frees its blocks wherever it is
-    Release(id);
-  });
-  client->Submit(std::move(s), [this, client, writer, id, num_tokens, cached,
-                                start](const RequestOutput& o) {
-    if (!o.finished) return;
+  client->Submit(std::move(s), [this, t, num_tokens, start](const RequestOutput& o) {
+    if (!o.finished || t->released.load()) return;
     if (!o.status.ok() || o.new_tokens.empty()) {
-      client->Cancel(id);
-      Release(id);
-      writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
-      return;
+      t->writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
+      return Release(*t);
     }
-    metrics_->PrefillSeconds(absl::ToDoubleSeconds(absl::Now() - start));
+    const double total = absl::ToDoubleSeconds(absl::Now() - start);
+    const double queued = std::min(total, absl::ToDoubleSeconds(o.queue_time));
+    metrics_->PrefillSeconds(total, queued);
     metrics_->PromptTokens(static_cast<int>(num_tokens));
     // Stream the KV straight from the cache as the reader takes it: at most
-    // kStreamWindowBytes of copies per stream; the blocks are released when
-    // the last chunk has been made.
-    auto exporter = std::make_shared<KvExporter>(id, cached, num_tokens, client->fingerprint(),
-                                                 client->slot_bytes(),
-                                                 client->model_config().num_hidden_layers);
-    auto transfer = std::make_shared<Transfer>(exporter, id, o.new_tokens.back(),
-                                               corrupt_streams_.fetch_sub(1) > 0);
-    writer->Send(exporter->Header());
-    writer->OnDrained([this, writer, transfer] { SendMore(writer, transfer); });
-    SendMore(writer, transfer);
+    // kStreamWindowBytes of copies per stream, under the export lease.
+    t->first_token = o.new_tokens.back();
+    t->exporting = true;
+    t->Progress();
+    {
+      MutexLock lock(&leases_mu_);
+      leases_.push_back(t);
+    }
+    t->writer->OnDrained([this, t] {
+      t->Progress();
+      SendMore(t);
+    });
+    SendMore(t);
   });
   return writer.get();
 }

@@ -1,27 +1,41 @@
 // The Prefill service: runs prompts (batched with chunked prefill, PIECEWISE
 // graphs by default, reusing its prefix cache), then streams each request's
-// KV from the caller's num_cached_tokens on (header, per-layer chunks, first
-// token) with flow control: chunks are copied out of the cache as the reader
-// takes them, at most kStreamWindowBytes ahead of it, so a slow reader holds
-// cache blocks (back-pressure on new prefills) but never an unbounded copy.
-// A request's blocks are released when its last chunk has been made, or when
-// its stream fails or is cancelled (full blocks stay cached for reuse).
+// KV from the caller's num_cached_tokens on. The stream: the header at once
+// on admission (so a caller can tell a live worker from a stuck one before
+// the prompt is computed), per-layer chunks, then the first token.
+//
+// Flow control: chunks are copied out of the cache as the reader takes them,
+// at most kStreamWindowBytes ahead of it, so a slow reader holds cache blocks
+// (back-pressure on new prefills) but never an unbounded copy.
+// Lease: a reader that takes nothing for `export_timeout` (a frozen decode
+// worker, a direct caller that stopped reading), whatever its deadline,
+// loses the transfer: its blocks are freed and it is counted as
+// tandem_kv_transfer_failures_total{reason="expired"}.
+// A request is released (its blocks freed, its id free for reuse) exactly
+// once: when its last chunk has been made, or its stream fails, is cancelled
+// or expires (full blocks stay cached for reuse).
 //
 // Threads: Prefill() runs on a gRPC thread and submits to the EngineClient;
 // engine outputs and KV windows arrive on the engine loop thread, the only
-// thread that touches a Transfer.
+// thread that touches a Transfer's export state; the lease watcher is a
+// thread of its own.
 #ifndef TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 #define TANDEM_PREFILL_WORKER_PREFILL_SERVICE_H_
 
 #include <atomic>
+#include <list>
+#include <memory>
 #include <string>
+#include <thread>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/base/mutex.h"
 #include "common/serving/engine_client.h"
+#include "common/serving/in_flight_ids.h"
 #include "common/serving/kv_transfer.h"
-#include "common/serving/stream_writer.h"
 #include "common/serving/metrics.h"
+#include "common/serving/stream_writer.h"
 #include "common/serving/worker.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -30,13 +44,11 @@ namespace tandem {
 class PrefillServiceImpl final : public v1::Prefill::CallbackService {
  public:
   // `max_waiting`: requests queued for the engine beyond which new ones get
-  // RESOURCE_EXHAUSTED.
-  PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics, int max_waiting)
-      : state_(state), metrics_(metrics), max_waiting_(max_waiting) {}
+  // RESOURCE_EXHAUSTED. `export_timeout`: the lease (see above).
+  PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics, int max_waiting,
+                     absl::Duration export_timeout = absl::Seconds(30));
+  ~PrefillServiceImpl() override;
   void SetEngine(EngineClient* client) { client_ = client; }
-  // Fault injection for tests: corrupt the checksum of one chunk in each of
-  // the next `n` streams.
-  void CorruptNextStreams(int n) { corrupt_streams_ = n; }
 
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
@@ -48,22 +60,25 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   struct Transfer;
   // Asks the engine thread to make the chunks that fit the stream's window
   // (any thread), then the first token once the KV is out.
-  void SendMore(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer,
-                const std::shared_ptr<Transfer>& transfer);
+  void SendMore(const std::shared_ptr<Transfer>& transfer);
   // Engine thread: the work of SendMore.
-  void Fill(const std::shared_ptr<StreamWriter<v1::PrefillResponse>>& writer, Transfer& transfer,
-            const EngineClient::NextChunk& next);
-  // Engine thread: the transfer is over; releases the request's blocks.
-  void EndTransfer(Transfer& transfer);
-  void Release(const std::string& id);
+  void Fill(Transfer& transfer, const EngineClient::NextChunk& next);
+  // Any thread: frees the request's blocks and id, once per request.
+  void Release(Transfer& transfer);
+  // Every 250 ms: ends the transfers whose reader made no progress within
+  // export_timeout_.
+  void WatchLeases();
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
   int max_waiting_;
+  absl::Duration export_timeout_;
   std::atomic<EngineClient*> client_{nullptr};
-  std::atomic<int> corrupt_streams_{0};
-  Mutex mu_;
-  absl::flat_hash_set<std::string> in_flight_ ABSL_GUARDED_BY(mu_);
+  InFlightIds in_flight_;
+  Mutex leases_mu_;
+  std::list<std::weak_ptr<Transfer>> leases_ ABSL_GUARDED_BY(leases_mu_);
+  absl::Notification stop_;
+  std::thread lease_watcher_;
 };
 
 }  // namespace tandem

@@ -174,7 +174,10 @@ void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput
   o.new_tokens.push_back(token);
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
-  if (first) o.cached_tokens = static_cast<int>(r->num_cached_tokens);
+  if (first) {
+    o.cached_tokens = static_cast<int>(r->num_cached_tokens);
+    o.queue_time = r->admitted_at - r->queued_at;
+  }
   const std::vector<int32_t>& eos = model_->config().eos_token_ids;
   const auto& stops = r->params.stop_token_ids;
   if (r->kind == RequestKind::kPrefillOnly) {

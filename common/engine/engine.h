@@ -48,6 +48,9 @@ struct RequestOutput {
   // Prompt tokens served from this engine's prefix cache (set on the first
   // output of each admission: the first token, or a kv_needed output).
   int cached_tokens = 0;
+  // With the first token: how long the request waited to be first given
+  // blocks (its queue time).
+  absl::Duration queue_time;
   // A kRemotePrefill request now holds blocks for `kv_tokens` tokens and
   // waits for their KV from position `cached_tokens` on (ImportKv), then
   // for the token sampled after them (RemoteKvArrived).

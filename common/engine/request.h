@@ -67,6 +67,7 @@ struct Request {
   int64_t num_cached_tokens = 0;
   uint64_t arrival = 0;     // admission order, for preemption (latest first)
   absl::Time queued_at;     // when it was added, for the waiting timeout
+  absl::Time admitted_at = absl::InfinitePast();  // first given blocks
   std::mt19937_64 rng;
   FinishReason finish = FinishReason::kNone;
   absl::Status error;

@@ -70,6 +70,7 @@ bool Scheduler::Admit(Request* r, int budget, int* n) {
   }
   if (kv_->EnsureCapacity(r->id, need).ok()) {
     if (fresh) {
+      if (r->admitted_at == absl::InfinitePast()) r->admitted_at = absl::Now();
       prefix_stats_.queries += r->num_tokens();
       prefix_stats_.hits += r->num_cached_tokens;
     }

@@ -9,9 +9,11 @@ namespace {
 
 std::string Name(CudaGraphMode m) { return std::string(m.name()); }
 
-// 1 ms to 60 s, roughly x2.5 per bucket.
+// 1 ms to 10 min, roughly x2.5 per bucket: past the longest default budget
+// (a prefill's: 60 s + 10 ms per token, 142 s at 8,192 tokens).
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60};
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+          2.5,   5,      10,    20,   40,    60,   120, 300, 600};
 }
 
 }  // namespace
@@ -123,10 +125,22 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                    .Add({});
     prefill_ = &prometheus::BuildHistogram()
                     .Name("tandem_prefill_seconds")
-                    .Help("Time from a Prefill call to its first token")
+                    .Help("Time from a Prefill call to its first token (queue and compute)")
                     .Labels(role_label)
                     .Register(r)
                     .Add({}, LatencyBuckets());
+    prefill_queue_ = &prometheus::BuildHistogram()
+                          .Name("tandem_prefill_queue_seconds")
+                          .Help("Time a Prefill call waited for the engine to schedule it")
+                          .Labels(role_label)
+                          .Register(r)
+                          .Add({}, LatencyBuckets());
+    prefill_compute_ = &prometheus::BuildHistogram()
+                            .Name("tandem_prefill_compute_seconds")
+                            .Help("Time from a prompt's first scheduled step to its first token")
+                            .Labels(role_label)
+                            .Register(r)
+                            .Add({}, LatencyBuckets());
   } else {
     tokens_ = &prometheus::BuildCounter()
                    .Name("tandem_generation_tokens_total")
@@ -162,6 +176,27 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
     for (const char* reason : {"aggregated", "short_prompt", "fallback"}) {
       prefill_local_->Add({{"reason", reason}});
     }
+    transfer_wait_ = &prometheus::BuildHistogram()
+                          .Name("tandem_kv_transfer_wait_seconds")
+                          .Help("Time from a Prefill call to its first KV byte (the prefill "
+                                "worker's queue and compute)")
+                          .Labels(role_label)
+                          .Register(r)
+                          .Add({}, LatencyBuckets());
+    prefill_endpoints_ = &prometheus::BuildGauge()
+                              .Name("tandem_prefill_endpoints")
+                              .Help("Prefill endpoints named by --prefill-address")
+                              .Labels(role_label)
+                              .Register(r)
+                              .Add({});
+    prefill_endpoints_usable_ =
+        &prometheus::BuildGauge()
+             .Name("tandem_prefill_endpoints_usable")
+             .Help("Prefill endpoints usable now: connected or connectable, not set aside "
+                   "after a stalled call")
+             .Labels(role_label)
+             .Register(r)
+             .Add({});
     e2e_ = &prometheus::BuildHistogram()
                 .Name("tandem_e2e_request_latency_seconds")
                 .Help("Time from Generate to the last token")
@@ -189,7 +224,8 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                          .Add({});
   transfer_seconds_ = &prometheus::BuildHistogram()
                            .Name("tandem_kv_transfer_seconds")
-                           .Help("Duration of one request's KV transfer")
+                           .Help("One request's KV transfer, first KV byte to last (sent by "
+                                 "prefill, received by decode)")
                            .Labels(role_label)
                            .Register(r)
                            .Add({}, LatencyBuckets());
@@ -198,7 +234,11 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                             .Help("Failed KV transfers by reason")
                             .Labels(role_label)
                             .Register(r);
-  for (const char* reason : {"unavailable", "data_loss", "fingerprint_mismatch", "other"}) {
+  // decode: unavailable, stalled (no first message), deadline (over budget),
+  // data_loss (CRC), incomplete (rows missing or repeated), fingerprint_mismatch;
+  // prefill: expired (lease), cancelled (the reader went away); both: other.
+  for (const char* reason : {"unavailable", "stalled", "deadline", "data_loss", "incomplete",
+                             "fingerprint_mismatch", "expired", "cancelled", "other"}) {
     transfer_failures_->Add({{"reason", reason}});
   }
 }
@@ -257,8 +297,19 @@ void WorkerMetrics::InterTokenLatency(double s) {
 void WorkerMetrics::EndToEndLatency(double s) {
   if (e2e_) e2e_->Observe(s);
 }
-void WorkerMetrics::PrefillSeconds(double s) {
-  if (prefill_) prefill_->Observe(s);
+void WorkerMetrics::PrefillSeconds(double total, double queued) {
+  if (prefill_ == nullptr) return;
+  prefill_->Observe(total);
+  prefill_queue_->Observe(queued);
+  prefill_compute_->Observe(total - queued);
+}
+void WorkerMetrics::KvTransferWait(double s) {
+  if (transfer_wait_) transfer_wait_->Observe(s);
+}
+void WorkerMetrics::PrefillEndpoints(int total, int usable) {
+  if (prefill_endpoints_ == nullptr) return;
+  prefill_endpoints_->Set(total);
+  prefill_endpoints_usable_->Set(usable);
 }
 void WorkerMetrics::KvTransfer(size_t bytes, double seconds) {
   transfer_bytes_->Increment(static_cast<double>(bytes));

@@ -43,14 +43,22 @@ class WorkerMetrics {
   void TimeToFirstToken(double s);
   void InterTokenLatency(double s);
   void EndToEndLatency(double s);
-  void PrefillSeconds(double s);
+  // A prefill's time from its call to its first token, of which `queued`
+  // waiting for the engine to schedule it (prefill role).
+  void PrefillSeconds(double total, double queued);
+  // One request's KV moved: `bytes`, first KV byte to last (sent or received).
   void KvTransfer(size_t bytes, double seconds);
+  // From a Prefill call to its first KV byte: the prefill worker's queue and
+  // compute as the decode worker waits for them (decode role).
+  void KvTransferWait(double seconds);
   void KvTransferFailure(const std::string& reason);
   // KV a decode worker did not ask for: its prefix cache held it.
   void KvTransferSaved(size_t bytes);
   // A decode worker prefilled a prompt itself: "aggregated", "short_prompt"
   // or "fallback".
   void PrefillLocal(const std::string& reason);
+  // The decode worker's prefill endpoints, and how many are usable now.
+  void PrefillEndpoints(int total, int usable);
 
   // Serves /metrics on `address` (HOST:PORT, port 0 = any). Returns the bound
   // port, or an error naming the address.
@@ -86,6 +94,11 @@ class WorkerMetrics {
   prometheus::Histogram* itl_ = nullptr;
   prometheus::Histogram* e2e_ = nullptr;
   prometheus::Histogram* prefill_ = nullptr;
+  prometheus::Histogram* prefill_queue_ = nullptr;
+  prometheus::Histogram* prefill_compute_ = nullptr;
+  prometheus::Histogram* transfer_wait_ = nullptr;  // decode role
+  prometheus::Gauge* prefill_endpoints_ = nullptr;  // decode role
+  prometheus::Gauge* prefill_endpoints_usable_ = nullptr;
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* kv_blocks_;
   prometheus::Counter* transfer_bytes_;

@@ -89,6 +89,14 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     if (!done_) on_drained_ = std::move(fn);
   }
 
+  // Runs `fn` (on a gRPC thread) with the final status once the last message
+  // has been written and the call is finishing: for a sender that times
+  // the whole stream.
+  void OnFinished(std::function<void(const grpc::Status&)> fn) {
+    MutexLock lock(&mu_);
+    if (!finished_) on_finished_ = std::move(fn);
+  }
+
   // Runs `fn` when the client cancels (at once if it already has).
   void OnCancelled(std::function<void()> fn) {
     bool now = false;
@@ -115,6 +123,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   void Pump() {
     enum { kNothing, kWrite, kFinish } action = kNothing;
     grpc::Status status;
+    std::function<void(const grpc::Status&)> finished;
     {
       MutexLock lock(&mu_);
       if (writing_ || finished_) return;
@@ -126,12 +135,15 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       } else if (final_.has_value()) {
         finished_ = true;
         status = *final_;
+        finished = std::move(on_finished_);
+        on_finished_ = nullptr;
         action = kFinish;
       }
     }
     if (action == kWrite) this->StartWrite(&current_);
     if (action == kFinish) {
       if (on_finish_) on_finish_(status);
+      if (finished) finished(status);
       this->Finish(status);
     }
   }
@@ -175,6 +187,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       cancel = std::move(on_cancel_);
       on_cancel_ = nullptr;
       on_drained_ = nullptr;
+      on_finished_ = nullptr;
       finish = std::move(on_finish_);
       on_finish_ = nullptr;
     }
@@ -193,6 +206,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   std::optional<grpc::Status> final_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
   std::function<void()> on_drained_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const grpc::Status&)> on_finished_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set in Create(), then read-only.
   std::function<void(const grpc::Status&)> on_finish_;

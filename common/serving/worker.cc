@@ -31,23 +31,9 @@ grpc::Status WorkerState::Admit() const {
   return grpc::Status::OK;
 }
 
-std::string EchoClientText(const std::string& text) {
-  if (text.size() <= kMaxEchoBytes) return text;
-  size_t cut = kMaxEchoBytes;
-  while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
-  return absl::StrCat(text.substr(0, cut), "... (", text.size(), " bytes)");
-}
-
-absl::StatusOr<std::string> ResolveRequestId(const std::string& id, size_t max_bytes) {
-  if (id.size() > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id has ", id.size(),
-                                                   " bytes; the limit is ", max_bytes));
-  }
-  if (!id.empty()) return id;
-  static std::atomic<uint64_t> counter{0};
-  // Unique within the process and unlikely to collide across restarts.
-  const uint64_t v = absl::ToUnixNanos(absl::Now()) * 6364136223846793005ull + (++counter);
-  return absl::StrFormat("req-%016x", v ^ (static_cast<uint64_t>(getpid()) << 40));
+void WorkerState::UpdateHealth() {
+  grpc::HealthCheckServiceInterface* h = health.load();
+  if (h != nullptr) h->SetServingStatus(ready.load() && !draining.load() && upstream_usable.load());
 }
 
 void BlockTerminationSignals() {
@@ -153,6 +139,15 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   // bind too and split the connections. A busy port must fail start-up.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxSendMessageSize(8 << 20);
+  // Keepalive: a peer that stops answering (frozen, its host gone) has its
+  // connection closed, and its calls cancelled, within ~15 s; clients (the
+  // decode worker's prefill channels ping every 2 s) may ping once a second,
+  // with or without calls in flight.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -161,8 +156,8 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
                       << "one of this host's)";
     return 1;
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
+  state->health = server->GetHealthCheckService();
+  state->UpdateHealth();
   const std::string host = options.grpc_address.substr(0, options.grpc_address.rfind(':'));
   TANDEM_LOG(INFO) << options.role << " worker: gRPC listening on " << host << ":" << port
                    << (options.tls.cert.empty() ? "" : options.tls.ca.empty() ? " (TLS)" : " (mTLS)")
@@ -196,7 +191,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
       client = std::make_unique<EngineClient>(&loop);
       on_engine(client.get());
       state->ready = true;
-      health->SetServingStatus(true);
+      state->UpdateHealth();
       TANDEM_LOG(INFO) << options.role << " worker: SERVING";
     } else {
       failed = true;
@@ -218,7 +213,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   // answers health checks; stop accepting only when the open streams are done
   // or the drain deadline comes (then gRPC cancels what is left).
   state->draining = true;
-  health->SetServingStatus(false);
+  state->UpdateHealth();
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(options.drain_seconds);
   while (state->open_streams.load() > 0 && std::chrono::system_clock::now() < deadline) {

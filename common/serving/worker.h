@@ -18,37 +18,33 @@
 #include "common/serving/engine_flags.h"
 #include "common/serving/engine_client.h"
 #include "common/serving/metrics.h"
+#include "common/serving/request_id.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/stream_writer.h"
 #include "common/serving/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
 
-// State every service of a worker reads: readiness, draining, open streams.
+// State every service of a worker reads: readiness, draining, open streams,
+// and what the health service reports.
 struct WorkerState {
   std::atomic<bool> ready{false};
   std::atomic<bool> draining{false};
+  // False while the worker cannot serve for lack of something outside it
+  // (a decode worker with no usable prefill worker and no local fallback).
+  std::atomic<bool> upstream_usable{true};
   // Streams admitted and not finished; draining waits for them to end.
   std::atomic<int> open_streams{0};
+  // Set by RunWorker once the server runs.
+  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
   // UNAVAILABLE while warming up or draining, else OK.
   grpc::Status Admit() const;
+  // Health: SERVING when ready, not draining and upstream_usable.
+  void UpdateHealth();
 };
-
-// Limits on request ids (client input).
-inline constexpr size_t kMaxRequestIdBytes = 256;
-// Error messages quote at most this much of any client input.
-inline constexpr size_t kMaxEchoBytes = 64;
-
-// `text` for an error message: as is up to kMaxEchoBytes, else its first
-// bytes (whole UTF-8 characters) and "... (N bytes)".
-std::string EchoClientText(const std::string& text);
-
-// The request id to use: `id`, or a fresh one ("req-" + 16 hex digits) when
-// empty. INVALID_ARGUMENT when longer than `max_bytes`.
-absl::StatusOr<std::string> ResolveRequestId(const std::string& id,
-                                             size_t max_bytes = kMaxRequestIdBytes);
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it starts
 // afterwards. Call first in main(), before anything starts a thread (gRPC

@@ -190,6 +190,18 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
   return w;
 }
 
+void ExpectBlocksFreed(const Worker& a, const Worker& b) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  double in_a = -1, in_b = -1;
+  while (std::chrono::steady_clock::now() < end) {
+    in_a = a.Metric("tandem_kv_cache_blocks_in_use");
+    in_b = b.Metric("tandem_kv_cache_blocks_in_use");
+    if (in_a == 0 && in_b == 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "KV blocks still in use: " << in_a << " and " << in_b;
+}
+
 void StopWorker(Worker& w) {
   w.process->Signal(SIGTERM);
   EXPECT_EQ(w.process->Wait(std::chrono::seconds(20)), 0) << w.process->Log();

@@ -72,6 +72,10 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
                    int grpc_port = 0,
                    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+// Expects both workers to hold no KV block within 10 s (freed on their
+// engine threads a little after a stream ends).
+void ExpectBlocksFreed(const Worker& a, const Worker& b);
+
 // SIGTERM, then expects a clean drain: exit 0 within 20 s (the log otherwise).
 void StopWorker(Worker& w);
 

@@ -6,6 +6,7 @@
 
 #include "common/engine/engine.h"
 #include "gtest/gtest.h"
+#include "tests/integration/fault_proxy.h"
 #include "tests/integration/harness.h"
 
 namespace tandem::testing {
@@ -40,18 +41,6 @@ std::map<std::string, std::vector<int32_t>> RunLocally(const EngineConfig& confi
 }
 
 // Waits (bounded) until both workers report no KV block in use.
-void ExpectBlocksFreed(const Worker& a, const Worker& b) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  double in_a = -1, in_b = -1;
-  while (std::chrono::steady_clock::now() < end) {
-    in_a = a.Metric("tandem_kv_cache_blocks_in_use");
-    in_b = b.Metric("tandem_kv_cache_blocks_in_use");
-    if (in_a == 0 && in_b == 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ADD_FAILURE() << "KV blocks still in use: " << in_a << " and " << in_b;
-}
-
 // One pair shared by the tests of this suite; prefill and decode use
 // different block sizes on purpose.
 class PairTest : public ::testing::Test {
@@ -231,17 +220,18 @@ TEST(PairFailureTest, TwoPrefillWorkersBothGetTraffic) {
 }
 
 TEST(PairFailureTest, BadChecksumRetriedOnceThenDataLoss) {
-  Worker once = StartWorker("prefill_worker", {"--fault-corrupt-kv-streams=1"});
-  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + once.address()});
+  Worker prefill = StartWorker("prefill_worker", {});
+  FaultProxy proxy(prefill.address());
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + proxy.address()});
+  proxy.Inject(Fault::kCorruptChecksum, 1);
   GenerateResult r = Generate(decode.address(), MakeRequest("crc-1", Prompt(40, 1), 4));
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(decode.Metric("tandem_kv_transfer_failures_total", {{"reason", "data_loss"}}), 1);
 
-  Worker twice = StartWorker("prefill_worker", {"--fault-corrupt-kv-streams=2"});
-  Worker decode2 = StartWorker("decode_worker", {"--prefill-address=" + twice.address()});
-  r = Generate(decode2.address(), MakeRequest("crc-2", Prompt(40, 1), 4));
+  proxy.Inject(Fault::kCorruptChecksum, 2);
+  r = Generate(decode.address(), MakeRequest("crc-2", Prompt(40, 1), 4));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DATA_LOSS) << r.status.error_message();
-  ExpectBlocksFreed(twice, decode2);
+  ExpectBlocksFreed(prefill, decode);
 }
 
 TEST(PairFailureTest, FingerprintMismatchIsFailedPrecondition) {

@@ -1,0 +1,75 @@
+#include "decode_worker/prefill_pool.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace tandem {
+
+absl::StatusOr<std::vector<std::string>> PrefillPool::SplitTarget(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("the prefill address is empty");
+  std::vector<std::string> out;
+  for (const char* scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(address, scheme)) continue;
+    for (absl::string_view part :
+         absl::StrSplit(address.substr(5), ',', absl::SkipWhitespace())) {
+      out.push_back(absl::StrCat(scheme, part));
+    }
+    if (out.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the prefill address '", address, "' lists no endpoint"));
+    }
+    return out;
+  }
+  // HOST:PORT or a resolver's target (dns:///, unix:, ...): one endpoint.
+  out.push_back(address);
+  return out;
+}
+
+PrefillPool::PrefillPool(const std::string& address,
+                         std::shared_ptr<grpc::ChannelCredentials> credentials,
+                         grpc::ChannelArguments args, absl::Duration eject_for)
+    : eject_for_(eject_for) {
+  args.SetLoadBalancingPolicyName("round_robin");
+  auto targets = SplitTarget(address);
+  for (const std::string& target : targets.ok() ? *targets : std::vector<std::string>{address}) {
+    auto e = std::make_unique<Endpoint>();
+    e->target = target;
+    e->channel = grpc::CreateCustomChannel(target, credentials, args);
+    e->stub = v1::Prefill::NewStub(e->channel);
+    endpoints_.push_back(std::move(e));
+  }
+}
+
+bool PrefillPool::Usable(const Endpoint& e, int64_t now_ns) const {
+  if (e.ejected_until_ns.load() > now_ns) return false;
+  const grpc_connectivity_state s = e.channel->GetState(/*try_to_connect=*/false);
+  return s != GRPC_CHANNEL_TRANSIENT_FAILURE && s != GRPC_CHANNEL_SHUTDOWN;
+}
+
+PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid) {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  const size_t n = endpoints_.size();
+  const uint64_t start = next_.fetch_add(1);
+  Endpoint* fallback = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    Endpoint* e = endpoints_[(start + i) % n].get();
+    if (!Usable(*e, now)) continue;
+    if (e != avoid) return e;
+    fallback = e;
+  }
+  return fallback != nullptr ? fallback : endpoints_[start % n].get();
+}
+
+void PrefillPool::Eject(Endpoint* e) {
+  e->ejected_until_ns = absl::ToUnixNanos(absl::Now() + eject_for_);
+}
+
+int PrefillPool::CountUsable() const {
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  int usable = 0;
+  for (const auto& e : endpoints_) usable += Usable(*e, now);
+  return usable;
+}
+
+}  // namespace tandem

@@ -1,0 +1,67 @@
+// PrefillPool: the prefill workers a decode worker pulls KV from, as named by
+// --prefill-address. A list (HOST:PORT, ipv4:h1:p1,h2:p2, ipv6:[a]:p,[b]:p)
+// becomes one channel per endpoint, so that a request whose Prefill call
+// stalls is retried on a *different* worker and a stuck one is set aside; any
+// other target (dns:///name:port, a Kubernetes headless service) is one
+// endpoint whose channel balances over what the name resolves to
+// (round_robin, keepalives evicting a dead peer).
+//
+// An endpoint is usable when its channel is not in TRANSIENT_FAILURE (or
+// SHUTDOWN) and it was not set aside (Eject) within the last eject period:
+// keepalive pings fail a frozen peer's connection within seconds, and a call
+// with no first message within the first-message timeout ejects it at once.
+//
+// Thread-safe.
+#ifndef TANDEM_DECODE_WORKER_PREFILL_POOL_H_
+#define TANDEM_DECODE_WORKER_PREFILL_POOL_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/tandem/v1/tandem.grpc.pb.h"
+
+namespace tandem {
+
+class PrefillPool {
+ public:
+  struct Endpoint {
+    std::string target;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Prefill::Stub> stub;
+    std::atomic<int64_t> ejected_until_ns{0};  // absl::ToUnixNanos
+  };
+
+  // The endpoint targets `address` names (see above); INVALID_ARGUMENT for
+  // an empty one.
+  static absl::StatusOr<std::vector<std::string>> SplitTarget(const std::string& address);
+
+  // One channel per target with `args` (keepalives and retries are the
+  // caller's; round_robin is set here).
+  PrefillPool(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+              grpc::ChannelArguments args, absl::Duration eject_for);
+
+  // The next usable endpoint in rotation other than `avoid` (null: any);
+  // when none is, the next usable one, `avoid` included; when none at all,
+  // the next one in rotation (its call fails or recovers on its own).
+  Endpoint* Pick(const Endpoint* avoid = nullptr);
+  // Sets `e` aside for the eject period (its call made no progress).
+  void Eject(Endpoint* e);
+  int CountUsable() const;
+  int size() const { return static_cast<int>(endpoints_.size()); }
+
+ private:
+  bool Usable(const Endpoint& e, int64_t now_ns) const;
+
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  absl::Duration eject_for_;
+  std::atomic<uint64_t> next_{0};
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_DECODE_WORKER_PREFILL_POOL_H_

@@ -1,0 +1,331 @@
+// KV integrity and the prefill lifecycle, against real workers: a damaged KV
+// stream (through a fault-injecting proxy) never yields a token with status
+// OK or a prefix-cache entry; a stuck prefill worker is routed around; a
+// stalled or vanished reader never holds the prefill worker's blocks.
+#include <signal.h>
+
+#include <map>
+#include <thread>
+
+#include "common/engine/engine.h"
+#include "gtest/gtest.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "tests/integration/fault_proxy.h"
+#include "tests/integration/harness.h"
+
+namespace tandem::testing {
+namespace {
+
+// Greedy tokens of the synthetic model, computed in this process.
+std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, int max_tokens) {
+  EngineConfig config;
+  config.runner.graph.requested_mode = CudaGraphMode::kNone;
+  auto engine = LlmEngine::Create(config).value();
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  EXPECT_TRUE(engine->AddRequest("local", prompt, p).ok());
+  std::vector<int32_t> out;
+  while (engine->HasWork()) {
+    const std::vector<RequestOutput> outputs = engine->Step().value();
+    for (const RequestOutput& o : outputs) {
+      out.insert(out.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  return out;
+}
+
+v1::GenerateRequest Request(const std::string& id, const std::vector<int32_t>& prompt, int n) {
+  v1::GenerateRequest r = MakeRequest(id, prompt, n);
+  r.mutable_sampling()->set_ignore_eos(true);
+  return r;
+}
+
+double Failures(const Worker& w, const std::string& reason) {
+  return w.Metric("tandem_kv_transfer_failures_total", {{"reason", reason}});
+}
+
+// The defect: a stream missing every chunk of layers >= 1 ended OK with wrong
+// tokens, and its blocks entered the decode worker's prefix cache, so the
+// next request with that prefix, through a healthy prefill worker, was wrong
+// too.
+TEST(KvIntegrityTest, IncompleteStreamIsDataLossAndNeverEntersThePrefixCache) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  FaultProxy proxy(prefill.address());
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + proxy.address()});
+  const std::vector<int32_t> prompt = TestPrompt(64, 11);
+  const std::vector<int32_t> expected = LocalTokens(prompt, 8);
+
+  proxy.Inject(Fault::kDropLayersAboveZero);
+  GenerateResult bad = Generate(decode.address(), Request("drop", prompt, 8));
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::DATA_LOSS) << bad.status.error_message();
+  EXPECT_NE(bad.status.error_message().find("layer 1 is missing tokens [0, 64)"),
+            std::string::npos)
+      << bad.status.error_message();
+  EXPECT_TRUE(bad.tokens.empty());
+  EXPECT_EQ(Failures(decode, "incomplete"), 1);
+  ExpectBlocksFreed(prefill, decode);
+  EXPECT_EQ(decode.Metric("tandem_kv_cache_blocks_cached"), 0);
+
+  proxy.Inject(Fault::kNone);
+  GenerateResult good = Generate(decode.address(), Request("healthy", prompt, 8));
+  ASSERT_TRUE(good.status.ok()) << good.status.error_message();
+  EXPECT_EQ(good.tokens, expected);
+  EXPECT_EQ(decode.Metric("tandem_prefix_cache_hits_total"), 0);
+  ExpectBlocksFreed(prefill, decode);
+  StopWorker(decode);
+  StopWorker(prefill);
+}
+
+// Every damaged stream ends with the right status and no token; a reordered
+// but complete one is accepted; stalls end at the prefill budget; with
+// --prefill-fallback=local each is computed locally instead, with the right
+// tokens. Never a wrong token with status OK; no block left in use.
+TEST(KvIntegrityTest, EveryDamagedStreamFailsOrFallsBackWithTheRightTokens) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  FaultProxy proxy(prefill.address());
+  const std::vector<std::string> budget = {"--prefill-address=" + proxy.address(),
+                                           "--prefill-timeout-seconds=3",
+                                           "--prefill-timeout-per-token-ms=0"};
+  Worker strict = StartWorker("decode_worker", budget);
+  std::vector<std::string> fallback_flags = budget;
+  fallback_flags.push_back("--prefill-fallback=local");
+  Worker fallback = StartWorker("decode_worker", fallback_flags);
+  struct Case {
+    Fault fault;
+    grpc::StatusCode strict_code;
+    const char* reason;  // counted by the decode worker
+  };
+  const std::vector<Case> cases = {
+      {Fault::kDuplicateChunk, grpc::StatusCode::DATA_LOSS, "incomplete"},
+      {Fault::kDropLastChunk, grpc::StatusCode::DATA_LOSS, "incomplete"},
+      {Fault::kEndWithoutDone, grpc::StatusCode::DATA_LOSS, "incomplete"},
+      {Fault::kReorder, grpc::StatusCode::OK, nullptr},
+      {Fault::kStallAfterHeader, grpc::StatusCode::DEADLINE_EXCEEDED, "deadline"},
+      {Fault::kStallMidStream, grpc::StatusCode::DEADLINE_EXCEEDED, "deadline"},
+  };
+  int seed = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(static_cast<int>(c.fault));
+    // 300 tokens: two chunks per layer, so reordering and dropping the last
+    // one leave the others in place.
+    const std::vector<int32_t> prompt = TestPrompt(300, ++seed);
+    const std::vector<int32_t> expected = LocalTokens(prompt, 6);
+    for (Worker* decode : {&strict, &fallback}) {
+      const double before = c.reason ? Failures(*decode, c.reason) : 0;
+      proxy.Inject(c.fault);
+      GenerateResult r = Generate(decode->address(), Request("f" + std::to_string(seed), prompt, 6),
+                                  std::chrono::seconds(30));
+      const bool falls_back = decode == &fallback;
+      const grpc::StatusCode want = falls_back ? grpc::StatusCode::OK : c.strict_code;
+      EXPECT_EQ(r.status.error_code(), want) << r.status.error_message();
+      if (r.status.ok()) {
+        EXPECT_EQ(r.tokens, expected);
+      } else {
+        EXPECT_TRUE(r.tokens.empty());
+      }
+      if (c.reason) EXPECT_EQ(Failures(*decode, c.reason), before + 1);
+      ExpectBlocksFreed(prefill, *decode);
+    }
+  }
+  EXPECT_EQ(fallback.Metric("tandem_prefill_local_total", {{"reason", "fallback"}}), 5);
+  proxy.Inject(Fault::kNone);
+  StopWorker(strict);
+  StopWorker(fallback);
+  StopWorker(prefill);
+}
+
+// The defect: with one of two prefill workers frozen (SIGSTOP) every second
+// request waited the whole prefill budget and failed, while the decode
+// worker reported SERVING. Now a call with no first message within 1 s is
+// retried on the other worker, the frozen one is set aside, and every
+// request completes; the usable-endpoint gauge says 1 of 2.
+TEST(KvIntegrityTest, FrozenPrefillWorkerIsRoutedAround) {
+  Worker a = StartWorker("prefill_worker", {});
+  Worker b = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker",
+                              {"--prefill-address=ipv4:" + a.address() + "," + b.address(),
+                               "--prefill-first-message-timeout-seconds=1"});
+  EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints", 2), 2);
+  for (int i = 0; i < 4; ++i) {  // connect to both
+    ASSERT_TRUE(Generate(decode.address(), Request("warm" + std::to_string(i), {1, 2, 3}, 2)).status.ok());
+  }
+  a.process->Signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) {
+    const std::vector<int32_t> prompt = TestPrompt(20, 200 + i);
+    GenerateResult r = Generate(decode.address(), Request("fz" + std::to_string(i), prompt, 4),
+                                std::chrono::seconds(30));
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    EXPECT_EQ(r.tokens, LocalTokens(prompt, 4));
+  }
+  // At most one first-message timeout per request, and in fact a handful:
+  // the frozen worker is set aside after the first.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  EXPECT_GE(Failures(decode, "stalled"), 1);
+  EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints_usable", 1), 1);
+  EXPECT_TRUE(WaitForServing(decode.address(), std::chrono::seconds(2)));
+  a.process->Signal(SIGCONT);
+  StopWorker(decode);
+  StopWorker(a);
+  StopWorker(b);
+}
+
+// With its only prefill worker gone and no fallback, the decode worker
+// reports NOT_SERVING (it cannot serve); with --prefill-fallback=local it
+// stays SERVING.
+TEST(KvIntegrityTest, HealthFollowsUsablePrefillEndpoints) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker strict = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  Worker fallback = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                  "--prefill-fallback=local"});
+  for (Worker* d : {&strict, &fallback}) {
+    ASSERT_TRUE(Generate(d->address(), Request("h", {1, 2, 3}, 2)).status.ok());
+  }
+  StopWorker(prefill);
+  for (Worker* d : {&strict, &fallback}) {  // a call notices the connection is gone
+    Generate(d->address(), Request("h2", {1, 2, 3}, 2), std::chrono::seconds(10));
+  }
+  EXPECT_EQ(AwaitMetric(strict, "tandem_prefill_endpoints_usable", 0, std::chrono::seconds(10)), 0);
+  auto health = [](const Worker& w) {
+    auto stub = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(w.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::health::v1::HealthCheckResponse resp;
+    EXPECT_TRUE(stub->Check(&ctx, {}, &resp).ok());
+    return resp.status();
+  };
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < end &&
+         health(strict) != grpc::health::v1::HealthCheckResponse::NOT_SERVING) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(health(strict), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(health(fallback), grpc::health::v1::HealthCheckResponse::SERVING);
+  GenerateResult local = Generate(fallback.address(), Request("h3", {1, 2, 3}, 2));
+  EXPECT_TRUE(local.status.ok()) << local.status.error_message();
+  StopWorker(strict);
+  StopWorker(fallback);
+}
+
+// A reader that stops reading keeps the prefill worker's blocks only for
+// the export lease, however far its deadline.
+TEST(KvIntegrityTest, StalledReaderLosesItsLease) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096",
+                                                  "--kv-export-timeout-seconds=2"});
+  grpc::ChannelArguments args;  // a transport that takes no more than is read
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
+      prefill.address(), grpc::InsecureChannelCredentials(), args));
+  v1::PrefillRequest req;
+  req.set_request_id("stalled-reader");
+  for (int32_t t : TestPrompt(3000, 7)) req.add_prompt_token_ids(t);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto reader = stub->Prefill(&ctx, req);
+  v1::PrefillResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_header());
+  EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_transfer_failures_total", 1, std::chrono::seconds(20)),
+            1);
+  EXPECT_EQ(Failures(prefill, "expired"), 1);
+  EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  reader->Finish();
+  StopWorker(prefill);
+}
+
+// A decode worker frozen (SIGSTOP) or killed while KV streams to it: the
+// prefill worker frees the request's blocks (lease, keepalive, or the
+// broken connection). The frozen one, resumed, ends its request with an
+// error, never a wrong token, and holds no block.
+TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096",
+                                                  "--kv-export-timeout-seconds=2"});
+  for (int sig : {SIGSTOP, SIGKILL}) {
+    SCOPED_TRACE(sig);
+    Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                  "--max-model-len=8192"});
+    const std::vector<int32_t> prompt = TestPrompt(6000, sig);
+    GenerateResult r;
+    std::thread client([&] {
+      r = Generate(decode.address(), Request("big", prompt, 2), std::chrono::seconds(60));
+    });
+    // Freeze or kill it once the prefill worker holds the prompt's KV.
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < end &&
+           prefill.Metric("tandem_kv_cache_blocks_in_use") < 300) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    decode.process->Signal(sig);
+    EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(20)), 0);
+    if (sig == SIGSTOP) {
+      decode.process->Signal(SIGCONT);
+      client.join();
+      if (r.status.ok()) {
+        EXPECT_EQ(r.tokens, LocalTokens(prompt, 2));  // it made it before the freeze
+      }
+      EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0), 0);
+      StopWorker(decode);
+    } else {
+      client.join();
+      EXPECT_FALSE(r.status.ok());
+    }
+  }
+  StopWorker(prefill);
+}
+
+// The defect: a cancel's release ran twice (the cancel, then a queued
+// export step), so a client reusing its request_id right after a cancel
+// could have its new request aborted. Each stream is released once.
+TEST(KvIntegrityTest, ReusedRequestIdIsNeverHitByAStaleCancel) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096"});
+  auto stub = v1::Prefill::NewStub(
+      grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials()));
+  v1::PrefillRequest req;
+  req.set_request_id("reused");
+  for (int32_t t : TestPrompt(2500, 9)) req.add_prompt_token_ids(t);
+  for (int i = 0; i < 5; ++i) {
+    {
+      grpc::ClientContext ctx;
+      auto reader = stub->Prefill(&ctx, req);
+      v1::PrefillResponse msg;
+      ASSERT_TRUE(reader->Read(&msg));  // header
+      ASSERT_TRUE(reader->Read(&msg));  // the first chunk: the export is under way
+      ctx.TryCancel();
+      while (reader->Read(&msg)) {
+      }
+      reader->Finish();
+    }
+    // Reuse the id at once (retrying while the cancel is still in flight).
+    grpc::Status status;
+    int chunks = 0;
+    bool done = false;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      grpc::ClientContext ctx;
+      auto reader = stub->Prefill(&ctx, req);
+      v1::PrefillResponse msg;
+      chunks = 0;
+      done = false;
+      while (reader->Read(&msg)) {
+        chunks += msg.has_chunk();
+        done = done || msg.has_done();
+      }
+      status = reader->Finish();
+      if (status.error_code() != grpc::StatusCode::ALREADY_EXISTS) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(status.ok()) << i << ": " << status.error_message();
+    EXPECT_TRUE(done);
+    EXPECT_EQ(chunks, 4 * 3);  // 4 layers, 2500 tokens in chunks of 1024
+  }
+  EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
+  StopWorker(prefill);
+}
+
+}  // namespace
+}  // namespace tandem::testing
