@@ -27,7 +27,7 @@ case "$mode" in
     cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
     TSAN_OPTIONS="suppressions=$(pwd)/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
       ctest --test-dir build-tsan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
-        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|EngineClient)"
+        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|EngineClient|KvIntegrity|KvStreamChecker)"
     ;;
   *) echo "sanitizers.sh: unknown mode '$mode' (asan or tsan)" >&2; exit 2 ;;
 esac

@@ -228,8 +228,10 @@ TEST(KvIntegrityTest, StalledReaderLosesItsLease) {
   v1::PrefillResponse msg;
   ASSERT_TRUE(reader->Read(&msg));
   ASSERT_TRUE(msg.has_header());
-  EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_transfer_failures_total", 1, std::chrono::seconds(20)),
-            1);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < end && Failures(prefill, "expired") < 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   EXPECT_EQ(Failures(prefill, "expired"), 1);
   EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
   ctx.TryCancel();
@@ -248,9 +250,9 @@ TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
                                                   "--kv-export-timeout-seconds=2"});
   for (int sig : {SIGSTOP, SIGKILL}) {
     SCOPED_TRACE(sig);
-    Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
-                                                  "--max-model-len=8192"});
-    const std::vector<int32_t> prompt = TestPrompt(6000, sig);
+    Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+    // 4,000 tokens: 250 blocks, 4 MiB of KV.
+    const std::vector<int32_t> prompt = TestPrompt(4000, sig);
     GenerateResult r;
     std::thread client([&] {
       r = Generate(decode.address(), Request("big", prompt, 2), std::chrono::seconds(60));
@@ -258,7 +260,7 @@ TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
     // Freeze or kill it once the prefill worker holds the prompt's KV.
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < end &&
-           prefill.Metric("tandem_kv_cache_blocks_in_use") < 300) {
+           prefill.Metric("tandem_kv_cache_blocks_in_use") < 250) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     decode.process->Signal(sig);
@@ -321,7 +323,7 @@ TEST(KvIntegrityTest, ReusedRequestIdIsNeverHitByAStaleCancel) {
     }
     ASSERT_TRUE(status.ok()) << i << ": " << status.error_message();
     EXPECT_TRUE(done);
-    EXPECT_EQ(chunks, 4 * 3);  // 4 layers, 2500 tokens in chunks of 1024
+    EXPECT_EQ(chunks, 4);  // 4 layers, 2500 tokens of 256 KV bytes in one 1 MiB chunk each
   }
   EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
   StopWorker(prefill);
