@@ -250,8 +250,14 @@ TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
   auto reader = stub->Prefill(&ctx, req);
   v1::PrefillResponse msg;
   ASSERT_TRUE(reader->Read(&msg));
-  ASSERT_TRUE(msg.has_header());
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a stalled reader
+  ASSERT_TRUE(msg.has_header());  // sent at admission, before the prompt is computed
+  // The prompt computed (its blocks show after the step), then a stalled reader.
+  const auto computed = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < computed &&
+         prefill.Metric("tandem_kv_cache_blocks_in_use") == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_GT(prefill.Metric("tandem_kv_cache_blocks_in_use"), 0);
   int chunks = 0;
   bool done = false;
