@@ -36,7 +36,10 @@
 #include "common/serving/kv_transfer.h"
 #include "common/serving/metrics.h"
 #include "common/serving/stream_writer.h"
-#include "common/serving/worker.h"
+#include "common/serving/open_stream.h"
+#include "common/serving/request_id.h"
+#include "common/serving/sampling_proto.h"
+#include "common/serving/worker_state.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {

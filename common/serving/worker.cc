@@ -20,40 +20,12 @@
 
 namespace tandem {
 
-grpc::Status WorkerState::Admit() const {
-  if (draining.load()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down; retry elsewhere");
-  }
-  if (!ready.load()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the worker is warming up (loading the model, capturing graphs); retry");
-  }
-  return grpc::Status::OK;
-}
-
-void WorkerState::UpdateHealth() {
-  grpc::HealthCheckServiceInterface* h = health.load();
-  if (h != nullptr) h->SetServingStatus(ready.load() && !draining.load() && upstream_usable.load());
-}
-
 void BlockTerminationSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-}
-
-SamplingParams FromProto(const v1::SamplingParams& p) {
-  SamplingParams s;
-  s.max_tokens = p.max_tokens();
-  s.temperature = p.temperature();
-  s.top_p = p.top_p() == 0.f ? 1.f : p.top_p();
-  s.top_k = p.top_k();
-  s.seed = p.seed();
-  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
-  s.ignore_eos = p.ignore_eos();
-  return s;
 }
 
 void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {

@@ -7,44 +7,20 @@
 #ifndef TANDEM_COMMON_SERVING_WORKER_H_
 #define TANDEM_COMMON_SERVING_WORKER_H_
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/base/flags.h"
-#include "common/engine/sampling.h"
 #include "common/serving/engine_flags.h"
 #include "common/serving/engine_client.h"
 #include "common/serving/metrics.h"
-#include "common/serving/request_id.h"
-#include "common/serving/status_convert.h"
-#include "common/serving/stream_writer.h"
 #include "common/serving/tls.h"
+#include "common/serving/worker_state.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
-
-// State every service of a worker reads: readiness, draining, open streams,
-// and what the health service reports.
-struct WorkerState {
-  std::atomic<bool> ready{false};
-  std::atomic<bool> draining{false};
-  // False while the worker cannot serve for lack of something outside it
-  // (a decode worker with no usable prefill worker and no local fallback).
-  std::atomic<bool> upstream_usable{true};
-  // Streams admitted and not finished; draining waits for them to end.
-  std::atomic<int> open_streams{0};
-  // Set by RunWorker once the server runs.
-  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
-  // UNAVAILABLE while warming up or draining, else OK.
-  grpc::Status Admit() const;
-  // Health: SERVING when ready, not draining and upstream_usable.
-  void UpdateHealth();
-};
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it starts
 // afterwards. Call first in main(), before anything starts a thread (gRPC
@@ -71,32 +47,6 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options);
 int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
                            const EngineFlags& engine_flags, int argc, char** argv,
                            EngineConfig* config);
-
-// A server stream of a worker: its final status is counted in
-// tandem_requests_total and, once admitted, in state->open_streams. Returns
-// the writer and whether it was admitted; when not (warming up, draining), it
-// has already ended with UNAVAILABLE.
-template <typename Msg>
-std::pair<std::shared_ptr<StreamWriter<Msg>>, bool> OpenStream(
-    WorkerState* state, WorkerMetrics* metrics, grpc::CallbackServerContext* context) {
-  auto admitted = std::make_shared<std::atomic<bool>>(false);
-  auto writer = StreamWriter<Msg>::Create(
-      [state, metrics, admitted](const grpc::Status& s) {
-        metrics->RequestFinished(GrpcCodeName(s.error_code()));
-        if (admitted->load()) --state->open_streams;
-      },
-      context->deadline());
-  if (grpc::Status s = state->Admit(); !s.ok()) {
-    writer->End(s);
-    return {writer, false};
-  }
-  ++state->open_streams;
-  admitted->store(true);
-  return {writer, true};
-}
-
-// Sampling parameters from the API message (top_p 0 means 1).
-SamplingParams FromProto(const v1::SamplingParams& p);
 
 // Runs a worker until a signal: `services` are registered on the server; the
 // engine loop is handed to `on_engine` (on the loop thread) once graphs are

@@ -20,6 +20,7 @@ namespace {
 std::vector<int32_t> LocalTokens(const std::vector<int32_t>& prompt, int max_tokens) {
   EngineConfig config;
   config.runner.graph.requested_mode = CudaGraphMode::kNone;
+  config.num_kv_blocks = 512;  // 8,192 tokens: quick to set up under sanitizers
   auto engine = LlmEngine::Create(config).value();
   SamplingParams p;
   p.max_tokens = max_tokens;
@@ -150,19 +151,22 @@ TEST(KvIntegrityTest, FrozenPrefillWorkerIsRoutedAround) {
   for (int i = 0; i < 4; ++i) {  // connect to both
     ASSERT_TRUE(Generate(decode.address(), Request("warm" + std::to_string(i), {1, 2, 3}, 2)).status.ok());
   }
-  a.process->Signal(SIGSTOP);
-  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<int32_t>> prompts, expected;
   for (int i = 0; i < 8; ++i) {
-    const std::vector<int32_t> prompt = TestPrompt(20, 200 + i);
-    GenerateResult r = Generate(decode.address(), Request("fz" + std::to_string(i), prompt, 4),
+    prompts.push_back(TestPrompt(20, 200 + i));
+    expected.push_back(LocalTokens(prompts.back(), 4));
+  }
+  a.process->Signal(SIGSTOP);
+  for (int i = 0; i < 8; ++i) {
+    GenerateResult r = Generate(decode.address(), Request("fz" + std::to_string(i), prompts[i], 4),
                                 std::chrono::seconds(30));
     ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
-    EXPECT_EQ(r.tokens, LocalTokens(prompt, 4));
+    EXPECT_EQ(r.tokens, expected[i]);
   }
-  // At most one first-message timeout per request, and in fact a handful:
-  // the frozen worker is set aside after the first.
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+  // Round robin alone would send every second request to the frozen worker
+  // (4 stalls); set aside after its first stall, it gets few or none.
   EXPECT_GE(Failures(decode, "stalled"), 1);
+  EXPECT_LE(Failures(decode, "stalled"), 2);
   EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints_usable", 1), 1);
   EXPECT_TRUE(WaitForServing(decode.address(), std::chrono::seconds(2)));
   a.process->Signal(SIGCONT);

@@ -1,0 +1,15 @@
+// The API's SamplingParams message as the engine's SamplingParams.
+#ifndef TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_
+#define TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_
+
+#include "common/engine/sampling.h"
+#include "proto/tandem/v1/tandem.pb.h"
+
+namespace tandem {
+
+// Sampling parameters from the API message (top_p 0 means 1).
+SamplingParams FromProto(const v1::SamplingParams& p);
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_
