@@ -54,7 +54,8 @@ if ! $DOCKER image inspect "$BASE" >/dev/null 2>&1; then
 fi
 
 start=$(date +%s)
-$DOCKER build --network host -f deploy/docker/Dockerfile --build-arg CPU_IMAGE="$BASE" \
+$DOCKER build --network host -f deploy/docker/Dockerfile --build-arg BUILD_IMAGE="$BASE" \
+  --build-arg RUNTIME_IMAGE="$BASE" \
   -t tandem:cpu . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log" >&2; exit 1; }
 size=$($DOCKER image inspect tandem:cpu --format '{{.Size}}')
 echo "test_image: tandem:cpu built in $(( $(date +%s) - start )) s, $(( size / 1048576 )) MiB"
