@@ -190,6 +190,14 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
   return w;
 }
 
+std::unique_ptr<v1::Prefill::Stub> SlowReaderPrefillStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  return v1::Prefill::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
 void ExpectBlocksFreed(const Worker& a, const Worker& b) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   double in_a = -1, in_b = -1;

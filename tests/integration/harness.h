@@ -72,6 +72,10 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
                    int grpc_port = 0,
                    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
+// A Prefill stub whose transport takes no more than its reader reads (no
+// BDP growth of the HTTP/2 window), as a slow client over a real network.
+std::unique_ptr<v1::Prefill::Stub> SlowReaderPrefillStub(const std::string& address);
+
 // Expects both workers to hold no KV block within 10 s (freed on their
 // engine threads a little after a stream ends).
 void ExpectBlocksFreed(const Worker& a, const Worker& b);

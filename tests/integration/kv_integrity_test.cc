@@ -218,11 +218,7 @@ TEST(KvIntegrityTest, HealthFollowsUsablePrefillEndpoints) {
 TEST(KvIntegrityTest, StalledReaderLosesItsLease) {
   Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096",
                                                   "--kv-export-timeout-seconds=2"});
-  grpc::ChannelArguments args;  // a transport that takes no more than is read
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
-  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
-      prefill.address(), grpc::InsecureChannelCredentials(), args));
+  auto stub = SlowReaderPrefillStub(prefill.address());
   v1::PrefillRequest req;
   req.set_request_id("stalled-reader");
   for (int32_t t : TestPrompt(3000, 7)) req.add_prompt_token_ids(t);

@@ -233,13 +233,7 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
 // blocks are freed once the reader has taken it all.
 TEST(ReliabilityTest, PrefillStreamsAreFlowControlled) {
   Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096"});
-  // A reader whose transport takes no more than it reads (no BDP growth of
-  // the HTTP/2 window), as a slow client over a real network would be.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
-  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
-      prefill.address(), grpc::InsecureChannelCredentials(), args));
+  auto stub = SlowReaderPrefillStub(prefill.address());
   // 3,000 tokens of the synthetic model: 3 MiB of KV in 4 chunks, more than
   // the stream's window.
   v1::PrefillRequest req;
