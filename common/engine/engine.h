@@ -98,7 +98,8 @@ class LlmEngine {
   // next Step() when nobody takes it before.
   absl::Status RemoteKvArrived(const std::string& id, int32_t first_token);
   // A WAITING_FOR_REMOTE_KV request is computed here after all (its prefill
-  // worker is gone), reusing its cached prefix.
+  // worker is gone, stalled or sent incomplete KV), reusing its cached prefix;
+  // rows imported so far are overwritten.
   absl::Status ComputeLocally(const std::string& id);
   // Reads rows [first, first + count) of `layer` of a request's cached KV.
   absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,

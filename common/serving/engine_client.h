@@ -49,7 +49,8 @@ class EngineClient {
   void ImportKv(const std::string& id, v1::KvChunk chunk);
   // The request's KV is in and `token` was sampled after it.
   void RemoteKvArrived(const std::string& id, int32_t token);
-  // Prefill the request here after all (its prefill worker is unreachable).
+  // Prefill the request here after all (no prefill worker delivered complete
+  // KV in time); whatever rows ImportKv wrote are computed again.
   void ComputeLocally(const std::string& id);
   // Drops the request (any state) and frees its blocks; no more outputs.
   void Cancel(const std::string& id);

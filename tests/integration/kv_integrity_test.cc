@@ -125,7 +125,9 @@ TEST(KvIntegrityTest, EveryDamagedStreamFailsOrFallsBackWithTheRightTokens) {
       } else {
         EXPECT_TRUE(r.tokens.empty());
       }
-      if (c.reason) EXPECT_EQ(Failures(*decode, c.reason), before + 1);
+      if (c.reason) {
+        EXPECT_EQ(Failures(*decode, c.reason), before + 1);
+      }
       ExpectBlocksFreed(prefill, *decode);
     }
   }
