@@ -34,6 +34,9 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {
              "HOST:PORT of the Prometheus /metrics endpoint (port 0: any)");
   flags->Add("drain-seconds", &options->drain_seconds,
              "grace period for in-flight streams on SIGTERM");
+  flags->Add("max-connection-age-seconds", &options->max_connection_age_seconds,
+             "close each client connection after this long (calls in flight finish), so "
+             "clients re-resolve DNS and spread over replicas added since (0 = never)");
   flags->Add("cudagraph-metrics-interval", &options->cudagraph_metrics_interval,
              "log a table of recent steps every N seconds (0 = off)");
   options->tls.Register(flags, "", /*server=*/true);
@@ -97,6 +100,12 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   sigaddset(&signals, SIGINT);
   const pthread_t main_thread = pthread_self();
 
+  if (options.max_connection_age_seconds < 0 || options.drain_seconds < 0) {
+    TANDEM_LOG(ERROR) << options.role << " worker: --max-connection-age-seconds="
+                      << options.max_connection_age_seconds << " and --drain-seconds="
+                      << options.drain_seconds << " must be >= 0";
+    return 2;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto credentials = ServerCredentials(options.tls);
@@ -120,6 +129,14 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // gRPC's DNS resolver looks a name up again only when a connection drops:
+  // without an age limit a client keeps the replicas it saw first. The grace
+  // period is unbounded: a stream in flight (a long generation, a KV
+  // transfer) always finishes on its old connection.
+  if (options.max_connection_age_seconds > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               options.max_connection_age_seconds * 1000);
+  }
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -32,6 +32,10 @@ struct WorkerOptions {
   std::string grpc_address;
   std::string metrics_address;
   int drain_seconds = 30;
+  // Connections are closed (GOAWAY; calls in flight finish) after this long,
+  // so clients of a DNS name re-resolve it and reach workers added since
+  // (Kubernetes scale-up). 0: never.
+  int max_connection_age_seconds = 300;
   // Log a table of recent steps (tokens, padded tokens, runtime mode, count)
   // every N seconds, like vLLM's --cudagraph-metrics; 0 = off.
   int cudagraph_metrics_interval = 0;

@@ -245,6 +245,11 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
                         std::chrono::milliseconds deadline) {
   auto stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return Generate(stub.get(), request, deadline);
+}
+
+GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& request,
+                        std::chrono::milliseconds deadline) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + deadline);
   auto reader = stub->Generate(&ctx, request);

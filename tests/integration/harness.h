@@ -101,6 +101,9 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t
                                 uint32_t max_tokens);
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
                         std::chrono::milliseconds deadline = std::chrono::seconds(60));
+// The same over an existing stub (its channel's connections are reused).
+GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& request,
+                        std::chrono::milliseconds deadline = std::chrono::seconds(60));
 
 }  // namespace tandem::testing
 

@@ -101,8 +101,8 @@ TEST_F(ReliabilityPairTest, LongRequestIdsAreRefusedAndNeverEchoedWhole) {
   EXPECT_LT(g.status.error_message().size(), 200u);
   // A duplicate of a 256-byte id: the message quotes at most 64 bytes of it.
   const std::string id(256, 'y');
-  // 200 tokens: in flight for well over the 300 ms below, however fast decode gets.
-  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 200)); });
+  // 80 tokens: in flight for well over the 300 ms below, however fast decode gets.
+  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 80)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   GenerateResult dup = Generate(decode_->address(), MakeRequest(id, {1, 2}, 2));
   t.join();
@@ -204,7 +204,7 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   GenerateResult long_stream;
   // Long enough (seconds even with fast kernels) to be in flight at SIGTERM.
   std::thread t([&] {
-    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 400),
+    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 160),
                            std::chrono::seconds(150));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -222,8 +222,47 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   t.join();
   EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
-  EXPECT_EQ(long_stream.tokens.size(), 400u);
+  EXPECT_EQ(long_stream.tokens.size(), 160u);
   EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
+  StopWorker(prefill);
+}
+
+// Without a connection age a client kept the connections (and so the DNS
+// answers) it made first: replicas added later got none of its traffic. Now
+// both workers close a connection after --max-connection-age-seconds; calls in
+// flight finish on it and the next ones reconnect, losing nothing.
+TEST(ReliabilityTest, ConnectionsAgeOutWithoutLosingRequests) {
+  const std::string age = "--max-connection-age-seconds=1";
+  Worker prefill = StartWorker("prefill_worker", {"--model=synthetic:smollm2-135m", age});
+  Worker decode = StartWorker("decode_worker", {"--model=synthetic:smollm2-135m", age,
+                                                "--prefill-address=" + prefill.address()});
+  auto channel = grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Decode::NewStub(channel);
+  // A stream that outlives several connection ages finishes whole.
+  GenerateResult long_stream;
+  std::thread t([&] { long_stream = Generate(stub.get(), MakeRequest("long", Prompt(16, 1), 60)); });
+  // Requests back to back on the same channel while its connection (and the
+  // decode worker's to the prefill worker) is closed every second.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  int n = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    GenerateResult g = Generate(stub.get(), MakeRequest("r" + std::to_string(n), Prompt(12, n), 4));
+    ASSERT_TRUE(g.status.ok()) << "request " << n << ": " << g.status.error_message();
+    EXPECT_EQ(g.tokens.size(), 4u);
+    ++n;
+  }
+  t.join();
+  EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
+  EXPECT_EQ(long_stream.tokens.size(), 60u);
+  // An idle connection is closed by the server too: the channel goes IDLE
+  // (with no age limit keepalives would hold it READY).
+  const auto idle_by = std::chrono::system_clock::now() + std::chrono::seconds(5);
+  while (channel->GetState(false) == GRPC_CHANNEL_READY &&
+         channel->WaitForStateChange(GRPC_CHANNEL_READY, idle_by)) {
+  }
+  EXPECT_NE(channel->GetState(false), GRPC_CHANNEL_READY);
+  ExpectBlocksFreed(prefill, decode);
+  StopWorker(decode);
   StopWorker(prefill);
 }
 
