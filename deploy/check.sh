@@ -2,7 +2,9 @@
 # Checks the deployment files (run by CTest):
 #  - docker-compose config -q for the CPU and GPU variants
 #  - promtool check config / check rules
-#  - kubectl kustomize renders the base and the GPU overlay
+#  - kubectl kustomize renders the base and the GPU and TLS overlays; every
+#    object is valid against the Kubernetes API schemas (offline), and each
+#    pod's grace period covers its worker's --drain-seconds
 #  - yamllint over deploy/
 #  - the Grafana dashboard parses, and every metric its PromQL and the alert
 #    rules name is exported by a running worker (live /metrics of a local pair)
@@ -32,6 +34,39 @@ grep -q "clusterIP: None" "$WORK/base.yaml"
 grep -q "nvidia.com/gpu: 1" "$WORK/gpu.yaml"
 grep -q -- "DEVICE: cuda" "$WORK/gpu.yaml"
 echo "kustomize: base, gpu and tls overlays render"
+
+# Every rendered object against the Kubernetes API's schemas, offline
+# (kubernetes-validate from PyPI carries them; strict: unknown fields fail).
+# The PodMonitor is a Prometheus Operator CRD with no schema there.
+VENV=${TANDEM_K8S_VALIDATE_VENV:-$HOME/.cache/tandem/kubernetes-validate}
+if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q kubernetes-validate==1.37.0 \
+    || { echo "check: cannot install kubernetes-validate from PyPI into $VENV" >&2; exit 1; }
+fi
+rc=0
+out=$("$VENV/bin/kubernetes-validate" --strict --quiet --kubernetes-version 1.30.0 \
+        "$WORK/base.yaml" "$WORK/gpu.yaml" "$WORK/tls.yaml" 2>&1) || rc=$?
+grep -v "kind PodMonitor" <<<"$out" >&2 || true
+[ "$rc" -eq 0 ] || exit 1
+echo "kubernetes-validate: every object valid against Kubernetes 1.30's schemas"
+
+# Each pod's grace period covers its worker's drain, plus 10 s to exit.
+/usr/bin/python3 - "$WORK/base.yaml" <<'PY'
+import re, sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if not doc or doc["kind"] != "Deployment":
+        continue
+    pod = doc["spec"]["template"]["spec"]
+    for c in pod["containers"]:
+        drain = [int(m.group(1)) for a in c.get("args", [])
+                 for m in [re.fullmatch(r"--drain-seconds=(\d+)", a)] if m]
+        grace = pod.get("terminationGracePeriodSeconds", 30)
+        if not drain or grace < drain[0] + 10:
+            sys.exit(f"{doc['metadata']['name']}: terminationGracePeriodSeconds={grace} "
+                     f"must be at least --drain-seconds ({drain}) + 10")
+print("kubernetes: every grace period covers its worker's --drain-seconds")
+PY
 
 yamllint -c deploy/.yamllint deploy/
 echo "yamllint: clean"

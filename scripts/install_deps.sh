@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   prometheus python3-grpcio python3-grpc-tools
-  docker-compose yamllint python3-yaml curl openssl
+  docker-compose yamllint python3-yaml python3-venv curl openssl
   gnuplot-nox  # benchmarks/serve/run.sh draws its plots with it
 )
 # kubectl (for `kubectl kustomize`) ships with this project's machine image;
