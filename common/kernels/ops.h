@@ -93,6 +93,13 @@ class Ops {
                     const AttentionShape& shape) = 0;
   // out[n, N] = x[n, K] * w[N, K]^T
   virtual void Matmul(const Tensor& x, const Tensor& w, const Tensor& out) = 0;
+  // x[i, :] += bias for every row of x (Qwen2's q/k/v projection biases).
+  virtual void AddBias(const Tensor& x, const Tensor& bias) = 0;
+  // RMSNorm over each head of packed qkv rows, in place: the q heads with
+  // q_weight[head_dim], the k heads with k_weight (Qwen3's q_norm/k_norm,
+  // taken before RoPE); v is left as it is.
+  virtual void HeadRmsNorm(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                           const AttentionShape& shape, float eps) = 0;
   // out[n, I] = silu(gate_up[n, :I]) * gate_up[n, I:]
   virtual void SiluMul(const Tensor& gate_up, const Tensor& out) = 0;
   // out[i, :] = src[indices[i], :] for the first `rows` rows of out.

@@ -20,6 +20,11 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
     {"attn_k.weight", "self_attn.k_proj.weight"},
     {"attn_v.weight", "self_attn.v_proj.weight"},
     {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
     {"ffn_up.weight", "mlp.up_proj.weight"},
@@ -59,63 +64,74 @@ bool IsGgufSpec(const std::string& spec) { return absl::EndsWith(spec, ".gguf");
 absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
   const std::string& path = f.path();
   ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
-  if (arch != "llama") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": general.architecture is '", arch, "'; the engine implements 'llama'"));
+  const ModelFamily* family = FindGgufFamily(arch);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": general.architecture is '", arch,
+                                                   "'; the engine implements ",
+                                                   SupportedGgufArchitectures()));
   }
   LlamaConfig c;
-  c.name = "llama";
-  auto get_int = [&](const char* key, auto* dst) -> absl::Status {
-    ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
+  c.name = family->model_type;
+  c.family = family;
+  // Every architecture's keys are prefixed with its name: llama.block_count,
+  // qwen2.block_count, ...
+  auto key = [&](absl::string_view k) { return absl::StrCat(arch, ".", k); };
+  auto get_int = [&](absl::string_view k, auto* dst) -> absl::Status {
+    ASSIGN_OR_RETURN(int64_t v, f.GetInt(key(k)));
     *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(v);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(get_int("llama.embedding_length", &c.hidden_size));
-  RETURN_IF_ERROR(get_int("llama.feed_forward_length", &c.intermediate_size));
-  RETURN_IF_ERROR(get_int("llama.block_count", &c.num_hidden_layers));
-  RETURN_IF_ERROR(get_int("llama.attention.head_count", &c.num_attention_heads));
+  RETURN_IF_ERROR(get_int("embedding_length", &c.hidden_size));
+  RETURN_IF_ERROR(get_int("feed_forward_length", &c.intermediate_size));
+  RETURN_IF_ERROR(get_int("block_count", &c.num_hidden_layers));
+  RETURN_IF_ERROR(get_int("attention.head_count", &c.num_attention_heads));
   c.num_key_value_heads = c.num_attention_heads;
-  if (f.Find("llama.attention.head_count_kv")) {
-    RETURN_IF_ERROR(get_int("llama.attention.head_count_kv", &c.num_key_value_heads));
+  if (f.Find(key("attention.head_count_kv"))) {
+    RETURN_IF_ERROR(get_int("attention.head_count_kv", &c.num_key_value_heads));
   }
-  RETURN_IF_ERROR(get_int("llama.context_length", &c.max_position_embeddings));
+  RETURN_IF_ERROR(get_int("context_length", &c.max_position_embeddings));
   c.head_dim = c.num_attention_heads > 0 ? static_cast<int>(c.hidden_size / c.num_attention_heads) : 0;
-  if (f.Find("llama.attention.key_length")) {
-    RETURN_IF_ERROR(get_int("llama.attention.key_length", &c.head_dim));
+  if (f.Find(key("attention.key_length"))) {
+    RETURN_IF_ERROR(get_int("attention.key_length", &c.head_dim));
   }
-  if (const GgufValue* v = f.Find("llama.attention.value_length"); v && v->i != c.head_dim) {
+  if (const GgufValue* v = f.Find(key("attention.value_length")); v && v->i != c.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": llama.attention.value_length ", v->i, " differs from the key length ", c.head_dim,
-        "; the engine needs them equal"));
+        path, ": ", key("attention.value_length"), " ", v->i, " differs from the key length ",
+        c.head_dim, "; the engine needs them equal"));
   }
-  if (const GgufValue* v = f.Find("llama.rope.dimension_count"); v && v->i != c.head_dim) {
+  if (const GgufValue* v = f.Find(key("rope.dimension_count")); v && v->i != c.head_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": llama.rope.dimension_count ", v->i, " is not the head dim ", c.head_dim,
+        path, ": ", key("rope.dimension_count"), " ", v->i, " is not the head dim ", c.head_dim,
         "; partial rotary embeddings are not implemented"));
   }
-  ASSIGN_OR_RETURN(c.rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
-  if (f.Find("llama.rope.freq_base")) {
-    ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat("llama.rope.freq_base"));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, f.GetFloat(key("attention.layer_norm_rms_epsilon")));
+  if (f.Find(key("rope.freq_base"))) {
+    ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat(key("rope.freq_base")));
   }
-  if (const GgufValue* v = f.Find("llama.rope.scaling.type");
-      v && v->s != "none" && !(v->s == "linear" && f.Find("llama.rope.scaling.factor") &&
-                               f.Find("llama.rope.scaling.factor")->f == 1.0)) {
+  if (const GgufValue* v = f.Find(key("rope.scaling.type"));
+      v && v->s != "none" && !(v->s == "linear" && f.Find(key("rope.scaling.factor")) &&
+                               f.Find(key("rope.scaling.factor"))->f == 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": llama.rope.scaling.type '", v->s,
+        path, ": ", key("rope.scaling.type"), " '", v->s,
         "' is not implemented (none, or llama3 scaling through rope_freqs.weight)"));
   }
-  if (f.Find("llama.expert_count") && f.Find("llama.expert_count")->i > 0) {
+  if (const GgufValue* v = f.Find(key("expert_count")); v && v->i > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": llama.expert_count ", f.Find("llama.expert_count")->i,
+        path, ": ", key("expert_count"), " ", v->i,
         ": mixture-of-experts models are not implemented"));
+  }
+  if (const GgufValue* v = f.Find(key("attention.sliding_window")); v && v->i > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", key("attention.sliding_window"), " ", v->i,
+        ": sliding-window attention is not implemented"));
   }
   const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr || embd->dims.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no 2-d token_embd.weight tensor"));
   }
   c.vocab_size = embd->dims[1];
-  if (const GgufValue* v = f.Find("llama.vocab_size"); v && v->i != c.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": llama.vocab_size ", v->i,
+  if (const GgufValue* v = f.Find(key("vocab_size")); v && v->i != c.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", key("vocab_size"), " ", v->i,
                                                    " differs from token_embd.weight's ",
                                                    c.vocab_size, " rows"));
   }
@@ -195,6 +211,7 @@ absl::StatusOr<const GgufTensorInfo*> GgufWeights::Find(const std::string& name,
 
 void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_rows,
                                 size_t row_bytes) const {
+  if (!config_.family->gguf_qk_permuted) return;
   if (absl::EndsWith(g, ".attn_q.weight")) {
     UnpermuteRows(rows, num_rows, row_bytes, config_.num_attention_heads);
   } else if (absl::EndsWith(g, ".attn_k.weight")) {

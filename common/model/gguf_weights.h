@@ -1,8 +1,11 @@
-// A GGUF file as a Llama model: the architecture from its `llama.*` metadata
-// and its tensors under Hugging Face names.
+// A GGUF file as a model of one of the families in the table of
+// llama_config.h: the architecture from its `<general.architecture>.*`
+// metadata (llama.*, qwen2.*, qwen3.*) and its tensors under Hugging Face
+// names.
 //
-// llama.cpp's converter stores q_proj / k_proj rows permuted for its rope
-// layout (each head's two rotary halves interleaved); ReadF32 undoes that so
+// For Llama, llama.cpp's converter stores q_proj / k_proj rows permuted for
+// its rope layout (each head's two rotary halves interleaved); ReadF32 undoes
+// that so
 // the weights equal the Hugging Face checkpoint's and the engine's rope
 // (rotate_half) applies unchanged. A `rope_freqs.weight` tensor (llama3-style
 // rope scaling, stored as per-frequency divisors) is exposed as "rope_freqs".
@@ -26,8 +29,9 @@ namespace tandem {
 bool IsGgufSpec(const std::string& spec);
 
 // The LlamaConfig of a GGUF file. INVALID_ARGUMENT names the key and value
-// the engine does not implement: an architecture other than llama, partial
-// rotary dimensions, rope scaling other than none or rope_freqs, ...
+// the engine does not implement: an architecture the family table lacks,
+// partial rotary dimensions, rope scaling other than none or rope_freqs,
+// experts, sliding windows, ...
 absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& file);
 
 class GgufWeights : public WeightSource {

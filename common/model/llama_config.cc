@@ -3,13 +3,53 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
+namespace {
+
+constexpr ModelFamily kFamilies[] = {
+    {"LlamaForCausalLM", "llama", "llama", false, false, true},
+    // Llama-shaped; llama.cpp converts it to a "llama" GGUF.
+    {"MistralForCausalLM", "mistral", "llama", false, false, true},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false},
+};
+
+}  // namespace
+
+const ModelFamily* FindHfFamily(absl::string_view hf_architecture) {
+  for (const ModelFamily& f : kFamilies) {
+    if (hf_architecture == f.hf_architecture) return &f;
+  }
+  return nullptr;
+}
+
+const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture) {
+  for (const ModelFamily& f : kFamilies) {  // the first of a name: llama, not mistral
+    if (gguf_architecture == f.gguf_architecture) return &f;
+  }
+  return nullptr;
+}
+
+std::string SupportedHfArchitectures() {
+  std::vector<std::string> names;
+  for (const ModelFamily& f : kFamilies) names.push_back(f.hf_architecture);
+  return absl::StrJoin(names, ", ");
+}
+
+std::string SupportedGgufArchitectures() {
+  std::vector<std::string> names;
+  for (const ModelFamily& f : kFamilies) {
+    if (FindGgufFamily(f.gguf_architecture) == &f) names.push_back(f.gguf_architecture);
+  }
+  return absl::StrJoin(names, ", ");
+}
 
 uint64_t LlamaConfig::Fingerprint() const {
   const std::string canonical = absl::StrCat(
-      name, "|", vocab_size, "|", hidden_size, "|", intermediate_size, "|", num_hidden_layers,
+      family->hf_architecture, "|", name, "|", vocab_size, "|", hidden_size, "|", intermediate_size, "|", num_hidden_layers,
       "|", num_attention_heads, "|", num_key_value_heads, "|", head_dim, "|", rms_norm_eps,
       "|", rope_theta, "|", rope_scaling.type, "|", rope_scaling.factor, "|",
       max_position_embeddings, "|", tie_word_embeddings);
@@ -60,27 +100,75 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
   }
   // What the engine implements; anything else is refused by name.
-  auto refuse = [&](const std::string& field, const std::string& value, const char* supported) {
+  auto refuse = [&](const std::string& field, const std::string& value,
+                    const std::string& supported) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", field, " is ", value,
                                                    "; the engine implements ", supported));
   };
+  const ModelFamily* family = nullptr;
   if (j.contains("architectures") && j["architectures"].is_array()) {
     for (const auto& a : j["architectures"]) {
-      if (!a.is_string() || a.get<std::string>() != "LlamaForCausalLM") {
-        return refuse("architectures", a.dump(), "LlamaForCausalLM");
+      const ModelFamily* f = a.is_string() ? FindHfFamily(a.get<std::string>()) : nullptr;
+      if (f == nullptr || (family != nullptr && f != family)) {
+        return refuse("architectures", a.dump(), SupportedHfArchitectures().c_str());
       }
+      family = f;
     }
   }
-  if (j.contains("model_type") && j["model_type"] != "llama") {
-    return refuse("model_type", j["model_type"].dump(), "\"llama\"");
+  if (j.contains("model_type")) {
+    const ModelFamily* by_type = nullptr;
+    std::vector<std::string> types;
+    for (const ModelFamily& f : kFamilies) {
+      if (j["model_type"] == f.model_type) by_type = &f;
+      types.push_back(absl::StrCat("\"", f.model_type, "\""));
+    }
+    if (by_type == nullptr || (family != nullptr && by_type != family)) {
+      return refuse("model_type", j["model_type"].dump(),
+                    family != nullptr ? absl::StrCat("\"", family->model_type, "\" for ",
+                                                     family->hf_architecture)
+                                      : absl::StrJoin(types, ", "));
+    }
+    family = by_type;
   }
+  if (family == nullptr) family = FindHfFamily("LlamaForCausalLM");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
     return refuse("hidden_act", j["hidden_act"].dump(), "\"silu\" (SwiGLU)");
   }
+  // Qwen2 always has q/k/v biases (its config has no field for them); a
+  // bias anywhere else (Llama's attention_bias also biases o_proj) is not
+  // implemented.
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
     if (j.contains(bias) && j[bias].is_boolean() && j[bias].get<bool>()) {
-      return refuse(bias, "true", "layers without biases");
+      return refuse(bias, "true", "layers without biases besides Qwen2's q/k/v ones");
     }
+  }
+  auto is_true = [&](const char* key) {
+    return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
+  };
+  auto is_positive = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() && j[key].get<double>() > 0;
+  };
+  if (is_true("use_sliding_window")) {
+    return refuse("use_sliding_window", "true", "full attention in every layer");
+  }
+  if (!j.contains("use_sliding_window") && j.contains("sliding_window") &&
+      j["sliding_window"].is_number_integer() &&
+      j["sliding_window"].get<int64_t>() < j.value("max_position_embeddings", int64_t{2048})) {
+    // Mistral: a window below the context is sliding-window attention.
+    return refuse("sliding_window", j["sliding_window"].dump(), "full attention in every layer");
+  }
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    for (const auto& t : j["layer_types"]) {
+      if (t != "full_attention") {
+        return refuse("layer_types", t.dump(), "\"full_attention\" in every layer");
+      }
+    }
+  }
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    if (is_positive(key)) return refuse(key, j[key].dump(), "dense MLPs (no experts)");
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (is_positive(key)) return refuse(key, j[key].dump(), "no logit soft-capping");
   }
   if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number() &&
       j["partial_rotary_factor"].get<double>() != 1.0) {
@@ -115,6 +203,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     c.head_dim = static_cast<int>(c.hidden_size / c.num_attention_heads);
   }
   c.name = j.value("model_type", std::string("llama"));
+  c.family = family;
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
   c.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);

@@ -20,8 +20,31 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// A decoder family: the parts in which it differs from Llama. One table
+// (llama_config.cc) maps the Hugging Face and GGUF architecture names to it;
+// a model of any other family is refused by name.
+struct ModelFamily {
+  const char* hf_architecture;    // config.json "architectures", e.g. Qwen2ForCausalLM
+  const char* model_type;         // config.json "model_type"
+  const char* gguf_architecture;  // GGUF general.architecture
+  bool qkv_bias;                  // q/k/v projections add a bias (Qwen2)
+  bool qk_norm;                   // RMSNorm over each q and k head before RoPE (Qwen3)
+  // llama.cpp's converter permutes q/k rows for its interleaved rope (Llama
+  // and Mistral); families it runs with NeoX rope are stored as they are.
+  bool gguf_qk_permuted;
+};
+
+// The family of a Hugging Face architecture / a GGUF general.architecture;
+// null when the table has none.
+const ModelFamily* FindHfFamily(absl::string_view hf_architecture);
+const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture);
+// "LlamaForCausalLM, MistralForCausalLM, ..." / "llama, qwen2, ..." for messages.
+std::string SupportedHfArchitectures();
+std::string SupportedGgufArchitectures();
+
 struct LlamaConfig {
   std::string name;  // preset name or model_type; part of the fingerprint
+  const ModelFamily* family = FindHfFamily("LlamaForCausalLM");  // never null
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -56,8 +79,9 @@ struct LlamaConfig {
 // Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer
 // rope_parameters). INVALID_ARGUMENT names the file and the missing field, or
 // the field and value of anything the engine does not implement: an
-// architecture other than LlamaForCausalLM, hidden_act other than silu,
-// attention or MLP biases, partial rotary embeddings, unknown rope scaling.
+// architecture the family table lacks, hidden_act other than silu, biases
+// other than Qwen2's q/k/v ones, sliding-window attention, experts, logit
+// soft-capping, partial rotary embeddings, unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source_name);
 

@@ -113,8 +113,9 @@ AttentionShape LlamaModel::attention_shape() const {
 std::vector<Tensor> LlamaModel::StreamedWeights() const {
   std::vector<Tensor> out;
   for (const Layer& l : layers_) {
-    for (const Tensor* t : {&l.input_norm, &l.qkv, &l.o, &l.post_norm, &l.gate_up, &l.down}) {
-      out.push_back(*t);
+    for (const Tensor* t : {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o,
+                            &l.post_norm, &l.gate_up, &l.down}) {
+      if (t->data != nullptr) out.push_back(*t);
     }
   }
   out.push_back(final_norm_);
@@ -203,6 +204,13 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
     const LayerSources names = LayerTensorNames(i);
     ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(act, {h}));
     ASSIGN_OR_RETURN(l.qkv, arena->Allocate(dtype_of(names.qkv), {c.qkv_size(), h}));
+    if (c.family->qkv_bias) {
+      ASSIGN_OR_RETURN(l.qkv_bias, arena->Allocate(act, {c.qkv_size()}));
+    }
+    if (c.family->qk_norm) {
+      ASSIGN_OR_RETURN(l.q_norm, arena->Allocate(act, {c.head_dim}));
+      ASSIGN_OR_RETURN(l.k_norm, arena->Allocate(act, {c.head_dim}));
+    }
     ASSIGN_OR_RETURN(l.o, arena->Allocate(dtype_of(names.o),
                                           {h, int64_t{c.num_attention_heads} * c.head_dim}));
     ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(act, {h}));
@@ -319,6 +327,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     RETURN_IF_ERROR(load(l.input_norm, {{p + "input_layernorm.weight", h}}));
     RETURN_IF_ERROR(load(l.qkv, {{names.qkv[0], q_rows}, {names.qkv[1], kv_rows},
                                  {names.qkv[2], kv_rows}}));
+    if (c.family->qkv_bias) {
+      RETURN_IF_ERROR(load(l.qkv_bias, {{p + "self_attn.q_proj.bias", q_rows},
+                                        {p + "self_attn.k_proj.bias", kv_rows},
+                                        {p + "self_attn.v_proj.bias", kv_rows}}));
+    }
+    if (c.family->qk_norm) {
+      RETURN_IF_ERROR(load(l.q_norm, {{p + "self_attn.q_norm.weight", c.head_dim}}));
+      RETURN_IF_ERROR(load(l.k_norm, {{p + "self_attn.k_norm.weight", c.head_dim}}));
+    }
     RETURN_IF_ERROR(load(l.o, {{names.o[0], h}}));
     RETURN_IF_ERROR(load(l.post_norm, {{p + "post_attention_layernorm.weight", h}}));
     RETURN_IF_ERROR(load(l.gate_up, {{names.gate_up[0], inter}, {names.gate_up[1], inter}}));
@@ -353,7 +370,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.num_hidden_layers << " layers, hidden "
+  TANDEM_LOG(INFO) << "loaded model '" << spec << "': " << c.family->hf_architecture << ", "
+                   << c.num_hidden_layers << " layers, hidden "
                    << c.hidden_size << ", heads " << c.num_attention_heads << "/"
                    << c.num_key_value_heads << ", vocab " << c.vocab_size << ", "
                    << DTypeName(ops->dtype()) << " (matmul weights " << m->WeightDTypes() << ")"
@@ -381,7 +399,12 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
     ops_->RmsNorm(b.residual.Rows(n), layers_[0].input_norm, eps, b.normed.Rows(n));
   }
   if (piece < L) {
-    ops_->Matmul(b.normed.Rows(n), layers_[piece].qkv, b.qkv.Rows(n));
+    const Layer& l = layers_[piece];
+    ops_->Matmul(b.normed.Rows(n), l.qkv, b.qkv.Rows(n));
+    if (config_.family->qkv_bias) ops_->AddBias(b.qkv.Rows(n), l.qkv_bias);
+    if (config_.family->qk_norm) {
+      ops_->HeadRmsNorm(b.qkv.Rows(n), l.q_norm, l.k_norm, attention_shape(), eps);
+    }
     ops_->Rope(b.positions, b.qkv.Rows(n), inv_freq_, attention_shape());
   }
 }

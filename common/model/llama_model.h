@@ -1,8 +1,10 @@
-// LlamaModel: a Llama-family decoder (RMSNorm, RoPE, grouped-query attention,
-// SwiGLU MLP, tied or separate LM head) whose forward is a list of pieces
-// split at attention:
+// LlamaModel: a Llama-shaped decoder (RMSNorm, RoPE, grouped-query attention,
+// SwiGLU MLP, tied or separate LM head) with the parts its family adds
+// (ModelFamily: Qwen2's q/k/v biases, Qwen3's per-head q/k norms), whose
+// forward is a list of pieces split at attention:
 //
-//   piece 0        embed, input norm of layer 0, qkv projection, rope
+//   piece 0        embed, input norm of layer 0, qkv projection (+ bias,
+//                  + q/k head norms), rope
 //   attention 0    paged attention of layer 0 (KV write + attention)
 //   piece i        o_proj of layer i-1, residual + post norm, MLP, residual +
 //                  input norm of layer i, qkv projection, rope
@@ -91,6 +93,8 @@ class LlamaModel {
  private:
   struct Layer {
     Tensor input_norm, qkv, o, post_norm, gate_up, down;
+    Tensor qkv_bias;        // [qkv_size] when the family has q/k/v biases
+    Tensor q_norm, k_norm;  // [head_dim] when it norms each q/k head
   };
   LlamaModel() = default;
   // Measures the weight tensors' bytes, then allocates exactly that arena.

@@ -189,6 +189,21 @@ TEST_P(CudaOpsTest, RopeAtLargePositions) {
   rig_->ExpectClose(qkv, "rope", std::max(Tolerance(rig_->dtype()), 1e-3f));
 }
 
+// Qwen2's q/k/v biases and Qwen3's per-head q/k norms (v left as it is).
+TEST_P(CudaOpsTest, BiasAndHeadRmsNorm) {
+  const AttentionShape shape{4, 2, 64, 0.125f};
+  auto qkv = rig_->Random({7, (4 + 2 * 2) * 64}, -2, 2);
+  auto bias = rig_->Random({(4 + 2 * 2) * 64}, -1, 1);
+  auto q_norm = rig_->Random({64}, 0.5, 1.5);
+  auto k_norm = rig_->Random({64}, 0.5, 1.5);
+  rig_->cpu()->AddBias(qkv.cpu, bias.cpu);
+  rig_->gpu()->AddBias(qkv.gpu, bias.gpu);
+  rig_->ExpectClose(qkv, "bias");
+  rig_->cpu()->HeadRmsNorm(qkv.cpu, q_norm.cpu, k_norm.cpu, shape, 1e-6f);
+  rig_->gpu()->HeadRmsNorm(qkv.gpu, q_norm.gpu, k_norm.gpu, shape, 1e-6f);
+  rig_->ExpectClose(qkv, "head rmsnorm");
+}
+
 TEST_P(CudaOpsTest, MatmulIncludingF32Logits) {
   auto x = rig_->Random({13, 576}, -1, 1);
   auto w = rig_->Random({1536, 576}, -0.05f, 0.05f);

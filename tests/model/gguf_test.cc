@@ -201,13 +201,51 @@ TEST(GgufWeightsTest, ReadBlocksKeepsBlocksAndUnpermutesQk) {
   std::filesystem::remove(path);
 }
 
+// The architecture picks the family and its metadata prefix; another one,
+// or a part no family has, is refused by name.
+TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
+  auto config_of = [](const std::string& arch, int64_t sliding_window) {
+    GgufWriter w;
+    w.AddString("general.architecture", arch);
+    w.AddU32(arch + ".embedding_length", 64);
+    w.AddU32(arch + ".feed_forward_length", 128);
+    w.AddU32(arch + ".block_count", 1);
+    w.AddU32(arch + ".attention.head_count", 4);
+    w.AddU32(arch + ".context_length", 256);
+    w.AddF32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    if (sliding_window > 0) w.AddU32(arch + ".attention.sliding_window", sliding_window);
+    const std::vector<float> embd(64 * 10, 0.f);
+    w.AddTensor("token_embd.weight", {64, 10}, GgmlType::kF32, Bytes(embd.data(), embd.size() * 4));
+    const std::string b = w.Serialize();
+    auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "m.gguf");
+    EXPECT_TRUE(f.ok()) << f.status();
+    return LlamaConfigFromGguf(**f);
+  };
+  for (const std::string arch : {"llama", "qwen2", "qwen3"}) {
+    auto c = config_of(arch, 0);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->family->gguf_architecture, arch);
+    EXPECT_EQ(c->hidden_size, 64);
+    EXPECT_EQ(c->vocab_size, 10);
+  }
+  EXPECT_THAT(std::string(config_of("gemma2", 0).status().message()),
+              HasSubstr("general.architecture is 'gemma2'; the engine implements llama, qwen2, "
+                        "qwen3"));
+  EXPECT_THAT(std::string(config_of("qwen2", 4096).status().message()),
+              HasSubstr("qwen2.attention.sliding_window 4096"));
+}
+
 TEST(GgufWeightsTest, NamesMapBothWays) {
   EXPECT_EQ(GgufWeights::GgufName("model.layers.12.self_attn.q_proj.weight"),
             "blk.12.attn_q.weight");
   EXPECT_EQ(GgufWeights::GgufName("model.embed_tokens.weight"), "token_embd.weight");
-  EXPECT_EQ(GgufWeights::GgufName("model.layers.0.self_attn.q_proj.bias"), "");
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.0.self_attn.q_proj.bias"), "blk.0.attn_q.bias");
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.1.self_attn.k_norm.weight"),
+            "blk.1.attn_k_norm.weight");
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.0.mlp.gate_proj.bias"), "");
   EXPECT_EQ(GgufWeights::HfName("blk.3.ffn_down.weight"), "model.layers.3.mlp.down_proj.weight");
-  EXPECT_EQ(GgufWeights::HfName("blk.3.attn_q.bias"), "blk.3.attn_q.bias");
+  EXPECT_EQ(GgufWeights::HfName("blk.3.attn_q.bias"), "model.layers.3.self_attn.q_proj.bias");
+  EXPECT_EQ(GgufWeights::HfName("blk.3.ffn_gate_exps.weight"), "blk.3.ffn_gate_exps.weight");
   EXPECT_EQ(GgufWeights::HfName("output.weight"), "lm_head.weight");
 }
 

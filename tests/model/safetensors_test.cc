@@ -150,9 +150,34 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
     return ParseLlamaConfig("{" + base + ", " + extra + "}", "config.json").status();
   };
   EXPECT_TRUE(parse(R"("architectures": ["LlamaForCausalLM"], "hidden_act": "silu")").ok());
+  // The families of the table are taken, their parts named in the config.
+  for (const char* arch : {"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    auto c = ParseLlamaConfig(
+        "{" + base + R"(, "architectures": [")" + arch + R"("]})", "config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(std::string(c->family->hf_architecture), arch);
+    EXPECT_EQ(c->family->qkv_bias, std::string(arch) == "Qwen2ForCausalLM");
+    EXPECT_EQ(c->family->qk_norm, std::string(arch) == "Qwen3ForCausalLM");
+  }
+  EXPECT_TRUE(parse(R"("model_type": "qwen2", "use_sliding_window": false,
+                      "sliding_window": 4096, "layer_types": ["full_attention"])").ok());
+  EXPECT_TRUE(parse(R"("model_type": "mistral", "sliding_window": null)").ok());
+  absl::Status other = parse(R"("architectures": ["Gemma2ForCausalLM"])");
+  EXPECT_NE(other.message().find(
+                "architectures is \"Gemma2ForCausalLM\"; the engine implements LlamaForCausalLM, "
+                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+            std::string::npos)
+      << other;
   const std::pair<const char*, const char*> cases[] = {
-      {R"("architectures": ["Qwen2ForCausalLM"])", "architectures"},
-      {R"("model_type": "qwen2")", "model_type"},
+      {R"("architectures": ["Qwen2MoeForCausalLM"])", "architectures"},
+      {R"("architectures": ["LlamaForCausalLM"], "model_type": "qwen2")", "model_type"},
+      {R"("model_type": "gemma")", "model_type"},
+      {R"("model_type": "qwen2", "use_sliding_window": true)", "use_sliding_window"},
+      {R"("model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768)",
+       "sliding_window is 4096"},
+      {R"("layer_types": ["sliding_attention"])", "layer_types"},
+      {R"("num_local_experts": 8)", "num_local_experts is 8"},
+      {R"("final_logit_softcapping": 30.0)", "final_logit_softcapping"},
       {R"("hidden_act": "gelu")", "hidden_act is \"gelu\""},
       {R"("attention_bias": true)", "attention_bias"},
       {R"("mlp_bias": true)", "mlp_bias"},

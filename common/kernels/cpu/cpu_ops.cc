@@ -210,6 +210,44 @@ class CpuOps : public Ops {
     });
   }
 
+  void AddBias(const Tensor& x, const Tensor& bias) override {
+    const int64_t n = x.dim(0), width = x.dim(1);
+    TANDEM_CHECK(bias.numel() == width) << x.ShapeString() << " + " << bias.ShapeString();
+    float* xs = x.f32();
+    const float* b = bias.f32();
+    ThreadPool* pool = pool_.get();
+    stream_->Launch("bias", [=] {
+      pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float* row = xs + i * width;
+          for (int64_t j = 0; j < width; ++j) row[j] += b[j];
+        }
+      });
+    });
+  }
+
+  void HeadRmsNorm(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                   const AttentionShape& shape, float eps) override {
+    const int64_t n = qkv.dim(0), row = qkv.dim(1);
+    const int hd = shape.head_dim, q_heads = shape.num_heads;
+    const int heads = shape.num_heads + shape.num_kv_heads;
+    TANDEM_CHECK(q_weight.numel() == hd && k_weight.numel() == hd && row >= int64_t{heads} * hd);
+    float* base = qkv.f32();
+    const float* qw = q_weight.f32();
+    const float* kw = k_weight.f32();
+    ThreadPool* pool = pool_.get();
+    stream_->Launch("head_norm", [=] {
+      pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          for (int h = 0; h < heads; ++h) {
+            float* x = base + i * row + int64_t{h} * hd;
+            cpu::RmsNormRow(x, nullptr, nullptr, h < q_heads ? qw : kw, eps, hd, x);
+          }
+        }
+      });
+    });
+  }
+
   void SiluMul(const Tensor& gate_up, const Tensor& out) override {
     const int64_t n = out.dim(0), inter = out.dim(1);
     TANDEM_CHECK(gate_up.dim(1) == 2 * inter);

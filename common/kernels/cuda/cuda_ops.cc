@@ -111,6 +111,30 @@ class CudaOps : public Ops {
     }());
   }
 
+  void AddBias(const Tensor& x, const Tensor& bias) override {
+    TANDEM_CHECK(bias.numel() == x.dim(1)) << x.ShapeString() << " + " << bias.ShapeString();
+    CheckDType(x);
+    CheckDType(bias);
+    Record([&]() -> absl::Status {
+      TANDEM_CUDA_CHECK(k::AddBias(s_, x.data, bias.data, x.dim(1), x.dim(0), raw()));
+      return absl::OkStatus();
+    }());
+  }
+
+  void HeadRmsNorm(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                   const AttentionShape& shape, float eps) override {
+    TANDEM_CHECK(q_weight.numel() == shape.head_dim && k_weight.numel() == shape.head_dim);
+    CheckDType(qkv);
+    CheckDType(q_weight);
+    CheckDType(k_weight);
+    Record([&]() -> absl::Status {
+      TANDEM_CUDA_CHECK(k::HeadRmsNorm(s_, qkv.data, qkv.dim(1), q_weight.data, k_weight.data,
+                                       shape.num_heads, shape.num_kv_heads, shape.head_dim, eps,
+                                       qkv.dim(0), raw()));
+      return absl::OkStatus();
+    }());
+  }
+
   void Matmul(const Tensor& x, const Tensor& w, const Tensor& out) override {
     const int64_t n = out.dim(0), big_n = w.dim(0), kdim = w.dim(1);
     TANDEM_CHECK(x.dim(1) == kdim && out.dim(1) == big_n && x.dim(0) >= n)

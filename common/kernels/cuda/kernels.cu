@@ -118,6 +118,29 @@ __global__ void RopeKernel(const int32_t* positions, T* qkv, int64_t row_stride,
 }
 
 template <typename T>
+__global__ void AddBiasKernel(T* x, const T* bias, int64_t width, int64_t total) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= total) return;
+  x[k] = FromF<T>(ToF(x[k]) + ToF(bias[k % width]));
+}
+
+// One warp per (row, head): blockIdx.x = row, blockIdx.y = head.
+template <typename T>
+__global__ void HeadRmsNormKernel(T* qkv, int64_t row_stride, const T* q_weight,
+                                  const T* k_weight, int q_heads, int head_dim, float eps) {
+  const int h = blockIdx.y;
+  T* x = qkv + blockIdx.x * row_stride + static_cast<int64_t>(h) * head_dim;
+  const T* w = h < q_heads ? q_weight : k_weight;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < head_dim; j += 32) {
+    const float v = ToF(x[j]);
+    sum += v * v;
+  }
+  const float inv = rsqrtf(WarpSum(sum) / static_cast<float>(head_dim) + eps);
+  for (int j = threadIdx.x; j < head_dim; j += 32) x[j] = FromF<T>(ToF(x[j]) * inv * ToF(w[j]));
+}
+
+template <typename T>
 __global__ void SiluMulKernel(const T* gate_up, int64_t inter, T* out, int64_t total) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= total) return;
@@ -565,6 +588,31 @@ cudaError_t Rope(Storage s, const int32_t* positions, void* qkv, int64_t row_str
     using T = decltype(t);
     RopeKernel<T><<<n, kThreads, 0, stream>>>(positions, static_cast<T*>(qkv), row_stride,
                                                inv_freq, num_rotated_heads, head_dim);
+  });
+}
+
+cudaError_t AddBias(Storage s, void* x, const void* bias, int64_t width, int64_t n,
+                    cudaStream_t stream) {
+  const int64_t total = n * width;
+  if (total == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    AddBiasKernel<T><<<Blocks(total, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(x), static_cast<const T*>(bias), width, total);
+  });
+}
+
+cudaError_t HeadRmsNorm(Storage s, void* qkv, int64_t row_stride, const void* q_weight,
+                        const void* k_weight, int q_heads, int k_heads, int head_dim, float eps,
+                        int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(q_heads + k_heads));
+    HeadRmsNormKernel<T><<<grid, 32, 0, stream>>>(static_cast<T*>(qkv), row_stride,
+                                                   static_cast<const T*>(q_weight),
+                                                   static_cast<const T*>(k_weight), q_heads,
+                                                   head_dim, eps);
   });
 }
 

@@ -33,6 +33,17 @@ cudaError_t Rope(Storage s, const int32_t* positions, void* qkv, int64_t row_str
                  const float* inv_freq, int num_rotated_heads, int head_dim, int64_t n,
                  cudaStream_t stream);
 
+// x[i, j] += bias[j] for i < n, j < width.
+cudaError_t AddBias(Storage s, void* x, const void* bias, int64_t width, int64_t n,
+                    cudaStream_t stream);
+
+// In place, per head of packed qkv rows: RMSNorm of each of the first
+// `q_heads` heads with q_weight[head_dim], of the next `k_heads` with
+// k_weight.
+cudaError_t HeadRmsNorm(Storage s, void* qkv, int64_t row_stride, const void* q_weight,
+                        const void* k_weight, int q_heads, int k_heads, int head_dim, float eps,
+                        int64_t n, cudaStream_t stream);
+
 // out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j].
 cudaError_t SiluMul(Storage s, const void* gate_up, int64_t inter, void* out, int64_t n,
                     cudaStream_t stream);
