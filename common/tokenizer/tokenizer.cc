@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -215,6 +216,10 @@ struct Tokenizer::Impl {
   absl::flat_hash_map<std::string, int32_t> added_by_content;
   std::vector<int32_t> prefix, suffix;
   int32_t vocab_size = 0;
+  // GGUF tokens of type UNUSED (the converter's [PADn] filling a padded
+  // vocabulary): decoded to nothing, as llama.cpp does and as transformers
+  // does for ids past its tokenizer's vocabulary.
+  absl::flat_hash_set<int32_t> unused_ids;
   bool byte_fallback_decoder = false;  // the decoder has a ByteFallback step
 
   mutable Mutex cache_mu;
@@ -730,6 +735,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
                        CompileRegex(pre == "qwen2" ? kQwen2Pattern : kLlama3Pattern, source));
       impl->pre.push_back(split);
       bc.ignore_merges = pre != "qwen2";
+      // Qwen's tokenizer.json normalizes to NFC first; a GGUF keeps no
+      // normalizer (llama.cpp skips it), so it is restored here to encode as
+      // transformers does.
+      if (pre == "qwen2") impl->normalizer.push_back({NormStep::kNfc, "", ""});
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": tokenizer.ggml.pre '", pre,
@@ -793,6 +802,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
   ASSIGN_OR_RETURN(impl->bpe, BpeModel::Create(bc));
   impl->vocab_size = static_cast<int32_t>(v.tokens.size());
   for (size_t i = 0; i < v.tokens.size(); ++i) {
+    if (type_of(i) == 5) impl->unused_ids.insert(static_cast<int32_t>(i));
     if (type_of(i) != 2 && type_of(i) != 3 && type_of(i) != 4) continue;
     AddedToken t;
     t.id = static_cast<int32_t>(i);
@@ -837,6 +847,7 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
+    if (t.unused_ids.contains(id)) continue;
     auto a = t.added_by_id.find(id);
     if (a != t.added_by_id.end()) {
       if (!(skip_special_tokens && t.added[a->second].special)) {

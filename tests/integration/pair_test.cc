@@ -4,8 +4,11 @@
 #include <atomic>
 #include <thread>
 
+#include <fstream>
+
 #include "common/engine/engine.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/integration/fault_proxy.h"
 #include "tests/integration/harness.h"
 
@@ -300,6 +303,55 @@ TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
   EXPECT_TRUE(Generate(decode.address(), MakeRequest("after-full", Prompt(20, 3), 2)).status.ok());
   ExpectBlocksFreed(prefill, decode);
 }
+
+// Qwen2 and Qwen3 through the pair (prefill PIECEWISE, decode
+// FULL_DECODE_ONLY, KV over gRPC), from safetensors and from llama.cpp's GGUF
+// of the same tiny models (tests/fixtures/make_family_reference.py):
+// transformers' greedy tokens for token prompts, and for a text prompt its
+// tokens and text through each file's own tokenizer.
+class FamilyPairTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(FamilyPairTest, GreedyTokensAndTextEqualTransformers) {
+  const auto& [family, file] = GetParam();
+  const std::string fixture = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_" + family;
+  std::ifstream in(fixture + "/reference.json");
+  ASSERT_TRUE(in) << fixture;
+  const nlohmann::json ref = nlohmann::json::parse(in);
+  const std::string model = "--model=" + (file.empty() ? fixture : fixture + "/" + file);
+  Worker prefill = StartWorker("prefill_worker", {model});
+  Worker decode = StartWorker("decode_worker", {model, "--prefill-address=" + prefill.address()});
+  int i = 0;
+  for (const auto& c : ref["cases"]) {
+    const std::vector<int32_t> tokens = c["tokens"];
+    const std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + c["prompt_len"].get<int>());
+    const std::vector<int32_t> want = c["greedy"];
+    GenerateResult g = Generate(decode.address(),
+                                MakeRequest("ids-" + std::to_string(i++), prompt, want.size()));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    EXPECT_EQ(g.tokens, want);
+  }
+  v1::GenerateRequest text;
+  text.set_request_id("text");
+  text.set_prompt(ref["text"]["prompt"].get<std::string>());
+  text.mutable_sampling()->set_max_tokens(ref["text"]["greedy"].size());
+  text.mutable_sampling()->set_ignore_eos(true);
+  GenerateResult g = Generate(decode.address(), text);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.prompt_tokens, ref["text"]["prompt_ids"].size());
+  EXPECT_EQ(g.tokens, ref["text"]["greedy"].get<std::vector<int32_t>>());
+  EXPECT_EQ(g.text, ref["text"]["greedy_text"].get<std::string>());
+  ExpectBlocksFreed(prefill, decode);
+  StopWorker(decode);
+  StopWorker(prefill);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyPairTest,
+                         ::testing::Combine(::testing::Values("qwen2", "qwen3"),
+                                            ::testing::Values("", "model-f32.gguf")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param).empty() ? "_safetensors" : "_gguf");
+                         });
 
 }  // namespace
 }  // namespace tandem::testing

@@ -44,14 +44,15 @@ std::string SmolLm2Path() {
   return env != nullptr ? env : TANDEM_SMOLLM2_GGUF;
 }
 
-// Every corpus string and random id sequence against the expectations of
-// tokenizer `name`.
-void CheckAgainstTokenizers(const Tokenizer& tok, const std::string& name) {
-  const Json& exp = Expected().at(name);
+// Every corpus string `exp` has cases for (the first ones) and its random id
+// sequences against the expectations of tokenizer `name`.
+void CheckAgainstTokenizers(const Tokenizer& tok, const std::string& name,
+                            const Json& exp) {
   const Json& corpus = Corpus();
   ASSERT_GE(corpus.size(), 2000u);
+  ASSERT_LE(exp["cases"].size(), corpus.size());
   int mismatches = 0;
-  for (size_t i = 0; i < corpus.size() && mismatches < 10; ++i) {
+  for (size_t i = 0; i < exp["cases"].size() && mismatches < 10; ++i) {
     const std::string text = corpus[i];
     const Json& c = exp["cases"][i];
     const std::vector<int32_t> want = c["ids"];
@@ -77,6 +78,10 @@ void CheckAgainstTokenizers(const Tokenizer& tok, const std::string& name) {
     EXPECT_EQ(tok.Decode(ids, true), r["decode_skip"].get<std::string>()) << Json(ids).dump();
   }
   EXPECT_EQ(mismatches, 0);
+}
+
+void CheckAgainstTokenizers(const Tokenizer& tok, const std::string& name) {
+  CheckAgainstTokenizers(tok, name, Expected().at(name));
 }
 
 // Feeding ids one at a time gives, concatenated, Decode() of them all.
@@ -162,6 +167,23 @@ TEST(TokenizerTest, SmolLm2GgufMatchesTokenizers) {
   EXPECT_TRUE((*tok)->IsSpecial(2));          // <|im_end|>
   CheckAgainstTokenizers(**tok, "smollm2");
   CheckIncremental(**tok, "smollm2");
+}
+
+// The tiny Qwen fixtures' tokenizer (byte-level BPE with Qwen2's split,
+// tests/fixtures/make_family_reference.py) from its tokenizer.json and from
+// the GGUF llama.cpp's converter made (pre-tokenizer qwen2, the vocabulary
+// padded with UNUSED [PADn] tokens, decoded to nothing) against `tokenizers`
+// on the first 600 corpus strings and on random ids into the padding.
+TEST(TokenizerTest, QwenFixtureTokenizerMatchesTokenizersFromBothFormats) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_qwen2";
+  const Json exp = Json::parse(ReadFile(dir + "/tokenizer_expected.json"));
+  for (const std::string spec : {dir, dir + "/model-f32.gguf"}) {
+    SCOPED_TRACE(spec);
+    auto tok = LoadTokenizer(spec);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    ASSERT_NE(*tok, nullptr);
+    CheckAgainstTokenizers(**tok, "qwen", exp);
+  }
 }
 
 TEST(TokenizerTest, UnsupportedComponentsAreNamed) {
