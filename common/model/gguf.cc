@@ -157,6 +157,7 @@ std::string GgmlTypeName(uint32_t type) {
     case GgmlType::kQ4_1: return "Q4_1";
     case GgmlType::kQ8_0: return "Q8_0";
     case GgmlType::kBF16: return "BF16";
+    default: break;
   }
   static const char* const kOthers[] = {nullptr, nullptr, nullptr, nullptr, "Q4_2", "Q4_3",
                                         "Q5_0",  "Q5_1",  nullptr, "Q8_1",  "Q2_K", "Q3_K",
@@ -172,6 +173,13 @@ bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes) 
     case GgmlType::kQ4_0: *block_elems = 32; *block_bytes = 18; return true;   // f16 d, 16 B
     case GgmlType::kQ4_1: *block_elems = 32; *block_bytes = 20; return true;   // f16 d, m, 16 B
     case GgmlType::kQ8_0: *block_elems = 32; *block_bytes = 34; return true;   // f16 d, 32 i8
+    case GgmlType::kQ5_0: *block_elems = 32; *block_bytes = 22; return true;
+    case GgmlType::kQ5_1: *block_elems = 32; *block_bytes = 24; return true;
+    case GgmlType::kQ2_K: *block_elems = 256; *block_bytes = 84; return true;
+    case GgmlType::kQ3_K: *block_elems = 256; *block_bytes = 110; return true;
+    case GgmlType::kQ4_K: *block_elems = 256; *block_bytes = 144; return true;
+    case GgmlType::kQ5_K: *block_elems = 256; *block_bytes = 176; return true;
+    case GgmlType::kQ6_K: *block_elems = 256; *block_bytes = 210; return true;
   }
   return false;
 }
@@ -184,14 +192,133 @@ std::optional<DType> GgmlTypeToDType(GgmlType type) {
     case GgmlType::kQ8_0: return DType::kQ8_0;
     case GgmlType::kQ4_0: return DType::kQ4_0;
     case GgmlType::kQ4_1: return DType::kQ4_1;
+    default: return std::nullopt;
   }
-  return std::nullopt;
 }
 
+namespace {
+
+float F16At(const uint8_t* p) {
+  float f;
+  ConvertToF32(p, DType::kF16, &f, 1);
+  return f;
+}
+
+// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block,
+// packed in 12 bytes: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2
+// bits of scales 4-7; bytes 4-7 the same for the minimums; bytes 8-11 the
+// low 4 bits of scale (low nibble) and minimum (high nibble) 4-7.
+void KScaleMin(const uint8_t* s, int j, float* scale, float* min) {
+  if (j < 4) {
+    *scale = static_cast<float>(s[j] & 63);
+    *min = static_cast<float>(s[j + 4] & 63);
+  } else {
+    *scale = static_cast<float>((s[j + 4] & 0xF) | ((s[j - 4] >> 2) & 0x30));
+    *min = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 2) & 0x30));
+  }
+}
+
+// One block each. Layouts as ggml's block_* structs; the arithmetic in
+// the order of gguf-py's dequantize (f32): scale products first.
+void DecodeQ5(const uint8_t* b, bool with_min, float* out) {
+  const float d = F16At(b);
+  const float m = with_min ? F16At(b + 2) : 0.f;
+  const uint8_t* qhp = b + (with_min ? 4 : 2);
+  const uint32_t qh = qhp[0] | (qhp[1] << 8) | (qhp[2] << 16) | (uint32_t{qhp[3]} << 24);
+  const uint8_t* qs = qhp + 4;
+  for (int j = 0; j < 32; ++j) {
+    const int low = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+    const int q = low | (((qh >> j) & 1) << 4);
+    out[j] = with_min ? d * static_cast<float>(q) + m : d * static_cast<float>(q - 16);
+  }
+}
+
+void DecodeQ2K(const uint8_t* b, float* out) {  // scales[16], qs[64], d, dmin
+  const uint8_t* scales = b;
+  const uint8_t* qs = b + 16;
+  const float d = F16At(b + 80), dmin = F16At(b + 82);
+  for (int e = 0; e < 256; ++e) {
+    const int i = e / 16, h = e / 128, shift = 2 * ((e % 128) / 32), l = e % 32;
+    const float dl = d * static_cast<float>(scales[i] & 0xF);
+    const float ml = dmin * static_cast<float>(scales[i] >> 4);
+    out[e] = dl * static_cast<float>((qs[h * 32 + l] >> shift) & 3) - ml;
+  }
+}
+
+void DecodeQ3K(const uint8_t* b, float* out) {  // hmask[32], qs[64], scales[12], d
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const uint8_t* sc = b + 96;
+  const float d = F16At(b + 108);
+  float dl[16];
+  for (int k = 0; k < 16; ++k) {
+    const int low = k < 8 ? sc[k] & 0xF : sc[k - 8] >> 4;
+    const int high = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+    dl[k] = d * static_cast<float>((low | (high << 4)) - 32);
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, shift = 2 * ((e % 128) / 32), l = e % 32;
+    const int low = (qs[h * 32 + l] >> shift) & 3;
+    const int high_bit = (hmask[l] >> (e / 32)) & 1;  // 0 subtracts 4
+    out[e] = dl[e / 16] * static_cast<float>(low - (high_bit ? 0 : 4));
+  }
+}
+
+void DecodeQ45K(const uint8_t* b, bool five_bit, float* out) {
+  // Q4_K: d, dmin, scales[12], qs[128]; Q5_K adds qh[32] before qs.
+  const float d = F16At(b), dmin = F16At(b + 2);
+  const uint8_t* sc = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (five_bit ? 48 : 16);
+  for (int j = 0; j < 8; ++j) {
+    float scale, min;
+    KScaleMin(sc, j, &scale, &min);
+    const float dj = d * scale, mj = dmin * min;
+    for (int l = 0; l < 32; ++l) {
+      int q = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
+      if (five_bit) q |= ((qh[l] >> j) & 1) << 4;
+      out[j * 32 + l] = dj * static_cast<float>(q) - mj;
+    }
+  }
+}
+
+void DecodeQ6K(const uint8_t* b, float* out) {  // ql[128], qh[64], scales[16] (i8), d
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = F16At(b + 208);
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, w = e % 128;
+    const int low = (ql[h * 64 + w % 64] >> (4 * (w / 64))) & 0xF;
+    const int high = (qh[h * 32 + w % 32] >> (2 * (w / 32))) & 3;
+    out[e] = d * static_cast<float>(scales[e / 16]) * static_cast<float>((low | (high << 4)) - 32);
+  }
+}
+
+}  // namespace
+
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-  const std::optional<DType> dt = GgmlTypeToDType(type);
-  TANDEM_CHECK(dt.has_value()) << GgmlTypeName(static_cast<uint32_t>(type));
-  ConvertToF32(src, *dt, dst, n);
+  if (const std::optional<DType> dt = GgmlTypeToDType(type)) {
+    ConvertToF32(src, *dt, dst, n);
+    return;
+  }
+  int64_t elems = 0, bytes = 0;
+  TANDEM_CHECK(GgmlBlockLayout(static_cast<uint32_t>(type), &elems, &bytes))
+      << GgmlTypeName(static_cast<uint32_t>(type));
+  for (int64_t i = 0; i < n / elems; ++i) {
+    const uint8_t* b = src + i * bytes;
+    float* out = dst + i * elems;
+    switch (type) {
+      case GgmlType::kQ5_0: DecodeQ5(b, false, out); break;
+      case GgmlType::kQ5_1: DecodeQ5(b, true, out); break;
+      case GgmlType::kQ2_K: DecodeQ2K(b, out); break;
+      case GgmlType::kQ3_K: DecodeQ3K(b, out); break;
+      case GgmlType::kQ4_K: DecodeQ45K(b, false, out); break;
+      case GgmlType::kQ5_K: DecodeQ45K(b, true, out); break;
+      case GgmlType::kQ6_K: DecodeQ6K(b, out); break;
+      default: TANDEM_CHECK(false) << GgmlTypeName(static_cast<uint32_t>(type));
+    }
+  }
 }
 
 bool GgufValue::is_integer() const {
@@ -369,7 +496,8 @@ absl::Status GgufFile::ReadF32(const GgufTensorInfo& t, float* dst) const {
   if (!GgmlBlockLayout(t.type, &be, &bb)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path_, ": tensor '", t.name, "' has type ", GgmlTypeName(t.type),
-        ", which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1)"));
+        ", which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, "
+        "Q4_K, Q5_K, Q6_K)"));
   }
   DequantizeGgml(static_cast<GgmlType>(t.type), TensorData(t), dst, t.numel());
   return absl::OkStatus();

@@ -33,7 +33,14 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
   kBF16 = 30,
 };
 
@@ -41,11 +48,14 @@ enum class GgmlType : uint32_t {
 std::string GgmlTypeName(uint32_t type);
 // Elements per block and bytes per block of a supported type; false otherwise.
 bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes);
-// The engine's dtype with the same layout (every type the reader decodes).
+// The engine's dtype with the same layout: F32, F16, BF16 and the block
+// types the kernels multiply as stored (Q8_0, Q4_0, Q4_1); none for the
+// other types the reader decodes (Q5_0, Q5_1 and the K-quants).
 std::optional<DType> GgmlTypeToDType(GgmlType type);
 
 // Decodes `n` elements (a multiple of the type's block size) of a supported
-// type to f32. The block decoders shared by every reader of ggml data.
+// type to f32, as llama.cpp's dequantize_row_* (bit layouts in gguf.cc). The
+// block decoders shared by every reader of ggml data.
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 
 // GGUF metadata value types.

@@ -233,8 +233,16 @@ std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
   const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
   if (t == nullptr) return std::nullopt;
   const std::optional<DType> dt = GgmlTypeToDType(static_cast<GgmlType>(t->type));
-  if (!dt.has_value() || !IsBlockType(*dt)) return std::nullopt;
-  return dt;
+  if (dt.has_value()) {
+    if (!IsBlockType(*dt)) return std::nullopt;
+    return dt;
+  }
+  // Q5_0/Q5_1 and the K-quants have no kernels of their own: they are kept
+  // as Q8_0 (rows of 256 or 32 elements are whole Q8_0 blocks), not widened
+  // to f32, so a Q4_K_M file streams 8.5 bits per weight, not 32.
+  int64_t elems = 0, bytes = 0;
+  if (GgmlBlockLayout(t->type, &elems, &bytes) && elems > 1) return DType::kQ8_0;
+  return std::nullopt;
 }
 
 absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
@@ -242,9 +250,16 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
   ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
   const std::optional<DType> dt = BlockType(name);
   if (!dt.has_value() || shape.size() != 2 || shape[1] % kBlockElems != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' in ", file_->path(),
-                                                   " is ", GgmlTypeName(t->type),
-                                                   ", not rows of Q4_0, Q4_1 or Q8_0 blocks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t->name, "' in ", file_->path(), " is ", GgmlTypeName(t->type),
+        ", not rows of Q4_0, Q4_1 or Q8_0 blocks (or of a type kept as Q8_0)"));
+  }
+  if (GgmlTypeToDType(static_cast<GgmlType>(t->type)) != dt) {
+    // Requantized: decoded (and un-permuted) to f32, then rounded to Q8_0.
+    std::vector<float> values(shape[0] * shape[1]);
+    RETURN_IF_ERROR(ReadF32(name, shape, values.data()));
+    ConvertFromF32(values.data(), *dt, dst, static_cast<int64_t>(values.size()));
+    return absl::OkStatus();
   }
   const size_t row_bytes = DTypeBytes(*dt, shape[1]);
   std::memcpy(dst, file_->TensorData(*t), row_bytes * shape[0]);

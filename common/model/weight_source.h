@@ -28,13 +28,14 @@ class WeightSource {
   virtual absl::Status ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                                float* dst) const = 0;
   virtual bool Has(const std::string& name) const = 0;
-  // The block type tensor `name` is stored in (GGUF Q4_0, Q4_1, Q8_0), if
-  // it is one the ops can multiply as stored.
+  // The block type tensor `name` is kept in when the ops keep a file's
+  // blocks: its own where the ops multiply it as stored (GGUF Q4_0, Q4_1,
+  // Q8_0), Q8_0 for the other block types (Q5_x, K-quants); none otherwise.
   virtual std::optional<DType> BlockType(const std::string& name) const {
     return std::nullopt;
   }
-  // Reads tensor `name` (of BlockType(name), [rows, cols] in `shape`) as
-  // stored, rows of whole blocks, into `dst` (DTypeBytes of it). A source
+  // Reads tensor `name` (of BlockType(name), [rows, cols] in `shape`) in
+  // that type, rows of whole blocks, into `dst` (DTypeBytes of it). A source
   // that stores no block types (safetensors) refuses every tensor.
   virtual absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
                                   void* dst) const {

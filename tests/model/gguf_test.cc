@@ -1,10 +1,12 @@
 #include "common/model/gguf.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "common/model/gguf_weights.h"
 #include "common/model/safetensors.h"
 #include "gmock/gmock.h"
@@ -98,15 +100,53 @@ TEST(GgufTest, EveryTensorTypeRoundTrips) {
 
 TEST(GgufTest, UnsupportedTypeNamesTheTensor) {
   GgufWriter w;
-  w.AddTensor("blk.0.ffn_up.weight", {256}, static_cast<GgmlType>(14), std::string(210, '\0'));
+  w.AddTensor("blk.0.ffn_up.weight", {32}, static_cast<GgmlType>(9), std::string(36, '\0'));
   const std::string bytes = w.Serialize();
-  auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "q6k");
+  auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "q8_1");
   ASSERT_TRUE(f.ok()) << f.status();
-  std::vector<float> out(256);
+  std::vector<float> out(32);
   absl::Status s = (*f)->ReadF32((*f)->tensors()[0], out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("blk.0.ffn_up.weight"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("Q6_K"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Q8_1"));
+}
+
+// Q5_0, Q5_1 and the K-quants (Q4_K_M and Q5_K_M files are Q4_K/Q5_K with
+// Q6_K) decode as llama.cpp's gguf-py does, on blocks of random bytes
+// (tests/fixtures/make_ggml_block_fixtures.py): equal up to one rounding.
+TEST(GgufTest, KQuantsAndQ5DecodeAsGgufPy) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/ggml_blocks/";
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    EXPECT_TRUE(in) << path;
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const auto& [type, name] : std::vector<std::pair<GgmlType, std::string>>{
+           {GgmlType::kQ5_0, "q5_0"}, {GgmlType::kQ5_1, "q5_1"}, {GgmlType::kQ2_K, "q2_k"},
+           {GgmlType::kQ3_K, "q3_k"}, {GgmlType::kQ4_K, "q4_k"}, {GgmlType::kQ5_K, "q5_k"},
+           {GgmlType::kQ6_K, "q6_k"}}) {
+    SCOPED_TRACE(name);
+    const std::string blocks = read(dir + name + ".blocks");
+    const std::string values = read(dir + name + ".f32");
+    std::vector<float> want(values.size() / 4);
+    std::memcpy(want.data(), values.data(), values.size());
+    int64_t elems = 0, bytes = 0;
+    ASSERT_TRUE(GgmlBlockLayout(static_cast<uint32_t>(type), &elems, &bytes));
+    ASSERT_EQ(static_cast<int64_t>(blocks.size()) / bytes * elems,
+              static_cast<int64_t>(want.size()));
+    // Through a file, as the engine reads it.
+    GgufWriter w;
+    w.AddTensor("t", {static_cast<int64_t>(want.size())}, type, blocks);
+    const std::string file = w.Serialize();
+    auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(file.data()), file.size(), name);
+    ASSERT_TRUE(f.ok()) << f.status();
+    std::vector<float> got(want.size());
+    ASSERT_TRUE((*f)->ReadF32((*f)->tensors()[0], got.data()).ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-6f * std::max(1.f, std::fabs(want[i]))) << i;
+    }
+    EXPECT_EQ(GgmlTypeName(static_cast<uint32_t>(type)), absl::AsciiStrToUpper(name));
+  }
 }
 
 TEST(GgufTest, MalformedFilesAreCleanErrors) {

@@ -2,6 +2,8 @@
 // fixture (tests/fixtures/make_llama_reference.py), in every graph mode.
 #include <cmath>
 #include <fstream>
+#include <random>
+#include <cstring>
 
 #include <filesystem>
 
@@ -175,6 +177,131 @@ std::string WriteFixtureAsGguf() {
           .string();
   EXPECT_TRUE(w.WriteFile(path).ok());
   return path;
+}
+
+// The last prompt position's logits of `spec` (one request, eager).
+std::vector<float> PromptLogits(const std::string& spec, bool keep_file_blocks,
+                                std::string* weight_dtypes = nullptr) {
+  auto device = CreateCpuDevice();
+  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, keep_file_blocks);
+  auto model = LlamaModel::Load(spec, ops.get());
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return {};
+  const LlamaConfig& c = (*model)->config();
+  if (weight_dtypes != nullptr) *weight_dtypes = (*model)->WeightDTypes();
+  auto kv = KvCache::Create(device.get(), DType::kF32, c.num_hidden_layers, 16, 4,
+                            c.num_key_value_heads, c.head_dim);
+  RunnerConfig rc;
+  rc.max_num_batched_tokens = 16;
+  rc.max_num_seqs = 1;
+  rc.graph.requested_mode = CudaGraphMode::kNone;
+  auto runner = ModelRunner::Create(rc, model->get(), kv->get(), ops.get());
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  const std::vector<int32_t> prompt = {5, 17, 42, 99, 3, 250, 8};
+  EXPECT_TRUE((*kv)->EnsureCapacity("p", prompt.size()).ok());
+  ScheduledSeq seq;
+  seq.block_table = (*kv)->BlockTable("p");
+  seq.sample = true;
+  seq.tokens = prompt.data();
+  seq.num_tokens = static_cast<int>(prompt.size());
+  auto step = (*runner)->Execute({seq});
+  EXPECT_TRUE(step.ok()) << step.status();
+  return std::vector<float>(step->logits, step->logits + c.vocab_size);
+}
+
+// A Q4_K_M-style GGUF (Q4_K matmul weights, Q6_K for v and the embedding,
+// f32 norms; random blocks with small scales): served dequantized it gives
+// exactly the logits of an F32 GGUF of its decoded values; with
+// --weight-dtype=gguf (kept as Q8_0) logits within the 8-bit rounding.
+TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
+  const int64_t h = 256, inter = 512, vocab = 300, heads = 4, kv_heads = 2, hd = 64;
+  std::mt19937 rng(11);
+  auto blocks_of = [&](GgmlType type, int64_t n) {
+    int64_t elems = 0, bytes = 0;
+    EXPECT_TRUE(GgmlBlockLayout(static_cast<uint32_t>(type), &elems, &bytes));
+    std::string b(n / elems * bytes, '\0');
+    for (char& c : b) c = static_cast<char>(rng() & 0xff);
+    // Every f16 scale of the block set small (d, dmin at 0 and 2 for Q4_K;
+    // d at 208 for Q6_K).
+    const uint16_t small = 0x0a00;  // ~1.5e-4
+    for (int64_t i = 0; i < n / elems; ++i) {
+      char* blk = b.data() + i * bytes;
+      for (int off : type == GgmlType::kQ6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
+        std::memcpy(blk + off, &small, 2);
+      }
+    }
+    return b;
+  };
+  struct T {
+    std::string name;
+    std::vector<int64_t> dims;  // GGUF order, fastest first
+    GgmlType type;
+  };
+  std::vector<T> tensors = {{"token_embd.weight", {h, vocab}, GgmlType::kQ6_K},
+                            {"output_norm.weight", {h}, GgmlType::kF32},
+                            {"output.weight", {h, vocab}, GgmlType::kQ6_K},
+                            {"blk.0.attn_norm.weight", {h}, GgmlType::kF32},
+                            {"blk.0.attn_q.weight", {h, heads * hd}, GgmlType::kQ4_K},
+                            {"blk.0.attn_k.weight", {h, kv_heads * hd}, GgmlType::kQ4_K},
+                            {"blk.0.attn_v.weight", {h, kv_heads * hd}, GgmlType::kQ6_K},
+                            {"blk.0.attn_output.weight", {heads * hd, h}, GgmlType::kQ4_K},
+                            {"blk.0.ffn_norm.weight", {h}, GgmlType::kF32},
+                            {"blk.0.ffn_gate.weight", {h, inter}, GgmlType::kQ4_K},
+                            {"blk.0.ffn_up.weight", {h, inter}, GgmlType::kQ4_K},
+                            {"blk.0.ffn_down.weight", {inter, h}, GgmlType::kQ6_K}};
+  auto header = [&](GgufWriter& w) {
+    w.AddString("general.architecture", "llama");
+    w.AddU32("llama.embedding_length", h);
+    w.AddU32("llama.feed_forward_length", inter);
+    w.AddU32("llama.block_count", 1);
+    w.AddU32("llama.attention.head_count", heads);
+    w.AddU32("llama.attention.head_count_kv", kv_heads);
+    w.AddU32("llama.context_length", 64);
+    w.AddF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  };
+  GgufWriter quantized, decoded;
+  header(quantized);
+  header(decoded);
+  for (const T& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.dims) n *= d;
+    std::string data;
+    std::vector<float> values(n);
+    if (t.type == GgmlType::kF32) {
+      for (float& v : values) v = 0.8f + 0.4f * static_cast<float>(rng() % 1000) / 1000.f;
+      data.assign(reinterpret_cast<const char*>(values.data()), n * 4);
+    } else {
+      data = blocks_of(t.type, n);
+      DequantizeGgml(t.type, reinterpret_cast<const uint8_t*>(data.data()), values.data(), n);
+    }
+    quantized.AddTensor(t.name, t.dims, t.type, data);
+    decoded.AddTensor(t.name, t.dims, GgmlType::kF32,
+                      std::string(reinterpret_cast<const char*>(values.data()), n * 4));
+  }
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string pid = std::to_string(::getpid());
+  const std::string q_path = (dir / ("q4km_" + pid + ".gguf")).string();
+  const std::string f_path = (dir / ("q4km_f32_" + pid + ".gguf")).string();
+  ASSERT_TRUE(quantized.WriteFile(q_path).ok());
+  ASSERT_TRUE(decoded.WriteFile(f_path).ok());
+  std::string widened_dtypes, kept_dtypes;
+  const std::vector<float> want = PromptLogits(f_path, false);
+  const std::vector<float> widened = PromptLogits(q_path, false, &widened_dtypes);
+  const std::vector<float> kept = PromptLogits(q_path, true, &kept_dtypes);
+  EXPECT_EQ(widened_dtypes, "f32 x5");
+  EXPECT_EQ(kept_dtypes, "q8_0 x5");  // qkv (Q4_K and Q6_K parts), o, gate_up, down, head
+  ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
+  ASSERT_EQ(widened, want);
+  ASSERT_EQ(kept.size(), want.size());
+  float span = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    span = std::max(span, std::fabs(want[i]));
+    worst = std::max(worst, std::fabs(kept[i] - want[i]));
+  }
+  EXPECT_GT(span, 0.1f);  // the random weights give logits that differ
+  EXPECT_LE(worst, 0.02f * span) << "span " << span;
+  std::filesystem::remove(q_path);
+  std::filesystem::remove(f_path);
 }
 
 class ReferenceTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
