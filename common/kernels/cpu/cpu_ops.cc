@@ -16,6 +16,7 @@
 #include "common/base/logging.h"
 #include "common/base/thread_pool.h"
 #include "common/kernels/cpu/cpu_kernels.h"
+#include "common/kernels/cpu/hwy_kernels.h"
 #include "common/kernels/ops.h"
 
 namespace tandem {
@@ -42,11 +43,15 @@ class CpuOps : public Ops {
       scratch_.assign(pool_->num_threads(), std::vector<float>(kScratchFloats));
     }
     TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
-                     << (cpu::HasAvx512() ? "AVX-512 kernels" : "portable kernels")
+                     << (cpu::HasAvx512() ? std::string("AVX-512 kernels")
+                                          : std::string("portable kernels (Highway ") +
+                                                cpu::PortableTarget() + ")")
                      << " + OpenBLAS sgemm (" << openblas_get_corename() << " kernels), weights "
                      << DTypeName(weight_dtype_) << ", KV "
                      << DTypeName(kv_dtype_) << ", activations f32"
-                     << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are" : "");
+                     << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are, other block "
+                                              "types as Q8_0"
+                                            : "");
   }
 
   Device* device() override { return device_; }
@@ -169,6 +174,11 @@ class CpuOps : public Ops {
             return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
                                         c, big_n);
           }
+          if (!avx512 && n <= cpu::kSmallMatmulMaxRows) {
+            // Without AVX-512: each weight row widened by the portable
+            // kernels, then multiplied by every row of x while in L1.
+            return cpu::SmallMatmulWiden(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
+          }
           if (wt == DType::kBF16 && cpu::HasAvx512Bf16()) {
             // Prefill over bf16 weights: bf16 dot products, x rounded to
             // bf16 (SmolLM2 512-token prefill: 1217 / 632 ms widening for
@@ -181,7 +191,7 @@ class CpuOps : public Ops {
           const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
           for (int64_t j = j0; j < j1; j += chunk) {
             const int64_t m = std::min(chunk, j1 - j);
-            ConvertToF32(b + j * row_bytes, wt, rows, m * k);
+            cpu::WidenRow(wt, b + j * row_bytes, m * k, rows);
             if (avx512) {
               cpu::LargeMatmul(a, k, n, rows, k, 0, m, c + j, big_n);
             } else {

@@ -1,0 +1,38 @@
+// Portable CPU kernels written once against Google Highway's vector API and
+// compiled for every target Highway has for the architecture (x86: SSE4,
+// AVX2, AVX-512 and its Zen 4 / Ice Lake variants; Arm: NEON, SVE, SVE2; a
+// scalar target everywhere); the best one the running CPU supports is chosen
+// at the first call (HWY_DYNAMIC_DISPATCH).
+//
+// They serve CPUs without AVX-512, where cpu_kernels.cc's intrinsics do not
+// run: the weight rows of narrow types (bf16, Q8_0, Q4_0, Q4_1) are widened
+// with vector loads instead of one element at a time, and small batches
+// (decode) multiply each widened row while it is in L1.
+#ifndef TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_H_
+#define TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_H_
+
+#include <cstdint>
+
+#include "common/backend/tensor.h"
+
+namespace tandem::cpu {
+
+// dst[0, n) = src's first n elements as f32. `dtype`: f32, bf16, Q8_0, Q4_0
+// or Q4_1 (n a multiple of 32 for the block types). Equal to ConvertToF32.
+void WidenRow(DType dtype, const void* src, int64_t n, float* dst);
+
+// sum over i < n of a[i] * b[i] (f32 accumulation in lanes, then summed).
+float DotF32(const float* a, const float* b, int64_t n);
+
+// c[r * ldc + j] = a[r * lda, + k) . w_j for r < n and j in [j0, j1), where
+// w_j is weight row j (k elements of `dtype`, rows DTypeBytes(dtype, k)
+// apart) widened into `row` (k floats of scratch) once for all n rows.
+void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
+                      int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row);
+
+// The Highway target the kernels run on, e.g. "AVX2" (start-up log).
+const char* PortableTarget();
+
+}  // namespace tandem::cpu
+
+#endif  // TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_H_
