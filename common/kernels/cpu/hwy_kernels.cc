@@ -47,21 +47,23 @@ namespace hn = hwy::HWY_NAMESPACE;
 // At most 16 lanes: a 32-element block is then whole vectors on every
 // target, and a Q4 block's 16 bytes fill at least one.
 using DF = hn::CappedTag<float, 16>;
+using DI = hn::Rebind<int32_t, DF>;   // a block's integers, widened
+using D8 = hn::Rebind<int8_t, DF>;    // Q8_0 quants
+using DU8 = hn::Rebind<uint8_t, DF>;  // Q4 nibble pairs
+template <DType kType>
+constexpr size_t kBlockBytes = kType == DType::kQ8_0 ? 34 : kType == DType::kQ4_0 ? 18 : 20;
 
 template <DType kType>
 HWY_INLINE void WidenBlocks(const uint8_t* src, int64_t blocks, float* dst) {
   const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<int8_t, DF> d8;
-  const hn::Rebind<uint8_t, DF> du8;
   const size_t N = hn::Lanes(df);
-  constexpr size_t kBytes = kType == DType::kQ8_0 ? 34 : kType == DType::kQ4_0 ? 18 : 20;
+  constexpr size_t kBytes = kBlockBytes<kType>;
   for (int64_t b = 0; b < blocks; ++b, src += kBytes, dst += 32) {
     const auto d = hn::Set(df, internal::HalfToFloat(src));
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
-        const auto v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, q + i)));
+        const auto v = hn::ConvertTo(df, hn::PromoteTo(DI(), hn::LoadU(D8(), q + i)));
         hn::StoreU(hn::Mul(v, d), df, dst + i);
       }
     } else {
@@ -70,9 +72,9 @@ HWY_INLINE void WidenBlocks(const uint8_t* src, int64_t blocks, float* dst) {
       // Q4_0 centres at 8; Q4_1 adds its f16 minimum.
       const auto offset = with_min ? hn::Set(df, internal::HalfToFloat(src + 2))
                                    : hn::Mul(d, hn::Set(df, -8.f));
-      const auto mask = hn::Set(di, 0xF);
+      const auto mask = hn::Set(DI(), 0xF);
       for (size_t i = 0; i < 16; i += N) {
-        const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, q + i));
+        const auto bytes = hn::PromoteTo(DI(), hn::LoadU(DU8(), q + i));
         const auto lo = hn::ConvertTo(df, hn::And(bytes, mask));
         const auto hi = hn::ConvertTo(df, hn::ShiftRight<4>(bytes));
         hn::StoreU(hn::MulAdd(lo, d, offset), df, dst + i);
@@ -131,11 +133,8 @@ float DotF32Impl(const float* a, const float* b, int64_t n) {
 template <DType kType>
 HWY_INLINE float DotBlocks(const float* x, const uint8_t* src, int64_t blocks) {
   const DF df;
-  const hn::Rebind<int32_t, DF> di;
-  const hn::Rebind<int8_t, DF> d8;
-  const hn::Rebind<uint8_t, DF> du8;
   const size_t N = hn::Lanes(df);
-  constexpr size_t kBytes = kType == DType::kQ8_0 ? 34 : kType == DType::kQ4_0 ? 18 : 20;
+  constexpr size_t kBytes = kBlockBytes<kType>;
   auto acc = hn::Zero(df);
   float min_sum = 0.f;  // Q4_1: sum over blocks of m * sum(x of the block)
   for (int64_t b = 0; b < blocks; ++b, src += kBytes, x += 32) {
@@ -143,17 +142,17 @@ HWY_INLINE float DotBlocks(const float* x, const uint8_t* src, int64_t blocks) {
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
-        const auto v = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, q + i)));
+        const auto v = hn::ConvertTo(df, hn::PromoteTo(DI(), hn::LoadU(D8(), q + i)));
         part = hn::MulAdd(v, hn::LoadU(df, x + i), part);
       }
     } else {
       const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
-      const auto mask = hn::Set(di, 0xF);
+      const auto mask = hn::Set(DI(), 0xF);
       // Q4_0's -8 folded in: d * (q - 8) . x.
       const auto centre = hn::Set(df, kType == DType::kQ4_0 ? -8.f : 0.f);
       auto xs = hn::Zero(df);
       for (size_t i = 0; i < 16; i += N) {
-        const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, q + i));
+        const auto bytes = hn::PromoteTo(DI(), hn::LoadU(DU8(), q + i));
         const auto lo = hn::Add(hn::ConvertTo(df, hn::And(bytes, mask)), centre);
         const auto hi = hn::Add(hn::ConvertTo(df, hn::ShiftRight<4>(bytes)), centre);
         const auto x_lo = hn::LoadU(df, x + i), x_hi = hn::LoadU(df, x + 16 + i);
