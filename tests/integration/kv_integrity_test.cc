@@ -273,11 +273,16 @@ TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
       if (r.status.ok()) {
         EXPECT_EQ(r.tokens, LocalTokens(prompt, 2));  // it made it before the freeze
       }
-      EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0), 0);
+      EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(15)),
+                0);
       StopWorker(decode);
     } else {
       client.join();
-      EXPECT_FALSE(r.status.ok());
+      // Under load the whole transfer can end between two polls of the
+      // gauge: then the request finished before the kill, with its tokens.
+      if (r.status.ok()) {
+        EXPECT_EQ(r.tokens, LocalTokens(prompt, 2));
+      }
     }
   }
   StopWorker(prefill);
