@@ -125,10 +125,15 @@ void PrefillClient::OnDone(const grpc::Status& status) {
       reason = "deadline";
     }
     host_->metrics()->KvTransferFailure(reason);
-    const bool elsewhere = s.error_code() == grpc::StatusCode::UNAVAILABLE;
-    PrefillPool::Endpoint* next = elsewhere ? pool->Pick(endpoint_) : nullptr;
-    if (next != nullptr && next != endpoint_ && args_.attempt + 1 < kMaxAttempts &&
-        std::chrono::system_clock::now() < args_.deadline) {
+    // UNAVAILABLE is retried, on another endpoint where there is one: a
+    // stalled endpoint only elsewhere; otherwise the same one too (its
+    // channel reconnects, or balances to another address of a DNS name):
+    // a call that met a connection as it closed (GOAWAY at
+    // --max-connection-age-seconds, a pod replaced) fails with "Broken pipe".
+    const bool retryable = s.error_code() == grpc::StatusCode::UNAVAILABLE;
+    PrefillPool::Endpoint* next = retryable ? pool->Pick(endpoint_) : nullptr;
+    if (next != nullptr && (next != endpoint_ || !stalled_.load()) &&
+        args_.attempt + 1 < kMaxAttempts && std::chrono::system_clock::now() < args_.deadline) {
       TANDEM_LOG(WARNING) << "request " << call_->id << ": prefill on " << endpoint_->target
                           << ": " << s.error_message() << "; retrying on " << next->target;
       Retry(next);

@@ -247,9 +247,10 @@ TEST(ReliabilityTest, ConnectionsAgeOutWithoutLosingRequests) {
   int n = 0;
   while (std::chrono::steady_clock::now() < until) {
     GenerateResult g = Generate(stub.get(), MakeRequest("r" + std::to_string(n), Prompt(12, n), 4));
-    ASSERT_TRUE(g.status.ok()) << "request " << n << ": " << g.status.error_message();
+    EXPECT_TRUE(g.status.ok()) << "request " << n << ": " << g.status.error_message();
     EXPECT_EQ(g.tokens.size(), 4u);
     ++n;
+    if (!g.status.ok()) break;
   }
   t.join();
   EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
