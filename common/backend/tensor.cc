@@ -46,6 +46,16 @@ uint16_t ToF16(float f) {
 
 float Bf16ToF32(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
 
+
+// The blocks of n elements of a block type; n must be whole blocks.
+int64_t WholeBlocks(DType dtype, int64_t n) {
+  TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
+                                       << " elements is not whole blocks";
+  return n / kBlockElems;
+}
+
+}  // namespace
+
 float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
@@ -56,15 +66,6 @@ float F16ToF32(uint16_t h) {
   if (exp == 31) return FromBits(sign | 0x7f800000u | (mant << 13));
   return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
 }
-
-// The blocks of n elements of a block type; n must be whole blocks.
-int64_t WholeBlocks(DType dtype, int64_t n) {
-  TANDEM_CHECK(n % kBlockElems == 0) << DTypeName(dtype) << ": " << n
-                                       << " elements is not whole blocks";
-  return n / kBlockElems;
-}
-
-}  // namespace
 
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
   switch (dtype) {

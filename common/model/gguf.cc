@@ -198,11 +198,7 @@ std::optional<DType> GgmlTypeToDType(GgmlType type) {
 
 namespace {
 
-float F16At(const uint8_t* p) {
-  float f;
-  ConvertToF32(p, DType::kF16, &f, 1);
-  return f;
-}
+float F16At(const uint8_t* p) { return F16ToF32(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
 
 // The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block,
 // packed in 12 bytes: bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2

@@ -13,28 +13,9 @@
 #define TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_ONCE_
 namespace tandem::cpu::internal {
 
-// IEEE half to float, exact (a block's scale: one per 32 elements).
+// A block's f16 scale (little-endian bytes) as f32.
 inline float HalfToFloat(const uint8_t* p) {
-  const uint16_t h = static_cast<uint16_t>(p[0] | (p[1] << 8));
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    exp = 113;
-    while ((mant & 0x400) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return F16ToF32(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
 }  // namespace tandem::cpu::internal
