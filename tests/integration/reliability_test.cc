@@ -201,28 +201,44 @@ TEST(ReliabilityTest, HealthIsNotServingDuringDrain) {
                                                 "--prefill-address=" + prefill.address()});
   auto channel = grpc::CreateChannel(decode.address(), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
-  GenerateResult long_stream;
-  // Long enough (seconds even with fast kernels) to be in flight at SIGTERM.
-  std::thread t([&] {
-    long_stream = Generate(decode.address(), MakeRequest("long", Prompt(20, 1), 160),
-                           std::chrono::seconds(150));
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // SIGTERM once the stream has its first token, so it is in flight whatever
+  // the kernels' speed; 60 tokens keep it running through the checks below
+  // (tens of ms each) and end well inside the drain even under TSan.
+  constexpr int kTokens = 60;
+  auto stub = v1::Decode::NewStub(channel);
+  grpc::ClientContext stream_ctx;
+  stream_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(110));
+  auto reader = stub->Generate(&stream_ctx, MakeRequest("long", Prompt(20, 1), kTokens));
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(reader->Read(&resp)) << reader->Finish().error_message();
+  size_t tokens = resp.token_ids_size();
   decode.process->Signal(SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  grpc::health::v1::HealthCheckRequest req;
-  grpc::health::v1::HealthCheckResponse resp;
-  grpc::Status s = health->Check(&ctx, req, &resp);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  // Health turns NOT_SERVING as soon as the worker takes the signal.
+  grpc::health::v1::HealthCheckResponse::ServingStatus seen =
+      grpc::health::v1::HealthCheckResponse::SERVING;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (seen == grpc::health::v1::HealthCheckResponse::SERVING &&
+         std::chrono::steady_clock::now() < until) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse hc;
+    grpc::Status s = health->Check(&ctx, req, &hc);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    seen = hc.status();
+    if (seen == grpc::health::v1::HealthCheckResponse::SERVING) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  EXPECT_EQ(seen, grpc::health::v1::HealthCheckResponse::NOT_SERVING);
   // New work is refused; the stream in flight finishes.
   GenerateResult refused = Generate(decode.address(), MakeRequest("new", {1, 2}, 2));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
-  t.join();
-  EXPECT_TRUE(long_stream.status.ok()) << long_stream.status.error_message();
-  EXPECT_EQ(long_stream.tokens.size(), 160u);
+  EXPECT_LT(tokens, static_cast<size_t>(kTokens)) << "the stream ended before the checks";
+  while (reader->Read(&resp)) tokens += resp.token_ids_size();
+  grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(tokens, static_cast<size_t>(kTokens));
   EXPECT_EQ(decode.process->Wait(std::chrono::seconds(30)), 0) << decode.process->Log();
   StopWorker(prefill);
 }
