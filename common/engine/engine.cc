@@ -40,7 +40,22 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                    << (e->model_->KvBytesPerBlock(config.block_size) * num_blocks) / (1 << 20)
                    << " MiB), prefix caching "
                    << (config.enable_prefix_caching ? "on" : "off");
-  ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(config.runner, e->model_.get(),
+  RunnerConfig runner = config.runner;
+  if (config.speculative.enabled()) {
+    const int q = config.speculative.query_len();
+    if (runner.graph.uniform_decode_query_len != 1 && runner.graph.uniform_decode_query_len != q) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "uniform_decode_query_len ", runner.graph.uniform_decode_query_len,
+          " disagrees with speculative decoding's 1 + num_speculative_tokens = ", q));
+    }
+    runner.graph.uniform_decode_query_len = q;
+    e->spec_stats_.accepted_per_pos.assign(config.speculative.num_speculative_tokens, 0);
+    TANDEM_LOG(INFO) << "speculative decoding: ngram, " << config.speculative.num_speculative_tokens
+                     << " tokens, lookup " << config.speculative.prompt_lookup_min << ".."
+                     << config.speculative.prompt_lookup_max << " (uniform decode query len "
+                     << q << ")";
+  }
+  ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(runner, e->model_.get(),
                                                    e->kv_cache_.get(), ops));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
                    << config.runner.graph.requested_mode << "), "
@@ -202,6 +217,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   // A request samples once per step: only these outputs, produced between
   // steps, can already be its own.
   const size_t carried = out.size();
+  if (config_.speculative.enabled()) ProposeDrafts();
   SchedulerOutput sched = scheduler_->Schedule();
   for (Request* r : sched.failed) Finish(r, FinishReason::kError, &out);
   for (Request* r : sched.kv_needed) {
@@ -222,10 +238,16 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     ScheduledSeq s;
     Request* r = c.request;
     s.tokens = r->tokens.data() + c.start;
+    if (c.num_drafts > 0) {  // the last token, then the drafts (never in tokens)
+      r->step_tokens.assign(1, r->tokens.back());
+      r->step_tokens.insert(r->step_tokens.end(), r->drafts.begin(), r->drafts.end());
+      s.tokens = r->step_tokens.data();
+    }
     s.num_tokens = c.num_tokens;
     s.start_pos = c.start;
     s.block_table = kv_cache_->BlockTable(r->id);
     s.sample = c.sample;
+    s.num_sampled = 1 + c.num_drafts;
     batch_.push_back(s);
   }
   ASSIGN_OR_RETURN(StepResult step, runner_->Execute(batch_));
@@ -234,23 +256,80 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   if (records_.size() >= kMaxStepRecords) {
     records_.erase(records_.begin(), records_.begin() + kMaxStepRecords / 2);
   }
-  records_.push_back({step.runtime_mode, step.num_tokens, step.padded_tokens});
+  int max_query_len = 0;
+  for (const ScheduledSeq& s : batch_) max_query_len = std::max(max_query_len, s.num_tokens);
+  records_.push_back({step.runtime_mode, step.num_tokens, step.padded_tokens, step.descriptor,
+                      static_cast<int>(batch_.size()), max_query_len});
 
   const int vocab = static_cast<int>(model_->config().vocab_size);
   int row = 0;
   std::vector<Request*> done;
   for (const ScheduledChunk& c : chunks) {
     Request* r = c.request;
-    r->num_computed = c.start + c.num_tokens;
-    kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
-    if (!c.sample) continue;
-    const int32_t token = sampler_.Sample(step.logits + int64_t{row} * vocab, vocab, r->params, &r->rng);
-    ++row;
-    AppendToken(r, token, &out, carried);
+    if (!c.sample) {
+      r->num_computed = c.start + c.num_tokens;
+      kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+      continue;
+    }
+    AcceptTokens(c, step.logits + int64_t{row} * vocab, &out, carried);
+    row += 1 + c.num_drafts;
     if (r->finished()) done.push_back(r);
   }
   for (Request* r : done) Finish(r, r->finish, &out);
   return out;
+}
+
+void LlmEngine::ProposeDrafts() {
+  const SpeculativeConfig& spec = config_.speculative;
+  for (Request* r : scheduler_->running()) {
+    r->drafts.clear();
+    if (r->num_tokens() - r->num_computed != 1) continue;  // prefilling
+    // No draft past max_tokens or max_model_len: the step yields up to
+    // drafts + 1 tokens, the last of them sampled after the drafts.
+    const int64_t room = std::min<int64_t>(
+        int64_t{r->params.max_tokens} - r->num_output_tokens(),
+        max_model_len() - r->num_tokens()) - 1;
+    const int k = static_cast<int>(std::min<int64_t>(spec.num_speculative_tokens, room));
+    if (k < 1) continue;
+    if (r->proposer == nullptr) {
+      r->proposer =
+          std::make_unique<NgramProposer>(spec.prompt_lookup_min, spec.prompt_lookup_max);
+    }
+    r->proposer->Propose(r->tokens, k, &r->drafts);
+  }
+}
+
+void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
+                             std::vector<RequestOutput>* out, size_t carried) {
+  Request* r = c.request;
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const int drafts = c.num_drafts;
+  // The KV of the last token and of every kept draft is valid; the rows
+  // written for rejected drafts are past num_computed, to be overwritten.
+  int kept = 0;
+  int32_t next = 0;
+  for (; kept < drafts; ++kept) {
+    if (!sampler_.Verify(logits + int64_t{kept} * vocab, vocab, r->params, r->drafts[kept],
+                         &r->rng, &next)) {
+      break;
+    }
+  }
+  if (kept == drafts) next = sampler_.Sample(logits + int64_t{drafts} * vocab, vocab, r->params,
+                                             &r->rng);
+  if (drafts > 0) {
+    ++spec_stats_.num_drafts;
+    spec_stats_.num_draft_tokens += drafts;
+    spec_stats_.num_accepted_tokens += kept;
+    for (int i = 0; i < kept; ++i) ++spec_stats_.accepted_per_pos[i];
+  }
+  const int64_t computed = c.start + c.num_tokens - drafts + kept;
+  // Kept drafts, then the sampled token, up to the first that stops.
+  for (int i = 0; i <= kept && !r->finished(); ++i) {
+    AppendToken(r, i < kept ? r->drafts[i] : next, out, carried);
+  }
+  r->drafts.clear();
+  r->num_computed = std::min<int64_t>(computed, r->num_tokens());
+  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
 }
 
 absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first, int64_t count,

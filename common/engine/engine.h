@@ -35,6 +35,18 @@ struct EngineConfig {
   // How long a new request may wait for KV blocks before it fails.
   absl::Duration waiting_timeout = absl::InfiniteDuration();
   RunnerConfig runner;
+  // Speculative decoding (off by default); when on, the runner's
+  // uniform_decode_query_len is 1 + num_speculative_tokens.
+  SpeculativeConfig speculative;
+};
+
+// Speculative decoding counters since start-up (vLLM's SpecDecodingStats).
+struct SpecDecodeStats {
+  int64_t num_drafts = 0;           // verification steps of a request with drafts
+  int64_t num_draft_tokens = 0;     // tokens drafted
+  int64_t num_accepted_tokens = 0;  // drafted tokens kept
+  // accepted_per_pos[i]: drafts whose (i+1)-th token was kept.
+  std::vector<int64_t> accepted_per_pos;
 };
 
 struct RequestOutput {
@@ -63,6 +75,9 @@ struct StepRecord {
   CudaGraphMode runtime_mode;
   int num_tokens = 0;
   int padded_tokens = 0;
+  BatchDescriptor descriptor;  // the dispatched key
+  int num_reqs = 0;
+  int max_query_len = 0;       // tokens of the longest request's share
 };
 
 class LlmEngine {
@@ -125,6 +140,7 @@ class LlmEngine {
   std::array<int, kNumRequestStates> CountStates() const;
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
   const PrefixCacheStats& prefix_cache_stats() const { return scheduler_->prefix_cache_stats(); }
+  const SpecDecodeStats& spec_decode_stats() const { return spec_stats_; }
   int max_model_len() const { return runner_->max_model_len(); }
   const EngineConfig& config() const { return config_; }
   // Records of the steps since the last call (cleared on read; the most recent
@@ -146,6 +162,14 @@ class LlmEngine {
   // `out`, or a new one) and decides whether it stops.
   void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out, size_t carried);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
+  // Speculative decoding: drafts for every decoding request, before the
+  // scheduler sizes the step.
+  void ProposeDrafts();
+  // Verifies a chunk's drafts against its `logits` rows (1 + drafts), appends
+  // the kept drafts and the token sampled after them, and rolls the request's
+  // computed length back to the last kept one.
+  void AcceptTokens(const ScheduledChunk& c, const float* logits, std::vector<RequestOutput>* out,
+                    size_t carried);
   // Copies KV rows between host buffers and a request's blocks (both ways:
   // one range check, one slot walk).
   absl::Status CopyKvRows(const std::string& id, int layer, int64_t first, int64_t count,
@@ -162,6 +186,7 @@ class LlmEngine {
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step
   std::vector<StepRecord> records_;
+  SpecDecodeStats spec_stats_;
   // Outputs made between steps (a remote request's first token), returned
   // by the next Step().
   std::vector<RequestOutput> pending_outputs_;

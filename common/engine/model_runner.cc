@@ -93,6 +93,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
 absl::Status ModelRunner::AllocateBuffers() {
   const int bs = kv_cache_->block_size();
   max_blocks_per_seq_ = (config_.max_model_len + bs - 1) / bs;
+  max_logit_rows_ = std::min<int64_t>(
+      config_.max_num_batched_tokens,
+      int64_t{config_.max_num_seqs} * dispatcher_->uniform_decode_query_len());
   std::unique_ptr<Arena> measure = Arena::Measure("runner-buffers");
   RETURN_IF_ERROR(PlaceBuffers(measure.get()));
   ASSIGN_OR_RETURN(arena_, Arena::Create(ops_->device(), measure->used(), "runner-buffers"));
@@ -105,8 +108,8 @@ absl::Status ModelRunner::AllocateBuffers() {
   h_qsl_.resize(s + 1);
   h_seq_lens_.resize(s);
   h_tables_.resize(s * max_blocks_per_seq_);
-  h_logit_idx_.resize(s);
-  h_logits_.resize(s * c.vocab_size);
+  h_logit_idx_.resize(max_logit_rows_);
+  h_logits_.resize(max_logit_rows_ * c.vocab_size);
   return absl::OkStatus();
 }
 
@@ -144,9 +147,10 @@ absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
   RETURN_IF_ERROR(alloc(act, {t, int64_t{c.num_attention_heads} * c.head_dim}, &b.attn_out));
   RETURN_IF_ERROR(alloc(act, {t, 2 * inter}, &b.gate_up));
   RETURN_IF_ERROR(alloc(act, {t, inter}, &b.mlp_act));
-  RETURN_IF_ERROR(alloc(DType::kI32, {s}, &logits_indices_));
-  RETURN_IF_ERROR(alloc(act, {s, h}, &gathered_));
-  RETURN_IF_ERROR(alloc(DType::kF32, {s, c.vocab_size}, &logits_));
+  const int64_t rows = max_logit_rows_;
+  RETURN_IF_ERROR(alloc(DType::kI32, {rows}, &logits_indices_));
+  RETURN_IF_ERROR(alloc(act, {rows, h}, &gathered_));
+  RETURN_IF_ERROR(alloc(DType::kF32, {rows, c.vocab_size}, &logits_));
   return absl::OkStatus();
 }
 
@@ -188,7 +192,9 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
     int32_t* row = h_tables_.data() + r * max_blocks_per_seq_;
     std::copy(table.begin(), table.end(), row);
     std::fill(row + table.size(), row + max_blocks_per_seq_, 0);
-    if (s.sample) h_logit_idx_[sampled++] = tok - 1;
+    if (s.sample) {
+      for (int i = s.num_sampled; i > 0; --i) h_logit_idx_[sampled++] = tok - i;
+    }
   }
   for (int i = tok; i < padded_tokens; ++i) {  // padding: no KV write
     h_ids_[i] = 0;
@@ -256,9 +262,14 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
           "Execute: sequence length ", end, " exceeds max_model_len ", config_.max_model_len,
           " or its block table (", s.block_table->size(), " blocks)"));
     }
+    if (s.sample && (s.num_sampled < 1 || s.num_sampled > s.num_tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat("Execute: num_sampled ", s.num_sampled,
+                                                     " is outside [1, ", s.num_tokens,
+                                                     "] (the sequence's tokens)"));
+    }
     num_tokens += s.num_tokens;
     max_query = std::max(max_query, s.num_tokens);
-    sampled += s.sample ? 1 : 0;
+    sampled += s.sample ? s.num_sampled : 0;
   }
   if (num_tokens > config_.max_num_batched_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("Execute: ", num_tokens,

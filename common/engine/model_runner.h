@@ -55,6 +55,9 @@ struct ScheduledSeq {
   int64_t start_pos = 0;            // tokens of this request already in the cache
   const std::vector<int32_t>* block_table = nullptr;  // covers start_pos + num_tokens
   bool sample = false;              // produce logits for the last scheduled token
+  // With `sample`: logits for the last num_sampled tokens (1 + drafted
+  // tokens to verify, speculative decoding).
+  int num_sampled = 1;
 };
 
 struct StepResult {
@@ -62,8 +65,8 @@ struct StepResult {
   BatchDescriptor descriptor;
   int num_tokens = 0;     // unpadded
   int padded_tokens = 0;  // tokens added by padding
-  // Host logits of the sampled rows, row-major [rows, vocab]; valid until the
-  // next Execute().
+  // Host logits of the sampled rows, row-major [rows, vocab], in batch order
+  // (num_sampled rows per sampled sequence); valid until the next Execute().
   const float* logits = nullptr;
   int logit_rows = 0;
 };
@@ -130,9 +133,11 @@ class ModelRunner {
   std::unique_ptr<Arena> arena_;
   ForwardBuffers buffers_;
   int64_t max_blocks_per_seq_ = 0;
-  Tensor logits_indices_;  // i32[max_num_seqs]
-  Tensor gathered_;        // f32[max_num_seqs, H]
-  Tensor logits_;          // f32[max_num_seqs, V]
+  // Sampled rows a step can have: max_num_seqs x q, within the token budget.
+  int64_t max_logit_rows_ = 0;
+  Tensor logits_indices_;  // i32[max_logit_rows_]
+  Tensor gathered_;        // f32[max_logit_rows_, H]
+  Tensor logits_;          // f32[max_logit_rows_, V]
 
   // Host staging, sized at start-up.
   std::vector<int32_t> h_ids_, h_pos_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logit_idx_;

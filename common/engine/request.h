@@ -19,6 +19,7 @@
 #define TANDEM_COMMON_ENGINE_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/engine/sampling.h"
+#include "common/engine/speculative.h"
 
 namespace tandem {
 
@@ -79,6 +81,13 @@ struct Request {
   // A kRemotePrefill request whose uncomputed tokens' KV must come from a
   // prefill worker (set when added and when preempted, cleared when it came).
   bool needs_remote_kv = false;
+  // Speculative decoding: the request's n-gram index (made on its first
+  // proposal), and this step's drafted tokens: proposed before scheduling,
+  // trimmed by the scheduler, verified after the step (never in `tokens`).
+  std::unique_ptr<NgramProposer> proposer;
+  std::vector<int32_t> drafts;
+  // The step's input when it carries drafts: the last token, then drafts.
+  std::vector<int32_t> step_tokens;
 };
 
 }  // namespace tandem

@@ -27,11 +27,22 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
   return absl::OkStatus();
 }
 
-int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& params,
-                        std::mt19937_64* rng) {
-  if (params.temperature == 0.f) {  // greedy; ties go to the lowest id
-    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
-  }
+namespace {
+
+// 53 random bits -> [0, 1): the same on every platform (unlike
+// std::uniform_real_distribution, whose algorithm is implementation-defined).
+double Uniform(std::mt19937_64* rng) {
+  return static_cast<double>((*rng)() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int32_t Argmax(const float* logits, int vocab) {  // ties go to the lowest id
+  return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
+}  // namespace
+
+size_t Sampler::Distribution(const float* logits, int vocab, const SamplingParams& params,
+                             double* total_out) {
   candidates_.resize(vocab);
   for (int i = 0; i < vocab; ++i) candidates_[i] = {logits[i] / params.temperature, i};
   auto by_logit = [](const auto& a, const auto& b) {
@@ -64,15 +75,52 @@ int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& pa
     total = 0;
     for (size_t i = 0; i < keep; ++i) total += candidates_[i].first;
   }
-  // 53 random bits -> [0, 1): the same on every platform (unlike
-  // std::uniform_real_distribution, whose algorithm is implementation-defined).
-  const double u = static_cast<double>((*rng)() >> 11) * (1.0 / 9007199254740992.0);
-  double target = u * total, acc = 0;
+  *total_out = total;
+  return keep;
+}
+
+int32_t Sampler::Draw(size_t keep, double total, int32_t skip, std::mt19937_64* rng) const {
+  const double target = Uniform(rng) * total;
+  double acc = 0;
+  size_t last = keep;
   for (size_t i = 0; i < keep; ++i) {
+    if (candidates_[i].second == skip) continue;
+    last = i;
     acc += candidates_[i].first;
     if (target < acc) return candidates_[i].second;
   }
-  return candidates_[keep - 1].second;
+  return candidates_[last].second;
+}
+
+int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& params,
+                        std::mt19937_64* rng) {
+  if (params.temperature == 0.f) return Argmax(logits, vocab);
+  double total = 0;
+  const size_t keep = Distribution(logits, vocab, params, &total);
+  return Draw(keep, total, /*skip=*/-1, rng);
+}
+
+bool Sampler::Verify(const float* logits, int vocab, const SamplingParams& params,
+                     int32_t draft, std::mt19937_64* rng, int32_t* token) {
+  if (params.temperature == 0.f) {
+    *token = Argmax(logits, vocab);
+    return *token == draft;
+  }
+  double total = 0;
+  const size_t keep = Distribution(logits, vocab, params, &total);
+  double p = 0;  // the draft's weight; 0 when top-k/top-p dropped it
+  for (size_t i = 0; i < keep; ++i) {
+    if (candidates_[i].second == draft) {
+      p = candidates_[i].first;
+      break;
+    }
+  }
+  if (Uniform(rng) * total < p) {
+    *token = draft;
+    return true;
+  }
+  *token = Draw(keep, total - p, draft, rng);
+  return false;
 }
 
 }  // namespace tandem

@@ -33,7 +33,25 @@ class Sampler {
   int32_t Sample(const float* logits, int vocab, const SamplingParams& params,
                  std::mt19937_64* rng);
 
+  // Speculative verification of a drafted token against the target's
+  // `logits` at its position, so that the tokens that come out are
+  // distributed exactly as Sample()'s (rejection sampling for a
+  // deterministic draft, Leviathan et al. 2023): greedy keeps the draft iff
+  // it is the argmax; otherwise it is kept with the target's probability p of
+  // it, and on rejection a token is drawn from p with the draft removed,
+  // renormalised. Returns true when kept; else *token is the replacement.
+  bool Verify(const float* logits, int vocab, const SamplingParams& params, int32_t draft,
+              std::mt19937_64* rng, int32_t* token);
+
  private:
+  // Fills candidates_ with the unnormalised probabilities after temperature,
+  // top-k and top-p, highest first; returns how many are kept and their sum.
+  size_t Distribution(const float* logits, int vocab, const SamplingParams& params,
+                      double* total);
+  // One draw from the first `keep` candidates, skipping token `skip` (whose
+  // weight `total` must not include).
+  int32_t Draw(size_t keep, double total, int32_t skip, std::mt19937_64* rng) const;
+
   std::vector<std::pair<float, int32_t>> candidates_;
 };
 

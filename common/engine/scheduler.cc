@@ -20,6 +20,7 @@ void Scheduler::AddWaiting(Request* r) {
 void Scheduler::Preempt(Request* r) {
   kv_->Free(r->id);
   r->num_computed = 0;
+  r->drafts.clear();
   ++r->preemptions;
   ++preemptions_;
   Erase(&running_, r);
@@ -93,12 +94,23 @@ SchedulerOutput Scheduler::Schedule() {
     Request* r = running_[i];
     const int n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
     if (n <= 0) {
+      r->drafts.clear();
       ++i;
       continue;
     }
+    // Drafts ride on a decode, in what the budget leaves, when their slots
+    // are free.
+    const bool decode = r->num_tokens() - r->num_computed == 1;
+    r->drafts.resize(decode ? std::min<size_t>(r->drafts.size(), budget - n) : 0);
+    if (!r->drafts.empty() &&
+        !kv_->EnsureCapacity(r->id, r->num_computed + n + r->drafts.size()).ok()) {
+      r->drafts.clear();
+    }
     if (kv_->EnsureCapacity(r->id, r->num_computed + n).ok()) {
-      out.chunks.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
-      budget -= n;
+      const int drafts = static_cast<int>(r->drafts.size());
+      out.chunks.push_back(
+          {r, r->num_computed, n + drafts, r->num_computed + n == r->num_tokens(), drafts});
+      budget -= n + drafts;
       ++i;
       continue;
     }

@@ -14,6 +14,10 @@
 // When the KV cache has no block for a running request, the most recently
 // admitted running request is preempted (PREEMPTED: blocks freed, first in
 // line to be recomputed, remotely if that is where its prefill came from).
+// A decoding request may carry drafted tokens (Request::drafts, speculative
+// decoding): they take budget and KV slots like any token, are cut to what the
+// budget leaves, and are dropped (never preempting anyone) when their slots
+// are not free.
 // A waiting request that does not fit waits without blocking the ones behind
 // it that do; a new one that waits longer than `waiting_timeout` fails with
 // RESOURCE_EXHAUSTED, as does one that cannot fit even in an empty cache.
@@ -35,8 +39,11 @@ namespace tandem {
 struct ScheduledChunk {
   Request* request;
   int64_t start;      // first token position scheduled
-  int num_tokens;     // tokens scheduled
+  int num_tokens;     // tokens scheduled (drafts included)
   bool sample;        // reaches the end of the request's tokens
+  // Of num_tokens, the request's drafted tokens after its last one (their
+  // logits are sampled too, to verify them).
+  int num_drafts = 0;
 };
 
 struct SchedulerOutput {
@@ -79,6 +86,8 @@ class Scheduler {
   void Remove(Request* r, bool free_blocks = true);
 
   size_t num_running() const { return running_.size(); }
+  // RUNNING requests, in admission order.
+  const std::vector<Request*>& running() const { return running_; }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_waiting_for_remote_kv() const { return remote_.size(); }
   bool empty() const { return running_.empty() && waiting_.empty() && remote_.empty(); }

@@ -37,6 +37,11 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("blas-threads", &threads, "the old name of --threads");
   f->Add("enable-prefix-caching", &enable_prefix_caching,
          "reuse the KV of full blocks a request shares with an earlier one (true|false)");
+  f->Add("speculative-config", &speculative_config,
+         "speculative decoding, JSON as vLLM's: {\"method\": \"ngram\", "
+         "\"num_speculative_tokens\": k, \"prompt_lookup_min\": a, \"prompt_lookup_max\": b} "
+         "(drafts copied from the context, verified in steps of 1 + k tokens per request; "
+         "empty: off)");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
 }
@@ -63,6 +68,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   }
   c.runner.check_input_addresses = check_input_addresses;
   c.enable_prefix_caching = enable_prefix_caching;
+  ASSIGN_OR_RETURN(c.speculative, ParseSpeculativeConfig(speculative_config));
   return c;
 }
 
