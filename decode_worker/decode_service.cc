@@ -94,8 +94,13 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   (new PrefillClient(this, pool_->Pick(), call, std::move(args)))->Start();
 }
 
-bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens,
+bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& all_tokens,
                                   v1::GenerateResponse* msg) {
+  // No token past the one that completes a stop string.
+  std::string text;
+  const size_t keep =
+      call.text != nullptr ? call.text->AddUntilStop(all_tokens, &text) : all_tokens.size();
+  const std::vector<int32_t> tokens(all_tokens.begin(), all_tokens.begin() + keep);
   if (call.generated.empty() && !tokens.empty()) msg->set_request_id(call.id);  // first message
   for (int32_t t : tokens) msg->add_token_ids(t);
   call.generated.insert(call.generated.end(), tokens.begin(), tokens.end());
@@ -110,7 +115,7 @@ bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>
     call.last_token = now;
   }
   if (call.text == nullptr) return false;
-  msg->set_text(call.text->Add(tokens));
+  msg->set_text(std::move(text));
   if (!call.text->stopped()) return false;
   msg->set_stop_string(call.text->matched_stop());
   return true;

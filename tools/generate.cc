@@ -94,14 +94,18 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
       if (ttft < 0 && !o.new_tokens.empty()) {
         ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
-      printer.Tokens(o.new_tokens);
       if (text) {
-        printer.Text(text->Add(o.new_tokens));
+        std::string piece;
+        const size_t keep = text->AddUntilStop(o.new_tokens, &piece);
+        printer.Tokens({o.new_tokens.begin(), o.new_tokens.begin() + keep});
+        printer.Text(piece);
         if (text->stopped()) {
           stopped = true;
           reason = FinishReason::kStop;
           (void)(*engine)->Abort(o.id);
         }
+      } else {
+        printer.Tokens(o.new_tokens);
       }
       if (o.finished) reason = o.finish_reason;
     }

@@ -181,11 +181,9 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   if (!keep) requests_.erase(r->id);
 }
 
-void LlmEngine::AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out,
-                            size_t carried) {
+void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o) {
   const bool first = r->num_output_tokens() == 0;
   r->tokens.push_back(token);
-  RequestOutput& o = OutputFor(r, out, carried);
   o.new_tokens.push_back(token);
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
@@ -323,9 +321,11 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
     for (int i = 0; i < kept; ++i) ++spec_stats_.accepted_per_pos[i];
   }
   const int64_t computed = c.start + c.num_tokens - drafts + kept;
-  // Kept drafts, then the sampled token, up to the first that stops.
+  // Kept drafts, then the sampled token, up to the first that stops; all
+  // in the request's one output of the step.
+  RequestOutput& o = OutputFor(r, out, carried);
   for (int i = 0; i <= kept && !r->finished(); ++i) {
-    AppendToken(r, i < kept ? r->drafts[i] : next, out, carried);
+    AppendToken(r, i < kept ? r->drafts[i] : next, o);
   }
   r->drafts.clear();
   r->num_computed = std::min<int64_t>(computed, r->num_tokens());
@@ -369,7 +369,7 @@ absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_tok
   // seeded sampling continues as it would have in one process.
   if (r->params.temperature > 0.f) r->rng();
   scheduler_->RemoteKvArrived(r);
-  AppendToken(r, first_token, &pending_outputs_, pending_outputs_.size());
+  AppendToken(r, first_token, OutputFor(r, &pending_outputs_, pending_outputs_.size()));
   if (r->finished()) Finish(r, r->finish, &pending_outputs_);
   return absl::OkStatus();
 }

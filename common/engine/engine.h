@@ -158,9 +158,9 @@ class LlmEngine {
   // The request's output among the first `search_end` of `out`, else a new
   // one at the end.
   RequestOutput& OutputFor(const Request* r, std::vector<RequestOutput>* out, size_t search_end);
-  // Appends `token` to a request's output (one of the first `carried` of
-  // `out`, or a new one) and decides whether it stops.
-  void AppendToken(Request* r, int32_t token, std::vector<RequestOutput>* out, size_t carried);
+  // Appends `token` to the request and to its output `o` (the step's one
+  // output for it), and decides whether it stops.
+  void AppendToken(Request* r, int32_t token, RequestOutput& o);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
   // Speculative decoding: drafts for every decoding request, before the
   // scheduler sizes the step.

@@ -110,6 +110,30 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
                       .Labels(role_label)
                       .Register(r)
                       .Add({});
+  spec_drafts_ = &prometheus::BuildCounter()
+                      .Name("tandem_spec_decode_num_drafts_total")
+                      .Help("Verification steps of a request that carried drafted tokens "
+                            "(speculative decoding)")
+                      .Labels(role_label)
+                      .Register(r)
+                      .Add({});
+  spec_draft_tokens_ = &prometheus::BuildCounter()
+                            .Name("tandem_spec_decode_num_draft_tokens_total")
+                            .Help("Drafted tokens verified")
+                            .Labels(role_label)
+                            .Register(r)
+                            .Add({});
+  spec_accepted_tokens_ = &prometheus::BuildCounter()
+                               .Name("tandem_spec_decode_num_accepted_tokens_total")
+                               .Help("Drafted tokens accepted (each one a token gained)")
+                               .Labels(role_label)
+                               .Register(r)
+                               .Add({});
+  spec_accepted_per_pos_ = &prometheus::BuildCounter()
+                                .Name("tandem_spec_decode_num_accepted_tokens_per_pos_total")
+                                .Help("Drafts whose token at `position` (0-based) was accepted")
+                                .Labels(role_label)
+                                .Register(r);
   kv_cached_blocks_ = &prometheus::BuildGauge()
                            .Name("tandem_kv_cache_blocks_cached")
                            .Help("KV cache blocks registered for prefix reuse (in use or free)")
@@ -277,6 +301,18 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   prefix_queries_->Increment(static_cast<double>(p.queries - folded_prefix_.queries));
   prefix_hits_->Increment(static_cast<double>(p.hits - folded_prefix_.hits));
   folded_prefix_ = p;
+  const SpecDecodeStats& sd = engine.spec_decode_stats();
+  spec_drafts_->Increment(static_cast<double>(sd.num_drafts - folded_spec_.num_drafts));
+  spec_draft_tokens_->Increment(
+      static_cast<double>(sd.num_draft_tokens - folded_spec_.num_draft_tokens));
+  spec_accepted_tokens_->Increment(
+      static_cast<double>(sd.num_accepted_tokens - folded_spec_.num_accepted_tokens));
+  folded_spec_.accepted_per_pos.resize(sd.accepted_per_pos.size());
+  for (size_t i = 0; i < sd.accepted_per_pos.size(); ++i) {
+    spec_accepted_per_pos_->Add({{"position", std::to_string(i)}})
+        .Increment(static_cast<double>(sd.accepted_per_pos[i] - folded_spec_.accepted_per_pos[i]));
+  }
+  folded_spec_ = sd;
   const BlockPool& pool = engine.kv_cache().pool();
   kv_usage_->Set(pool.usage());
   kv_blocks_->Set(pool.num_used());

@@ -89,6 +89,12 @@ class WorkerMetrics {
   prometheus::Gauge* kv_cached_blocks_;
   prometheus::Counter* transfer_saved_bytes_ = nullptr;  // decode role
   PrefixCacheStats folded_prefix_;  // engine thread only
+  // Speculative decoding (vLLM's spec_decode_* counters).
+  prometheus::Counter* spec_drafts_;
+  prometheus::Counter* spec_draft_tokens_;
+  prometheus::Counter* spec_accepted_tokens_;
+  prometheus::Family<prometheus::Counter>* spec_accepted_per_pos_;
+  SpecDecodeStats folded_spec_;  // engine thread only
   prometheus::Counter* tokens_;  // prompt (prefill) or generation (decode)
   prometheus::Histogram* ttft_ = nullptr;
   prometheus::Histogram* itl_ = nullptr;

@@ -17,6 +17,16 @@ std::string TextOutput::Add(const std::vector<int32_t>& ids) {
   return Scan(/*final=*/false);
 }
 
+size_t TextOutput::AddUntilStop(const std::vector<int32_t>& ids, std::string* text) {
+  if (stop_.empty()) {
+    *text += Add(ids);
+    return ids.size();
+  }
+  size_t n = 0;
+  while (n < ids.size() && !stopped_) *text += Add({ids[n++]});
+  return n;
+}
+
 std::string TextOutput::Finish() {
   if (stopped_) return "";
   pending_ += detok_.Finish();

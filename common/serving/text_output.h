@@ -23,6 +23,11 @@ class TextOutput {
   // Adds new token ids; returns the text now final. After a stop string is
   // found, stopped() is true and the text ends before it.
   std::string Add(const std::vector<int32_t>& ids);
+  // As Add(), one token at a time, up to the token that completes a stop
+  // string: returns how many of `ids` belong to the output (all, unless a
+  // stop string ended it) and appends the final text to `*text`. A step may
+  // bring several tokens (speculative decoding); none past a stop is kept.
+  size_t AddUntilStop(const std::vector<int32_t>& ids, std::string* text);
   // The held-back text at the end of the stream (empty after a stop).
   std::string Finish();
   bool stopped() const { return stopped_; }

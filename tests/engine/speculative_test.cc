@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 
 #include "common/engine/engine.h"
 #include "gtest/gtest.h"
@@ -242,7 +243,9 @@ std::map<std::string, std::vector<int32_t>> RunAll(
     auto step = e->Step();
     EXPECT_TRUE(step.ok()) << step.status();
     if (!step.ok()) break;
+    std::set<std::string> ids;  // one output per request per step
     for (const auto& o : *step) {
+      EXPECT_TRUE(ids.insert(o.id).second) << o.id << " has two outputs in one step";
       EXPECT_TRUE(o.status.ok()) << o.status;
       auto& v = out[o.id];
       v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());

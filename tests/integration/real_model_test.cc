@@ -323,5 +323,76 @@ TEST_F(RealModelPairTest, BadTextRequestsAreInvalidArgument) {
   EXPECT_NE(g.status.error_message().find("sampling.stop"), std::string::npos);
 }
 
+// Speculative decoding through the pair: one prefill worker, a decode worker
+// without and one with n-gram speculation. On a prompt that asks for a copy,
+// the greedy text is the same, drafts are accepted and verified by FULL
+// graphs; a stop string and max_tokens that fall inside a draft end the
+// output exactly where plain decoding ends it.
+TEST(SpeculativePairTest, CopyPromptGivesPlainDecodingsTextThroughThePair) {
+  const std::string model = "--model=" + ModelPath();
+  Worker prefill = StartWorker("prefill_worker", {model, "--max-num-seqs=4"});
+  const std::vector<std::string> common = {model, "--max-num-seqs=4",
+                                           "--prefill-address=" + prefill.address()};
+  Worker plain = StartWorker("decode_worker", common);
+  std::vector<std::string> spec_flags = common;
+  spec_flags.push_back(
+      R"(--speculative-config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4})");
+  Worker spec = StartWorker("decode_worker", spec_flags);
+  const std::string prompt =
+      "<|im_start|>user\nRepeat this text exactly: The quick brown fox jumps over the lazy dog. "
+      "A journey of a thousand miles begins with a single step.<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  auto request = [&](const std::string& id, uint32_t max_tokens) {
+    v1::GenerateRequest r;
+    r.set_request_id(id);
+    r.set_prompt(prompt);
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    r.mutable_sampling()->set_ignore_eos(true);
+    return r;
+  };
+  GenerateResult want = Generate(plain.address(), request("plain", 48));
+  GenerateResult got = Generate(spec.address(), request("spec", 48));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_NE(want.text.find("The quick brown fox"), std::string::npos) << want.text;
+  EXPECT_GT(spec.Metric("tandem_spec_decode_num_accepted_tokens_total"), 10);
+  EXPECT_GT(spec.Metric("tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                        {{"position", "3"}}),
+            0);
+  EXPECT_GT(spec.Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}}), 0);
+  // Fewer steps than tokens: drafts were kept.
+  EXPECT_LT(spec.Metric("tandem_forward_steps_total", {{"runtime_mode", "FULL"}}) +
+                spec.Metric("tandem_forward_steps_total", {{"runtime_mode", "NONE"}}),
+            47);
+  // A stop string and max_tokens inside what drafts cover.
+  v1::GenerateRequest stop = request("stop", 48);
+  stop.mutable_sampling()->add_stop("miles");
+  GenerateResult plain_stop = Generate(plain.address(), stop);
+  stop.set_request_id("stop-spec");
+  GenerateResult spec_stop = Generate(spec.address(), stop);
+  ASSERT_TRUE(spec_stop.status.ok()) << spec_stop.status.error_message();
+  EXPECT_EQ(spec_stop.text, plain_stop.text);
+  EXPECT_EQ(spec_stop.finish_reason, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(spec_stop.stop_string, "miles");
+  for (uint32_t n : {13u, 22u}) {
+    GenerateResult cut = Generate(spec.address(), request("cut" + std::to_string(n), n));
+    ASSERT_TRUE(cut.status.ok());
+    EXPECT_EQ(cut.tokens, std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + n));
+    EXPECT_EQ(cut.finish_reason, v1::FINISH_REASON_LENGTH);
+  }
+  for (Worker* w : {&spec, &plain}) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (w->Metric("tandem_kv_cache_blocks_in_use") != 0 &&
+           std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(w->Metric("tandem_kv_cache_blocks_in_use"), 0);
+    StopWorker(*w);
+  }
+  StopWorker(prefill);
+}
+
 }  // namespace
 }  // namespace tandem::testing
