@@ -1,13 +1,15 @@
 // Engine flags as both workers and the CLI parse them, then the graph policy
 // resolved from the result: NUL-separated arguments. Any command line must end
 // in a Status (a usage error), never a crash, a hang or a huge allocation.
-// Each argument is also read as `tandem bench serve`'s --mix and --slo.
+// Each argument is also read as `tandem bench serve`'s --mix and --slo and
+// as a --speculative-config JSON.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "common/base/flags.h"
+#include "common/engine/speculative.h"
 #include "common/graph/graph_policy.h"
 #include "common/serving/engine_flags.h"
 #include "tools/serve_stats.h"
@@ -27,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& a : args) {
     (void)tandem::ParseMix(a);
     (void)tandem::ParseSlo(a);
+    (void)tandem::ParseSpeculativeConfig(a);
   }
   tandem::FlagSet flags("fuzz");
   tandem::EngineFlags engine_flags("PIECEWISE");

@@ -383,12 +383,7 @@ TEST(SpeculativePairTest, CopyPromptGivesPlainDecodingsTextThroughThePair) {
     EXPECT_EQ(cut.finish_reason, v1::FINISH_REASON_LENGTH);
   }
   for (Worker* w : {&spec, &plain}) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (w->Metric("tandem_kv_cache_blocks_in_use") != 0 &&
-           std::chrono::steady_clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_EQ(w->Metric("tandem_kv_cache_blocks_in_use"), 0);
+    EXPECT_EQ(AwaitMetric(*w, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(10)), 0);
     StopWorker(*w);
   }
   StopWorker(prefill);
