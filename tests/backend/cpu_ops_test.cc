@@ -446,11 +446,13 @@ INSTANTIATE_TEST_SUITE_P(Threads, CpuOpsTest, ::testing::Values(1, 2, 3),
 // The Highway kernels on every target compiled in that this CPU runs
 // (x86 here: SSE4, AVX2 and, where present, AVX-512 ones; scalar/EMU128
 // too): widening equals ConvertToF32 and the small matmul equals widened
-// weights times x, for every narrow weight type.
+// weights times x, for every narrow weight type; a row's product is the same
+// bits whatever the number of rows beside it (a verification step of 1 + k
+// tokens gives plain decoding's logits).
 TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  const int64_t rows = 7, k = 96, n = 3;
+  const int64_t rows = 7, k = 96, n = 6;
   std::vector<float> w(rows * k), x(n * k);
   for (float& v : w) v = uni(rng);
   for (float& v : x) v = uni(rng);
@@ -471,8 +473,15 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
         ASSERT_NEAR(got[i], want[i], 1e-6f * std::max(1.f, std::fabs(want[i]))) << i;
       }
       // Columns [2, 6) of out[m, rows] = x * w^T, out rows 8 apart; one row
-      // of x (decode: blocks widened in registers) and three.
-      for (int64_t m : {int64_t{1}, n}) {
+      // of x (decode), three, and six (four at a time, then two).
+      std::vector<std::vector<float>> alone(n);  // each row of x on its own
+      for (int64_t r = 0; r < n; ++r) {
+        alone[r].assign(8, -1.f);
+        std::vector<float> row(k);
+        cpu::SmallMatmulWiden(dt, x.data() + r * k, k, 1, stored.data(), k, 2, 6,
+                              alone[r].data(), 8, row.data());
+      }
+      for (int64_t m : {int64_t{1}, int64_t{3}, n}) {
         std::vector<float> out(m * 8, -1.f), row(k);
         cpu::SmallMatmulWiden(dt, x.data(), k, m, stored.data(), k, 2, 6, out.data(), 8, row.data());
         for (int64_t r = 0; r < m; ++r) {
@@ -484,6 +493,7 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
             double ref = 0;
             for (int64_t i = 0; i < k; ++i) ref += double{x[r * k + i]} * want[j * k + i];
             EXPECT_NEAR(out[r * 8 + j], ref, 1e-4) << r << "," << j;
+            EXPECT_EQ(out[r * 8 + j], alone[r][j]) << m << " rows: " << r << "," << j;
           }
         }
       }

@@ -5,21 +5,10 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/kernels/cpu/hwy_kernels.h"
-
-#ifndef TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_ONCE_
-#define TANDEM_COMMON_KERNELS_CPU_HWY_KERNELS_ONCE_
-namespace tandem::cpu::internal {
-
-// A block's f16 scale (little-endian bytes) as f32.
-inline float HalfToFloat(const uint8_t* p) {
-  return F16ToF32(static_cast<uint16_t>(p[0] | (p[1] << 8)));
-}
-
-}  // namespace tandem::cpu::internal
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace tandem::cpu::HWY_NAMESPACE {
@@ -31,6 +20,17 @@ using DF = hn::CappedTag<float, 16>;
 using DI = hn::Rebind<int32_t, DF>;   // a block's integers, widened
 using D8 = hn::Rebind<int8_t, DF>;    // Q8_0 quants
 using DU8 = hn::Rebind<uint8_t, DF>;  // Q4 nibble pairs
+
+// A block's f16 scale (little-endian bytes) as f32, converted in a vector
+// register (F16C's vcvtph2ps on x86, fcvt on Arm): tensor.cc's F16ToF32 is a
+// call with branches, once or twice per 32 weights in the loops below. Both
+// are exact, so the results are the same bits.
+HWY_INLINE float BlockScale(const uint8_t* p) {
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
 template <DType kType>
 constexpr size_t kBlockBytes = kType == DType::kQ8_0 ? 34 : kType == DType::kQ4_0 ? 18 : 20;
 
@@ -40,7 +40,7 @@ HWY_INLINE void WidenBlocks(const uint8_t* src, int64_t blocks, float* dst) {
   const size_t N = hn::Lanes(df);
   constexpr size_t kBytes = kBlockBytes<kType>;
   for (int64_t b = 0; b < blocks; ++b, src += kBytes, dst += 32) {
-    const auto d = hn::Set(df, internal::HalfToFloat(src));
+    const auto d = hn::Set(df, BlockScale(src));
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
@@ -51,7 +51,7 @@ HWY_INLINE void WidenBlocks(const uint8_t* src, int64_t blocks, float* dst) {
       const bool with_min = kType == DType::kQ4_1;
       const uint8_t* q = src + (with_min ? 4 : 2);
       // Q4_0 centres at 8; Q4_1 adds its f16 minimum.
-      const auto offset = with_min ? hn::Set(df, internal::HalfToFloat(src + 2))
+      const auto offset = with_min ? hn::Set(df, BlockScale(src + 2))
                                    : hn::Mul(d, hn::Set(df, -8.f));
       const auto mask = hn::Set(DI(), 0xF);
       for (size_t i = 0; i < 16; i += N) {
@@ -109,60 +109,133 @@ float DotF32Impl(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// x . (one weight row of blocks), each block widened in registers: the
-// batch-1 decode product (no store of the widened row).
-template <DType kType>
-HWY_INLINE float DotBlocks(const float* x, const uint8_t* src, int64_t blocks) {
+// Each 32-element block's sum of x, for Q4_1's minimum (m * sum(x of the
+// block)): computed once per call, not once per weight row.
+HWY_INLINE void BlockSums(const float* x, int64_t blocks, float* sums) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (int64_t b = 0; b < blocks; ++b, x += 32) {
+    auto xs = hn::Zero(df);
+    for (size_t i = 0; i < 16; i += N) {
+      xs = hn::Add(xs, hn::Add(hn::LoadU(df, x + i), hn::LoadU(df, x + 16 + i)));
+    }
+    sums[b] = hn::GetLane(hn::SumOfLanes(df, xs));
+  }
+}
+
+// out[r * ldo] = x_r . (one weight row of blocks) for the R (1..4) rows
+// x_r = x + r * lda: each block is widened in registers once and multiplied
+// by every row (no store of the widened row), so a step of 1 + k tokens
+// (speculative verification) or a small decode batch reads and decodes the
+// weights once. A row's arithmetic is the same whatever R is (the same fused
+// multiply-adds in the same order), so its result does not depend on the
+// batch it was computed in. Separate variables, not arrays: Highway's
+// scalable vectors (SVE) cannot be array elements.
+template <DType kType, int R>
+HWY_INLINE void DotBlocksRows(const float* x, int64_t lda, const uint8_t* src, int64_t blocks,
+                              const float* xsums, float* out, int64_t ldo) {
+  static_assert(R >= 1 && R <= 4);
   const DF df;
   const size_t N = hn::Lanes(df);
   constexpr size_t kBytes = kBlockBytes<kType>;
-  auto acc = hn::Zero(df);
-  float min_sum = 0.f;  // Q4_1: sum over blocks of m * sum(x of the block)
-  for (int64_t b = 0; b < blocks; ++b, src += kBytes, x += 32) {
-    auto part = hn::Zero(df);
+  const float* x0 = x;
+  const float* x1 = x + (R > 1 ? lda : 0);
+  const float* x2 = x + (R > 2 ? 2 * lda : 0);
+  const float* x3 = x + (R > 3 ? 3 * lda : 0);
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df), acc2 = hn::Zero(df), acc3 = hn::Zero(df);
+  float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f;  // Q4_1's minimum terms
+  for (int64_t b = 0; b < blocks; ++b, src += kBytes) {
+    const int64_t o = b * 32;
+    auto p0 = hn::Zero(df), p1 = hn::Zero(df), p2 = hn::Zero(df), p3 = hn::Zero(df);
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
         const auto v = hn::ConvertTo(df, hn::PromoteTo(DI(), hn::LoadU(D8(), q + i)));
-        part = hn::MulAdd(v, hn::LoadU(df, x + i), part);
+        p0 = hn::MulAdd(v, hn::LoadU(df, x0 + o + i), p0);
+        if constexpr (R > 1) p1 = hn::MulAdd(v, hn::LoadU(df, x1 + o + i), p1);
+        if constexpr (R > 2) p2 = hn::MulAdd(v, hn::LoadU(df, x2 + o + i), p2);
+        if constexpr (R > 3) p3 = hn::MulAdd(v, hn::LoadU(df, x3 + o + i), p3);
       }
     } else {
       const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
       const auto mask = hn::Set(DI(), 0xF);
       // Q4_0's -8 folded in: d * (q - 8) . x.
       const auto centre = hn::Set(df, kType == DType::kQ4_0 ? -8.f : 0.f);
-      auto xs = hn::Zero(df);
       for (size_t i = 0; i < 16; i += N) {
         const auto bytes = hn::PromoteTo(DI(), hn::LoadU(DU8(), q + i));
         const auto lo = hn::Add(hn::ConvertTo(df, hn::And(bytes, mask)), centre);
         const auto hi = hn::Add(hn::ConvertTo(df, hn::ShiftRight<4>(bytes)), centre);
-        const auto x_lo = hn::LoadU(df, x + i), x_hi = hn::LoadU(df, x + 16 + i);
-        part = hn::MulAdd(lo, x_lo, hn::MulAdd(hi, x_hi, part));
-        if constexpr (kType == DType::kQ4_1) xs = hn::Add(xs, hn::Add(x_lo, x_hi));
+        const size_t a = o + i, z = o + 16 + i;
+        p0 = hn::MulAdd(lo, hn::LoadU(df, x0 + a), hn::MulAdd(hi, hn::LoadU(df, x0 + z), p0));
+        if constexpr (R > 1) {
+          p1 = hn::MulAdd(lo, hn::LoadU(df, x1 + a), hn::MulAdd(hi, hn::LoadU(df, x1 + z), p1));
+        }
+        if constexpr (R > 2) {
+          p2 = hn::MulAdd(lo, hn::LoadU(df, x2 + a), hn::MulAdd(hi, hn::LoadU(df, x2 + z), p2));
+        }
+        if constexpr (R > 3) {
+          p3 = hn::MulAdd(lo, hn::LoadU(df, x3 + a), hn::MulAdd(hi, hn::LoadU(df, x3 + z), p3));
+        }
       }
       if constexpr (kType == DType::kQ4_1) {
-        min_sum += internal::HalfToFloat(src + 2) * hn::GetLane(hn::SumOfLanes(df, xs));
+        const float m = BlockScale(src + 2);
+        min0 += m * xsums[b];
+        if constexpr (R > 1) min1 += m * xsums[blocks + b];
+        if constexpr (R > 2) min2 += m * xsums[2 * blocks + b];
+        if constexpr (R > 3) min3 += m * xsums[3 * blocks + b];
       }
     }
-    acc = hn::MulAdd(hn::Set(df, internal::HalfToFloat(src)), part, acc);
+    const auto d = hn::Set(df, BlockScale(src));
+    acc0 = hn::MulAdd(d, p0, acc0);
+    if constexpr (R > 1) acc1 = hn::MulAdd(d, p1, acc1);
+    if constexpr (R > 2) acc2 = hn::MulAdd(d, p2, acc2);
+    if constexpr (R > 3) acc3 = hn::MulAdd(d, p3, acc3);
   }
-  return hn::GetLane(hn::SumOfLanes(df, acc)) + min_sum;
+  out[0] = hn::GetLane(hn::SumOfLanes(df, acc0)) + min0;
+  if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(df, acc1)) + min1;
+  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(df, acc2)) + min2;
+  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(df, acc3)) + min3;
+}
+
+// Weight rows [j0, j1) of blocks times the n rows of a, four rows at a time.
+template <DType kType>
+HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
+                                  int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                                  float* scratch) {
+  const int64_t blocks = k / 32;
+  const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
+  if constexpr (kType == DType::kQ4_1) {
+    for (int64_t r = 0; r < n; ++r) BlockSums(a + r * lda, blocks, scratch + r * blocks);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* src = w + j * row_bytes;
+    for (int64_t r = 0; r < n; r += 4) {
+      const float* x = a + r * lda;
+      const float* sums = scratch + r * blocks;
+      float* out = c + r * ldc + j;
+      switch (std::min<int64_t>(4, n - r)) {
+        case 4: DotBlocksRows<kType, 4>(x, lda, src, blocks, sums, out, ldc); break;
+        case 3: DotBlocksRows<kType, 3>(x, lda, src, blocks, sums, out, ldc); break;
+        case 2: DotBlocksRows<kType, 2>(x, lda, src, blocks, sums, out, ldc); break;
+        default: DotBlocksRows<kType, 1>(x, lda, src, blocks, sums, out, ldc); break;
+      }
+    }
+  }
 }
 
 void SmallMatmulWidenImpl(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                           int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row) {
-  const size_t row_bytes = DTypeBytes(dtype, k);
-  if (n == 1 && IsBlockType(dtype)) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const uint8_t* src = w + j * row_bytes;
-      switch (dtype) {
-        case DType::kQ8_0: c[j] = DotBlocks<DType::kQ8_0>(a, src, k / 32); break;
-        case DType::kQ4_0: c[j] = DotBlocks<DType::kQ4_0>(a, src, k / 32); break;
-        default: c[j] = DotBlocks<DType::kQ4_1>(a, src, k / 32); break;
-      }
-    }
-    return;
+  switch (dtype) {
+    case DType::kQ8_0:
+      return SmallMatmulBlocks<DType::kQ8_0>(a, lda, n, w, k, j0, j1, c, ldc, row);
+    case DType::kQ4_0:
+      return SmallMatmulBlocks<DType::kQ4_0>(a, lda, n, w, k, j0, j1, c, ldc, row);
+    case DType::kQ4_1:
+      return SmallMatmulBlocks<DType::kQ4_1>(a, lda, n, w, k, j0, j1, c, ldc, row);
+    default:
+      break;
   }
+  const size_t row_bytes = DTypeBytes(dtype, k);
   for (int64_t j = j0; j < j1; ++j) {
     WidenRowImpl(dtype, w + j * row_bytes, k, row);
     for (int64_t r = 0; r < n; ++r) c[r * ldc + j] = DotF32Impl(a + r * lda, row, k);

@@ -26,7 +26,10 @@ float DotF32(const float* a, const float* b, int64_t n);
 
 // c[r * ldc + j] = a[r * lda, + k) . w_j for r < n and j in [j0, j1), where
 // w_j is weight row j (k elements of `dtype`, rows DTypeBytes(dtype, k)
-// apart) widened into `row` (k floats of scratch) once for all n rows.
+// apart). Q8_0, Q4_0 and Q4_1 rows are widened block by block in registers
+// and multiplied by up to four rows of a at once; bf16 and f32 rows are
+// widened into `row` once for all n rows. `row`: max(k, n * k / 32) floats
+// of scratch.
 void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                       int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row);
 
