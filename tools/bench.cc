@@ -147,19 +147,20 @@ int RunStep(const std::vector<std::string>& args) {
   int max_batch = 1, max_prefill = 1;
   for (int b : *batches) max_batch = std::max(max_batch, b);
   for (int p : *prefills) max_prefill = std::max(max_prefill, p);
+  const int q = config->speculative.query_len();  // 1 without --speculative-config
   if (!flags.IsSet("max-num-seqs")) config->runner.max_num_seqs = std::max(max_batch, 1);
   if (!flags.IsSet("max-num-batched-tokens")) {
-    config->runner.max_num_batched_tokens = std::max({max_prefill, max_batch, 2048});
+    config->runner.max_num_batched_tokens = std::max({max_prefill, max_batch * q, 2048});
   }
   if (!flags.IsSet("capture-sizes") && !flags.IsSet("max-capture-size")) {
     // Cover the measured shapes with graphs.
-    config->runner.graph.max_capture_size = std::max(max_prefill, 2 * max_batch);
+    config->runner.graph.max_capture_size = std::max({max_prefill, 2 * max_batch, max_batch * q});
   }
-  if (!flags.IsSet("max-model-len")) config->runner.max_model_len = std::max(max_prefill, context + 1) + 16;
+  if (!flags.IsSet("max-model-len")) config->runner.max_model_len = std::max(max_prefill, context + q) + 16;
   if (!flags.IsSet("num-kv-blocks") && !flags.IsSet("kv-cache-mb")) {
     // Exactly the blocks the largest decode batch or the longest prefill holds.
     const int bs = config->block_size;
-    config->num_kv_blocks = std::max(max_batch * ((context + 1 + bs - 1) / bs),
+    config->num_kv_blocks = std::max(max_batch * ((context + q + bs - 1) / bs),
                                      (max_prefill + bs - 1) / bs);
   }
   auto engine = LlmEngine::Create(*config);
@@ -193,7 +194,7 @@ int RunStep(const std::vector<std::string>& args) {
   }
   std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s %8s %8s %6s\n", "step", "tokens", "batch",
               "graph", "graph_ms", "eager_ms", "speedup", "x_probe", "GFLOP/s", "x_sgemm", "attn");
-  std::vector<int32_t> tokens(std::max(max_prefill, max_batch), 7);
+  std::vector<int32_t> tokens(std::max(max_prefill, max_batch * q), 7);
   CpuStream* stream = cpu ? static_cast<CpuStream*>((*engine)->backend().device->stream()) : nullptr;
   auto report = [&](const char* kind, int n_tokens, int batch,
                     const std::vector<ScheduledSeq>& seqs) -> absl::Status {
@@ -201,8 +202,9 @@ int RunStep(const std::vector<std::string>& args) {
     if (!graph.ok()) return graph.status();
     auto eager = TimeStep(runner, seqs, true, iters);
     if (!eager.ok()) return eager.status();
-    const bool decode = std::string(kind) == "decode";
-    const double gflops = MatmulFlops(mc, n_tokens, batch) / (graph->median_ms * 1e6);
+    const bool decode = std::string(kind) != "prefill";  // decode or verify
+    const int sampled = std::string(kind) == "verify" ? n_tokens : batch;
+    const double gflops = MatmulFlops(mc, n_tokens, sampled) / (graph->median_ms * 1e6);
     std::string attn = "-";
     if (stream != nullptr) {
       // One more run with the op profile on: attention's share of the ops' time.
@@ -231,15 +233,21 @@ int RunStep(const std::vector<std::string>& args) {
     std::fflush(stdout);
     return absl::OkStatus();
   };
+  // With --speculative-config, each batch also as a verification step: 1 + k
+  // tokens per request, all of them sampled (what a step with drafts costs).
+  std::vector<int> query_lens = {1};
+  if (q > 1) query_lens.push_back(q);
   for (int b : *batches) {
-    std::vector<ScheduledSeq> seqs;
-    for (int i = 0; i < b; ++i) {
-      const std::string id = absl::StrCat("bench-decode-", i);
-      if (auto s = kv.EnsureCapacity(id, context + 1); !s.ok()) return Fail(s);
-      seqs.push_back({tokens.data(), 1, context, kv.BlockTable(id), true});
+    for (int len : query_lens) {
+      std::vector<ScheduledSeq> seqs;
+      for (int i = 0; i < b; ++i) {
+        const std::string id = absl::StrCat("bench-decode-", i);
+        if (auto s = kv.EnsureCapacity(id, context + len); !s.ok()) return Fail(s);
+        seqs.push_back({tokens.data(), len, context, kv.BlockTable(id), true, len});
+      }
+      if (auto s = report(len == 1 ? "decode" : "verify", b * len, b, seqs); !s.ok()) return Fail(s);
+      for (int i = 0; i < b; ++i) kv.Free(absl::StrCat("bench-decode-", i));
     }
-    if (auto s = report("decode", b, b, seqs); !s.ok()) return Fail(s);
-    for (int i = 0; i < b; ++i) kv.Free(absl::StrCat("bench-decode-", i));
   }
   for (int p : *prefills) {
     if (auto s = kv.EnsureCapacity("bench-prefill", p); !s.ok()) return Fail(s);

@@ -125,6 +125,9 @@ const std::vector<std::pair<std::string, std::map<std::string, std::string>>>& C
       {"tandem_prefill_local_total", {{"reason", "fallback"}}},
       {"tandem_preemptions_total", {}},
       {"tandem_generation_tokens_total", {}},
+      {"tandem_spec_decode_num_drafts_total", {}},
+      {"tandem_spec_decode_num_draft_tokens_total", {}},
+      {"tandem_spec_decode_num_accepted_tokens_total", {}},
   };
   return *keys;
 }
@@ -240,7 +243,8 @@ int RunServeBench(const std::vector<std::string>& args) {
   flags.Add("mix", &mix,
             "random: a mixed workload, [NAME=]IN/OUT:WEIGHT,... e.g. "
             "chat=128/64:0.8,doc=1024/16:0.2 (overrides --input-len/--output-len)");
-  flags.Add("prompts-file", &prompts_file, "prompts: a file of text prompts, one per line");
+  flags.Add("prompts-file", &prompts_file,
+            "prompts: a file of prompts, one per line: text, or {\"prompt\": \"...\"} (JSONL)");
   flags.Add("model", &model, "random: the model whose vocabulary token ids are drawn from");
   flags.Add("vocab-size", &vocab_size, "random: token ids in [0, N) (instead of --model)");
   flags.Add("ignore-eos", &o.ignore_eos, "generate exactly max_tokens (vLLM's random dataset does)");
@@ -336,8 +340,20 @@ int RunServeBench(const std::vector<std::string>& args) {
           absl::StrCat("--dataset=prompts needs --prompts-file; cannot read '", prompts_file, "'")));
     }
     std::vector<std::string> lines;
+    int line_no = 0;
     for (std::string line; std::getline(in, line);) {
-      if (!line.empty()) lines.push_back(line);
+      ++line_no;
+      if (line.empty()) continue;
+      if (line[0] == '{') {  // JSONL, as vLLM's custom dataset: {"prompt": "..."}
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+          return Fail(absl::InvalidArgumentError(absl::StrCat(
+              "--prompts-file='", prompts_file, "': line ", line_no,
+              " starts with '{' but is not a JSON object with a string \"prompt\"")));
+        }
+        line = j["prompt"].get<std::string>();
+      }
+      lines.push_back(line);
     }
     if (lines.empty()) {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--prompts-file='", prompts_file, "' has no prompts")));
@@ -478,8 +494,23 @@ int RunServeBench(const std::vector<std::string>& args) {
                   delta["tandem_prefill_local_total{reason=short_prompt}"],
                   delta["tandem_prefill_local_total{reason=fallback}"]);
       std::printf("%-40s %-10.0f\n", "Preemptions:", delta["tandem_preemptions_total"]);
+      // As vLLM reports speculative decoding: the share of drafted tokens
+      // kept, and the tokens one verification yields (1 + accepted / drafts).
+      const double drafts = delta["tandem_spec_decode_num_drafts_total"];
+      const double drafted = delta["tandem_spec_decode_num_draft_tokens_total"];
+      const double accepted = delta["tandem_spec_decode_num_accepted_tokens_total"];
+      const double generated = delta["tandem_generation_tokens_total"];
+      const double acceptance = drafted > 0 ? accepted / drafted : 0;
+      const double tokens_per_step = steps > 0 ? generated / steps : 0;
+      std::printf("%-40s %.0f / %.0f (%.1f%%)\n", "Spec decode accepted / drafted tokens:",
+                  accepted, drafted, 100 * acceptance);
+      std::printf("%-40s %-10.2f\n", "Spec decode mean acceptance length:",
+                  drafts > 0 ? 1 + accepted / drafts : 0.0);
+      std::printf("%-40s %-10.2f\n", "Generated tokens per step:", tokens_per_step);
       worker_json = delta;
       worker_json["full_replay_ratio"] = full_ratio;
+      worker_json["spec_decode_acceptance_rate"] = acceptance;
+      worker_json["tokens_per_step"] = tokens_per_step;
     }
   }
   std::printf("==================================================\n");

@@ -115,15 +115,26 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const RunnerStats& st = (*engine)->runner().stats();
+  // Decode: the tokens after the first over the time after it.
+  const double decode_rate =
+      printer.count() > 1 && total > ttft ? (printer.count() - 1) / (total - ttft) : 0.0;
   std::fprintf(
       printer.summary(),
       "steps: FULL=%lld PIECEWISE=%lld NONE=%lld | mode %s | finish %s | ttft %.1f ms | %.1f "
-      "tokens/s\n",
+      "tokens/s | decode %.1f tokens/s",
       static_cast<long long>(st.steps[CudaGraphMode::kFull]), static_cast<long long>(st.steps[CudaGraphMode::kPiecewise]),
       static_cast<long long>(st.steps[CudaGraphMode::kNone]),
       std::string((*engine)->runner().resolved_mode().name()).c_str(),
       reason == FinishReason::kStop ? "stop" : "length", ttft * 1e3,
-      total > 0 ? printer.count() / total : 0.0);
+      total > 0 ? printer.count() / total : 0.0, decode_rate);
+  const SpecDecodeStats& spec = (*engine)->spec_decode_stats();
+  if (spec.num_drafts > 0) {
+    std::fprintf(printer.summary(), " | drafts %lld, accepted %lld / %lld tokens",
+                 static_cast<long long>(spec.num_drafts),
+                 static_cast<long long>(spec.num_accepted_tokens),
+                 static_cast<long long>(spec.num_draft_tokens));
+  }
+  std::fprintf(printer.summary(), "\n");
   return 0;
 }
 

@@ -287,12 +287,13 @@ void LlmEngine::ProposeDrafts() {
     const int64_t room = std::min<int64_t>(
         int64_t{r->params.max_tokens} - r->num_output_tokens(),
         max_model_len() - r->num_tokens()) - 1;
-    const int k = static_cast<int>(std::min<int64_t>(spec.num_speculative_tokens, room));
-    if (k < 1) continue;
+    if (room < 1) continue;
     if (r->proposer == nullptr) {
       r->proposer =
           std::make_unique<NgramProposer>(spec.prompt_lookup_min, spec.prompt_lookup_max);
+      r->draft_length = std::make_unique<DraftLength>(spec.num_speculative_tokens, spec.adaptive);
     }
+    const int k = static_cast<int>(std::min<int64_t>(r->draft_length->Next(), room));
     r->proposer->Propose(r->tokens, k, &r->drafts);
   }
 }
@@ -315,6 +316,7 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   if (kept == drafts) next = sampler_.Sample(logits + int64_t{drafts} * vocab, vocab, r->params,
                                              &r->rng);
   if (drafts > 0) {
+    r->draft_length->Verified(drafts, kept);
     ++spec_stats_.num_drafts;
     spec_stats_.num_draft_tokens += drafts;
     spec_stats_.num_accepted_tokens += kept;

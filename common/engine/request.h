@@ -85,6 +85,7 @@ struct Request {
   // proposal), and this step's drafted tokens: proposed before scheduling,
   // trimmed by the scheduler, verified after the step (never in `tokens`).
   std::unique_ptr<NgramProposer> proposer;
+  std::unique_ptr<DraftLength> draft_length;
   std::vector<int32_t> drafts;
   // The step's input when it carries drafts: the last token, then drafts.
   std::vector<int32_t> step_tokens;

@@ -47,11 +47,21 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text
   };
   for (const auto& [key, value] : j.items()) {
     if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_min" &&
-        key != "prompt_lookup_max") {
+        key != "prompt_lookup_max" && key != "draft_len_policy") {
       return absl::InvalidArgumentError(absl::StrCat(
           "--speculative-config: unknown key '", key,
-          "' (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)"));
+          "' (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, "
+          "draft_len_policy)"));
     }
+  }
+  if (auto policy = j.find("draft_len_policy"); policy != j.end()) {
+    if (!policy->is_string() ||
+        (policy->get<std::string>() != "adaptive" && policy->get<std::string>() != "fixed")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--speculative-config: draft_len_policy must be \"adaptive\" or \"fixed\", got ",
+          policy->dump()));
+    }
+    c.adaptive = policy->get<std::string>() == "adaptive";
   }
   auto method = j.find("method");
   if (method == j.end() || !method->is_string() || method->get<std::string>() != "ngram") {
@@ -85,6 +95,30 @@ absl::StatusOr<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text
         ") <= prompt_lookup_max (", c.prompt_lookup_max, ") <= ", kMaxLookup));
   }
   return c;
+}
+
+DraftLength::DraftLength(int max_len, bool adaptive)
+    : max_len_(max_len), adaptive_(adaptive), len_(max_len) {}
+
+int DraftLength::Next() {
+  if (pause_ > 0) {
+    --pause_;
+    return 0;
+  }
+  return len_;
+}
+
+void DraftLength::Verified(int drafted, int accepted) {
+  if (!adaptive_ || drafted <= 0) return;
+  if (accepted > 0) backoff_ = 1;
+  if (accepted == drafted) {
+    len_ = std::min(max_len_, len_ + 2);
+  } else if (accepted > 0 || len_ > 1) {
+    len_ = std::max(1, accepted == 0 ? 1 : len_ - 1);
+  } else {  // a 1-token draft rejected: pause
+    pause_ = backoff_;
+    backoff_ = std::min(kMaxPause, 2 * backoff_);
+  }
 }
 
 NgramProposer::NgramProposer(int min_n, int max_n)

@@ -34,6 +34,11 @@ TEST(SpeculativeConfigTest, ParsesAsVllm) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->prompt_lookup_min, 5);
   EXPECT_EQ(d->prompt_lookup_max, 5);
+  EXPECT_TRUE(d->adaptive);
+  auto fixed = ParseSpeculativeConfig(
+      R"({"method": "ngram", "num_speculative_tokens": 2, "draft_len_policy": "fixed"})");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_FALSE(fixed->adaptive);
   for (const auto& [json, needle] : std::vector<std::pair<std::string, std::string>>{
            {"ngram", "not a JSON object"},
            {R"({"method": "eagle", "num_speculative_tokens": 2})", "method must be \"ngram\""},
@@ -44,12 +49,58 @@ TEST(SpeculativeConfigTest, ParsesAsVllm) {
                "prompt_lookup_max": 2})",
             "prompt_lookup_min (4) <= prompt_lookup_max (2)"},
            {R"({"method": "ngram", "num_speculative_tokens": 2, "draft_model": "x"})",
-            "unknown key 'draft_model'"}}) {
+            "unknown key 'draft_model'"},
+           {R"({"method": "ngram", "num_speculative_tokens": 2, "draft_len_policy": "dynamic"})",
+            "draft_len_policy must be \"adaptive\" or \"fixed\", got \"dynamic\""}}) {
     auto s = ParseSpeculativeConfig(json);
     ASSERT_FALSE(s.ok()) << json;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find(needle), std::string::npos) << s.status();
   }
+}
+
+// "fixed" drafts k tokens whatever happened; "adaptive" grows by 2 after a
+// draft kept whole, shrinks by 1 after one kept in part, drops to 1 after one
+// rejected whole, and pauses 1, 2, 4, ... 64 steps after a rejected 1-token
+// draft, until a draft is kept again.
+TEST(DraftLengthTest, FixedOrAdaptiveToHowDraftsFared) {
+  DraftLength fixed(4, /*adaptive=*/false);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(fixed.Next(), 4);
+    fixed.Verified(4, 0);
+  }
+  DraftLength a(4, /*adaptive=*/true);
+  EXPECT_EQ(a.Next(), 4);
+  a.Verified(4, 4);
+  EXPECT_EQ(a.Next(), 4);  // at most k
+  a.Verified(4, 2);
+  EXPECT_EQ(a.Next(), 3);
+  a.Verified(3, 3);
+  EXPECT_EQ(a.Next(), 4);
+  a.Verified(4, 0);
+  EXPECT_EQ(a.Next(), 1);
+  a.Verified(1, 1);
+  EXPECT_EQ(a.Next(), 3);
+  a.Verified(2, 0);  // the scheduler may have trimmed the draft
+  EXPECT_EQ(a.Next(), 1);
+  // Rejected 1-token drafts: pauses of 1, 2, 4, ..., then 64 at most.
+  std::vector<int> pauses;
+  for (int round = 0; round < 9; ++round) {
+    a.Verified(1, 0);
+    int paused = 0;
+    while (a.Next() == 0) ++paused;
+    pauses.push_back(paused);
+  }
+  EXPECT_EQ(pauses, (std::vector<int>{1, 2, 4, 8, 16, 32, 64, 64, 64}));
+  a.Verified(1, 1);  // kept: no pause, and the next failure pauses 1 step
+  EXPECT_EQ(a.Next(), 3);
+  a.Verified(3, 0);
+  EXPECT_EQ(a.Next(), 1);
+  a.Verified(1, 0);
+  EXPECT_EQ(a.Next(), 0);
+  EXPECT_EQ(a.Next(), 1);
+  a.Verified(0, 0);  // nothing drafted: nothing learned
+  EXPECT_EQ(a.Next(), 1);
 }
 
 // The proposal as the definition says, by rescanning the whole context.
@@ -226,6 +277,9 @@ std::unique_ptr<LlmEngine> MakeEngine(M mode, const std::string& spec, int max_n
 
 const char* kSpec = R"({"method": "ngram", "num_speculative_tokens": 3,
                         "prompt_lookup_min": 1, "prompt_lookup_max": 3})";
+const char* kSpecFixed = R"({"method": "ngram", "num_speculative_tokens": 3,
+                             "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                             "draft_len_policy": "fixed"})";
 
 // Prompts that repeat a pattern, so that drafts are found and (often) kept.
 std::vector<int32_t> RepeatingPrompt(int i) {
@@ -269,11 +323,21 @@ TEST(SpeculativeEngineTest, GreedyOutputEqualsPlainDecodingInEveryMode) {
   p.ignore_eos = true;
   auto plain = MakeEngine(M::kNone, "");
   const auto reference = Generate(plain.get(), p, 10);
+  int64_t rejected_fixed = -1;
   for (M mode : {M::kNone, M::kPiecewise, M::kFull, M::kFullDecodeOnly, M::kFullAndPiecewise}) {
     SCOPED_TRACE(mode.name());
+    if (mode == M::kFullDecodeOnly) {  // vLLM's fixed draft length: the same output
+      auto fixed = MakeEngine(mode, kSpecFixed);
+      EXPECT_EQ(Generate(fixed.get(), p, 10), reference);
+      const SpecDecodeStats& s = fixed->spec_decode_stats();
+      rejected_fixed = s.num_draft_tokens - s.num_accepted_tokens;
+    }
     auto e = MakeEngine(mode, kSpec);
     EXPECT_EQ(Generate(e.get(), p, 10), reference);
     const SpecDecodeStats& s = e->spec_decode_stats();
+    if (mode == M::kFullDecodeOnly) {  // adaptive: fewer rejected tokens
+      EXPECT_LT(s.num_draft_tokens - s.num_accepted_tokens, rejected_fixed);
+    }
     EXPECT_GT(s.num_accepted_tokens, 20) << "drafts were never kept: the test proves nothing";
     EXPECT_LT(s.num_accepted_tokens, s.num_draft_tokens);  // and some rejected
     EXPECT_EQ(s.accepted_per_pos.size(), 3u);
@@ -399,7 +463,7 @@ TEST(SpeculativeEngineTest, AbortBetweenStepsLeaksNoBlock) {
 // is a uniform decode and replays a FULL graph keyed (padded tokens, padded
 // tokens / q requests, uniform); any other batch runs eagerly (NONE).
 TEST(SpeculativeEngineTest, VerificationStepsDispatchAsVllmForQueryLenOnePlusK) {
-  auto e = MakeEngine(M::kFullDecodeOnly, kSpec);
+  auto e = MakeEngine(M::kFullDecodeOnly, kSpecFixed);
   const int q = 4;
   EXPECT_EQ(e->runner().dispatcher().uniform_decode_query_len(), q);
   for (int size : e->runner().dispatcher().capture_sizes()) EXPECT_EQ(size % q, 0) << size;
