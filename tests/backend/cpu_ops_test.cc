@@ -477,12 +477,12 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
       std::vector<std::vector<float>> alone(n);  // each row of x on its own
       for (int64_t r = 0; r < n; ++r) {
         alone[r].assign(8, -1.f);
-        std::vector<float> row(k);
+        std::vector<float> row(cpu::SmallMatmulScratchFloats(1, k));
         cpu::SmallMatmulWiden(dt, x.data() + r * k, k, 1, stored.data(), k, 2, 6,
                               alone[r].data(), 8, row.data());
       }
       for (int64_t m : {int64_t{1}, int64_t{3}, n}) {
-        std::vector<float> out(m * 8, -1.f), row(k);
+        std::vector<float> out(m * 8, -1.f), row(cpu::SmallMatmulScratchFloats(m, k));
         cpu::SmallMatmulWiden(dt, x.data(), k, m, stored.data(), k, 2, 6, out.data(), 8, row.data());
         for (int64_t r = 0; r < m; ++r) {
           for (int64_t j = 0; j < 8; ++j) {
@@ -490,9 +490,20 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
               EXPECT_EQ(out[r * 8 + j], -1.f);  // outside the slice: untouched
               continue;
             }
-            double ref = 0;
-            for (int64_t i = 0; i < k; ++i) ref += double{x[r * k + i]} * want[j * k + i];
-            EXPECT_NEAR(out[r * 8 + j], ref, 1e-4) << r << "," << j;
+            // Block types multiply x rounded to int16 per 32 elements: each
+            // element off by at most its block's max|x| / 65534.
+            double ref = 0, bound = 1e-4;
+            for (int64_t i = 0; i < k; ++i) {
+              ref += double{x[r * k + i]} * want[j * k + i];
+              if (IsBlockType(dt)) {
+                float amax = 0.f;
+                for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {
+                  amax = std::max(amax, std::fabs(x[r * k + e]));
+                }
+                bound += std::fabs(want[j * k + i]) * amax / 65534.0;
+              }
+            }
+            EXPECT_NEAR(out[r * 8 + j], ref, bound) << r << "," << j;
             EXPECT_EQ(out[r * 8 + j], alone[r][j]) << m << " rows: " << r << "," << j;
           }
         }

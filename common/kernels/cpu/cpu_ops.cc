@@ -174,9 +174,11 @@ class CpuOps : public Ops {
             return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
                                         c, big_n);
           }
-          if (!avx512 && n <= cpu::kSmallMatmulMaxRows) {
-            // Without AVX-512: each weight row widened by the portable
-            // kernels, then multiplied by every row of x while in L1.
+          if (!avx512 && n <= cpu::kSmallMatmulMaxRows &&
+              cpu::SmallMatmulScratchFloats(n, k) <= kScratchFloats) {
+            // Without AVX-512: the portable kernels (block types multiplied
+            // as integers in registers, bf16 rows widened once and
+            // multiplied by every row of x while in L1).
             return cpu::SmallMatmulWiden(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
           }
           if (wt == DType::kBF16 && cpu::HasAvx512Bf16()) {

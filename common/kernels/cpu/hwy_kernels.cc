@@ -123,59 +123,94 @@ HWY_INLINE void BlockSums(const float* x, int64_t blocks, float* sums) {
   }
 }
 
-// out[r * ldo] = x_r . (one weight row of blocks) for the R (1..4) rows
-// x_r = x + r * lda: each block is widened in registers once and multiplied
-// by every row (no store of the widened row), so a step of 1 + k tokens
-// (speculative verification) or a small decode batch reads and decodes the
-// weights once. A row's arithmetic is the same whatever R is (the same fused
-// multiply-adds in the same order), so its result does not depend on the
-// batch it was computed in. Separate variables, not arrays: Highway's
-// scalable vectors (SVE) cannot be array elements.
-template <DType kType, int R>
-HWY_INLINE void DotBlocksRows(const float* x, int64_t lda, const uint8_t* src, int64_t blocks,
-                              const float* xsums, float* out, int64_t ldo) {
-  static_assert(R >= 1 && R <= 4);
+// The block dot products below multiply integers: the weights' quants
+// (0..15 or -127..127) by x rounded to int16 per 32-element block
+// (x ~= scale * q, scale = max|x| / 32767), 16-bit pairs multiplied and
+// summed into int32 lanes (vpmaddwd on x86, smlal on Arm). Against widening
+// each quant to f32 for an FMA this halves the instructions per weight, and
+// the weight stream is what a decode step waits on once the arithmetic keeps
+// up. x's rounding error is at most max|x| / 65534 per element, 2^-16 of the
+// block's largest: far below the weights' own 4- or 8-bit quantization.
+using DQ = hn::CappedTag<int16_t, 16>;       // x's and the weights' int16 lanes
+using DS = hn::Repartition<int32_t, DQ>;     // sums of adjacent products
+using DSF = hn::Rebind<float, DS>;           // those sums as f32
+
+HWY_INLINE void QuantizeBlocksI16(const float* x, int64_t blocks, int16_t* q, float* scales) {
   const DF df;
+  const hn::Rebind<int16_t, DF> dh;
   const size_t N = hn::Lanes(df);
+  for (int64_t b = 0; b < blocks; ++b, x += 32, q += 32) {
+    auto m = hn::Zero(df);
+    for (size_t i = 0; i < 32; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    scales[b] = amax / 32767.f;
+    const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
+    for (size_t i = 0; i < 32; i += N) {
+      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + i);
+    }
+  }
+}
+
+// out[r * ldo] = x_r . (one weight row of blocks) for the R (1..4) rows
+// x_r (int16 quants xq + r * 32 * blocks, scales xs + r * blocks, f32 block
+// sums xsums + r * blocks for Q4_1's minimum): each block's quants are
+// loaded once and multiplied by every row, so a step of 1 + k tokens
+// (speculative verification) or a small decode batch reads and decodes the
+// weights once. A row's arithmetic is the same whatever R is, so its result
+// does not depend on the batch it was computed in. Separate variables, not
+// arrays: Highway's scalable vectors (SVE) cannot be array elements.
+template <DType kType, int R>
+HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* xsums,
+                              const uint8_t* src, int64_t blocks, float* out, int64_t ldo) {
+  static_assert(R >= 1 && R <= 4);
+  const DQ dq;
+  const DS ds;
+  const DSF dsf;
+  const size_t N = hn::Lanes(dq);
   constexpr size_t kBytes = kBlockBytes<kType>;
-  const float* x0 = x;
-  const float* x1 = x + (R > 1 ? lda : 0);
-  const float* x2 = x + (R > 2 ? 2 * lda : 0);
-  const float* x3 = x + (R > 3 ? 3 * lda : 0);
-  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df), acc2 = hn::Zero(df), acc3 = hn::Zero(df);
+  const int64_t stride = 32 * blocks;  // between rows' quants
+  const int16_t* q0 = xq;
+  const int16_t* q1 = xq + (R > 1 ? stride : 0);
+  const int16_t* q2 = xq + (R > 2 ? 2 * stride : 0);
+  const int16_t* q3 = xq + (R > 3 ? 3 * stride : 0);
+  auto acc0 = hn::Zero(dsf), acc1 = hn::Zero(dsf), acc2 = hn::Zero(dsf), acc3 = hn::Zero(dsf);
   float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f;  // Q4_1's minimum terms
+  // Sums of the products of w (elements [i, i + N)) with each row's x there.
+  // sum1: the odd products on targets whose widening multiply keeps them
+  // apart (RearrangeToOddPlusEven adds them back).
+#define TANDEM_MUL_ROWS(w, o)                                                 \
+  do {                                                                        \
+    s0 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q0 + (o)), s0, t0); \
+    if constexpr (R > 1)                                                      \
+      s1 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q1 + (o)), s1, t1); \
+    if constexpr (R > 2)                                                      \
+      s2 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q2 + (o)), s2, t2); \
+    if constexpr (R > 3)                                                      \
+      s3 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q3 + (o)), s3, t3); \
+  } while (0)
   for (int64_t b = 0; b < blocks; ++b, src += kBytes) {
     const int64_t o = b * 32;
-    auto p0 = hn::Zero(df), p1 = hn::Zero(df), p2 = hn::Zero(df), p3 = hn::Zero(df);
+    auto s0 = hn::Zero(ds), s1 = hn::Zero(ds), s2 = hn::Zero(ds), s3 = hn::Zero(ds);
+    auto t0 = hn::Zero(ds), t1 = hn::Zero(ds), t2 = hn::Zero(ds), t3 = hn::Zero(ds);
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
-        const auto v = hn::ConvertTo(df, hn::PromoteTo(DI(), hn::LoadU(D8(), q + i)));
-        p0 = hn::MulAdd(v, hn::LoadU(df, x0 + o + i), p0);
-        if constexpr (R > 1) p1 = hn::MulAdd(v, hn::LoadU(df, x1 + o + i), p1);
-        if constexpr (R > 2) p2 = hn::MulAdd(v, hn::LoadU(df, x2 + o + i), p2);
-        if constexpr (R > 3) p3 = hn::MulAdd(v, hn::LoadU(df, x3 + o + i), p3);
+        const auto w = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q + i));
+        TANDEM_MUL_ROWS(w, o + i);
       }
     } else {
       const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
-      const auto mask = hn::Set(DI(), 0xF);
-      // Q4_0's -8 folded in: d * (q - 8) . x.
-      const auto centre = hn::Set(df, kType == DType::kQ4_0 ? -8.f : 0.f);
+      const auto mask = hn::Set(dq, 0xF);
       for (size_t i = 0; i < 16; i += N) {
-        const auto bytes = hn::PromoteTo(DI(), hn::LoadU(DU8(), q + i));
-        const auto lo = hn::Add(hn::ConvertTo(df, hn::And(bytes, mask)), centre);
-        const auto hi = hn::Add(hn::ConvertTo(df, hn::ShiftRight<4>(bytes)), centre);
-        const size_t a = o + i, z = o + 16 + i;
-        p0 = hn::MulAdd(lo, hn::LoadU(df, x0 + a), hn::MulAdd(hi, hn::LoadU(df, x0 + z), p0));
-        if constexpr (R > 1) {
-          p1 = hn::MulAdd(lo, hn::LoadU(df, x1 + a), hn::MulAdd(hi, hn::LoadU(df, x1 + z), p1));
+        const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), q + i));
+        auto lo = hn::And(bytes, mask);
+        auto hi = hn::ShiftRight<4>(bytes);
+        if constexpr (kType == DType::kQ4_0) {  // centred at 8
+          lo = hn::Sub(lo, hn::Set(dq, 8));
+          hi = hn::Sub(hi, hn::Set(dq, 8));
         }
-        if constexpr (R > 2) {
-          p2 = hn::MulAdd(lo, hn::LoadU(df, x2 + a), hn::MulAdd(hi, hn::LoadU(df, x2 + z), p2));
-        }
-        if constexpr (R > 3) {
-          p3 = hn::MulAdd(lo, hn::LoadU(df, x3 + a), hn::MulAdd(hi, hn::LoadU(df, x3 + z), p3));
-        }
+        TANDEM_MUL_ROWS(lo, o + i);
+        TANDEM_MUL_ROWS(hi, o + 16 + i);
       }
       if constexpr (kType == DType::kQ4_1) {
         const float m = BlockScale(src + 2);
@@ -185,39 +220,48 @@ HWY_INLINE void DotBlocksRows(const float* x, int64_t lda, const uint8_t* src, i
         if constexpr (R > 3) min3 += m * xsums[3 * blocks + b];
       }
     }
-    const auto d = hn::Set(df, BlockScale(src));
-    acc0 = hn::MulAdd(d, p0, acc0);
-    if constexpr (R > 1) acc1 = hn::MulAdd(d, p1, acc1);
-    if constexpr (R > 2) acc2 = hn::MulAdd(d, p2, acc2);
-    if constexpr (R > 3) acc3 = hn::MulAdd(d, p3, acc3);
+    const float d = BlockScale(src);
+    const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
+    acc0 = hn::MulAdd(sum(s0, t0), hn::Set(dsf, d * xs[b]), acc0);
+    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), hn::Set(dsf, d * xs[blocks + b]), acc1);
+    if constexpr (R > 2) acc2 = hn::MulAdd(sum(s2, t2), hn::Set(dsf, d * xs[2 * blocks + b]), acc2);
+    if constexpr (R > 3) acc3 = hn::MulAdd(sum(s3, t3), hn::Set(dsf, d * xs[3 * blocks + b]), acc3);
   }
-  out[0] = hn::GetLane(hn::SumOfLanes(df, acc0)) + min0;
-  if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(df, acc1)) + min1;
-  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(df, acc2)) + min2;
-  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(df, acc3)) + min3;
+#undef TANDEM_MUL_ROWS
+  out[0] = hn::GetLane(hn::SumOfLanes(dsf, acc0)) + min0;
+  if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) + min1;
+  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc2)) + min2;
+  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc3)) + min3;
 }
 
 // Weight rows [j0, j1) of blocks times the n rows of a, four rows at a time.
+// scratch: x's int16 quants (n * k / 2 floats' room), then its block scales
+// and sums (n * k / 32 floats each).
 template <DType kType>
 HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
                                   float* scratch) {
   const int64_t blocks = k / 32;
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
-  if constexpr (kType == DType::kQ4_1) {
-    for (int64_t r = 0; r < n; ++r) BlockSums(a + r * lda, blocks, scratch + r * blocks);
+  int16_t* xq = reinterpret_cast<int16_t*>(scratch);
+  float* xs = scratch + n * k / 2;
+  float* sums = xs + n * blocks;
+  for (int64_t r = 0; r < n; ++r) {
+    QuantizeBlocksI16(a + r * lda, blocks, xq + r * k, xs + r * blocks);
+    if constexpr (kType == DType::kQ4_1) BlockSums(a + r * lda, blocks, sums + r * blocks);
   }
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
     for (int64_t r = 0; r < n; r += 4) {
-      const float* x = a + r * lda;
-      const float* sums = scratch + r * blocks;
+      const int16_t* q = xq + r * k;
+      const float* s = xs + r * blocks;
+      const float* m = sums + r * blocks;
       float* out = c + r * ldc + j;
       switch (std::min<int64_t>(4, n - r)) {
-        case 4: DotBlocksRows<kType, 4>(x, lda, src, blocks, sums, out, ldc); break;
-        case 3: DotBlocksRows<kType, 3>(x, lda, src, blocks, sums, out, ldc); break;
-        case 2: DotBlocksRows<kType, 2>(x, lda, src, blocks, sums, out, ldc); break;
-        default: DotBlocksRows<kType, 1>(x, lda, src, blocks, sums, out, ldc); break;
+        case 4: DotBlocksRows<kType, 4>(q, s, m, src, blocks, out, ldc); break;
+        case 3: DotBlocksRows<kType, 3>(q, s, m, src, blocks, out, ldc); break;
+        case 2: DotBlocksRows<kType, 2>(q, s, m, src, blocks, out, ldc); break;
+        default: DotBlocksRows<kType, 1>(q, s, m, src, blocks, out, ldc); break;
       }
     }
   }
@@ -266,6 +310,11 @@ float DotF32(const float* a, const float* b, int64_t n) {
 void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                       int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row) {
   HWY_DYNAMIC_DISPATCH(SmallMatmulWidenImpl)(dtype, a, lda, n, w, k, j0, j1, c, ldc, row);
+}
+
+int64_t SmallMatmulScratchFloats(int64_t n, int64_t k) {
+  // Block types: int16 quants (two per float), then scales and sums.
+  return std::max(k, n * k / 2 + 2 * n * (k / 32));
 }
 
 const char* PortableTarget() { return HWY_DYNAMIC_DISPATCH(TargetImpl)(); }

@@ -26,12 +26,16 @@ float DotF32(const float* a, const float* b, int64_t n);
 
 // c[r * ldc + j] = a[r * lda, + k) . w_j for r < n and j in [j0, j1), where
 // w_j is weight row j (k elements of `dtype`, rows DTypeBytes(dtype, k)
-// apart). Q8_0, Q4_0 and Q4_1 rows are widened block by block in registers
-// and multiplied by up to four rows of a at once; bf16 and f32 rows are
-// widened into `row` once for all n rows. `row`: max(k, n * k / 32) floats
-// of scratch.
+// apart). Q8_0, Q4_0 and Q4_1 rows are multiplied block by block in
+// registers, as integers, by a's rows rounded to int16 per 32-element block
+// (relative error 2^-16 of a block's largest element), up to four rows of a
+// at once; bf16 and f32 rows are widened into `row` once for all n rows and
+// multiplied in f32. A row's result is the same bits whatever n is.
+// `row`: SmallMatmulScratchFloats(n, k) floats of scratch.
 void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                       int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row);
+
+int64_t SmallMatmulScratchFloats(int64_t n, int64_t k);
 
 // The Highway target the kernels run on, e.g. "AVX2" (start-up log).
 const char* PortableTarget();
