@@ -121,12 +121,12 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
   std::fprintf(
       printer.summary(),
       "steps: FULL=%lld PIECEWISE=%lld NONE=%lld | mode %s | finish %s | ttft %.1f ms | %.1f "
-      "tokens/s | decode %.1f tokens/s",
+      "tokens/s | decode %.1f tokens/s | %d tokens",
       static_cast<long long>(st.steps[CudaGraphMode::kFull]), static_cast<long long>(st.steps[CudaGraphMode::kPiecewise]),
       static_cast<long long>(st.steps[CudaGraphMode::kNone]),
       std::string((*engine)->runner().resolved_mode().name()).c_str(),
       reason == FinishReason::kStop ? "stop" : "length", ttft * 1e3,
-      total > 0 ? printer.count() / total : 0.0, decode_rate);
+      total > 0 ? printer.count() / total : 0.0, decode_rate, printer.count());
   const SpecDecodeStats& spec = (*engine)->spec_decode_stats();
   if (spec.num_drafts > 0) {
     std::fprintf(printer.summary(), " | drafts %lld, accepted %lld / %lld tokens",

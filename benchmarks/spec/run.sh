@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Speculative decoding (n-gram prompt lookup) against plain decoding, on this
 # machine's cores, SmolLM2-135M's Q4_1 GGUF as stored:
-#   batch 1      `tandem generate --local` on a copy prompt (the first of
-#                copy_prompts.jsonl) and on 32 random prompt ids, ROUNDS
-#                interleaved rounds; decode tokens/s after the first token;
-#                the greedy outputs with and without speculation must be equal
-#                (the script fails otherwise);
+#   batch 1      `tandem generate --local` on each copy prompt
+#                (copy_prompts.jsonl: repeat or lightly edit a text) and on 32
+#                random prompt ids, ROUNDS interleaved rounds; decode tokens/s
+#                after the first token (copy: all prompts' tokens over their
+#                time); the greedy outputs with and without speculation must
+#                be equal (the script fails otherwise);
 #   batch 8, 32  `tandem bench serve` against one decode worker (aggregated,
 #                FULL_DECODE_ONLY) with and without --speculative-config, on the
 #                copy prompts and on random prompts: throughput, ITL,
@@ -33,9 +34,9 @@ mkdir -p "$OUT"
 LOGS=$(mktemp -d)
 . benchmarks/lib.sh
 PROMPTS=benchmarks/spec/copy_prompts.jsonl
-COPY_PROMPT=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["prompt"], end="")' "$PROMPTS")
+NPROMPTS=$(wc -l <"$PROMPTS")
 RANDOM_IDS=$(python3 -c 'import random; r = random.Random(7); print(",".join(str(r.randrange(49152)) for _ in range(32)))')
-CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+CPU="$(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1) model $(lscpu | sed -n 's/^Model: *//p' | head -1))"
 ISA=$(grep -o -w -E 'avx2|fma|f16c|avx512f|avx512_bf16|amx_tile|asimd|sve' /proc/cpuinfo | sort -u | tr '\n' ' ')
 
 # gen WORKLOAD VARIANT ROUND: one batch-1 run; its output in $LOGS.
@@ -44,8 +45,12 @@ gen() {
               --threads="$NCPU" --max-tokens="$TOKENS")
   [ "$2" = spec ] && args+=(--speculative-config="$SPEC")
   if [ "$1" = copy ]; then
-    "$BIN/tandem" generate "${args[@]}" --prompt="$COPY_PROMPT" \
-      >"$LOGS/$1.$2.$3.out" 2>"$LOGS/$1.$2.$3.err"
+    : >"$LOGS/$1.$2.$3.out"; : >"$LOGS/$1.$2.$3.err"
+    for i in $(seq 1 "$NPROMPTS"); do
+      "$BIN/tandem" generate "${args[@]}" --prompt="$(python3 -c 'import json, sys
+print(json.loads(open(sys.argv[1]).readlines()[int(sys.argv[2]) - 1])["prompt"], end="")' "$PROMPTS" "$i")" \
+        >>"$LOGS/$1.$2.$3.out" 2>>"$LOGS/$1.$2.$3.err"
+    done
   else
     "$BIN/tandem" generate "${args[@]}" --ignore-eos --prompt-token-ids="$RANDOM_IDS" \
       >"$LOGS/$1.$2.$3.all" 2>"$LOGS/$1.$2.$3.err"
@@ -97,9 +102,18 @@ python3 - "$LOGS" "$OUT" "$ROUNDS" "$BATCHES" "$SPEC" "$CPU" "$ISA" "$NCPU" <<'P
 import json, re, statistics, sys
 logs, out, rounds, batches, spec, cpu, isa, ncpu = sys.argv[1:]
 rounds = int(rounds)
-DECODE = re.compile(r"decode ([0-9.]+) tokens/s")
+DECODE = re.compile(r"decode ([0-9.]+) tokens/s \| (\d+) tokens")
 STEPS = re.compile(r"FULL=(\d+) PIECEWISE=(\d+) NONE=(\d+)")
 DRAFTS = re.compile(r"accepted (\d+) / (\d+) tokens")
+
+def decode_rate(text):
+    """Tokens after the first over their time, summed over the runs in text."""
+    tokens = seconds = 0.0
+    for rate, count in DECODE.findall(text):
+        if float(rate) > 0:
+            tokens += int(count) - 1
+            seconds += (int(count) - 1) / float(rate)
+    return tokens / seconds
 lines = [f"Machine: {cpu}, {ncpu} cores, flags: {isa}", "",
          f"`--speculative-config='{spec}'`", "",
          "Batch 1 (`tandem generate --local`, decode tokens/s after the first token, "
@@ -112,10 +126,11 @@ for w in ("copy", "random"):
         rs = []
         for r in range(1, rounds + 1):
             text = open(f"{logs}/{w}.{v}.{r}.err").read()
-            rs.append(float(DECODE.search(text).group(1)))
-            steps[v] = sum(int(x) for x in STEPS.search(text).groups())
-            m = DRAFTS.search(text)
-            if v == "spec" and m: acc = f"{m.group(1)} / {m.group(2)}"
+            rs.append(decode_rate(text))
+            steps[v] = sum(int(x) for m in STEPS.findall(text) for x in m)
+            drafts = DRAFTS.findall(text)
+            if v == "spec" and drafts:
+                acc = f"{sum(int(a) for a, _ in drafts)} / {sum(int(d) for _, d in drafts)}"
         rate[v] = rs
     p, s = statistics.median(rate["plain"]), statistics.median(rate["spec"])
     lines.append(f"| {w} | {p:.1f} ({', '.join(f'{x:.0f}' for x in rate['plain'])}) | "
