@@ -1,6 +1,11 @@
 #include "common/kernels/cpu/cpu_kernels.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define TANDEM_X86 1
 #include <immintrin.h>
+#else
+#define TANDEM_X86 0
+#endif
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as a merge operand
 // and then warn about it in every caller (GCC bug 105593): not our code.
@@ -14,6 +19,9 @@
 #include "common/base/logging.h"
 
 namespace tandem::cpu {
+// The AVX-512 kernels and the entry points that exist only for them: x86
+// only (elsewhere HasAvx512() is false, and callers never reach them).
+#if TANDEM_X86
 namespace {
 
 // The kernels read and write only the ranges they are given, like the BLAS
@@ -527,18 +535,6 @@ bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int6
   return false;
 }
 
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-  return has;
-}
-
-bool HasAvx512Bf16() {
-  static const bool has = HasAvx512() && __builtin_cpu_supports("avx512bf16");
-  return has;
-}
-
 namespace {
 
 // 4 weight rows at a time: the same x rows are reused from L1 while the
@@ -693,9 +689,71 @@ TANDEM_AVX512 float ExpAvx512(float x) {
 
 }  // namespace
 
+#else  // !TANDEM_X86
+
+namespace {
+[[noreturn]] void NotX86(const char* kernel) {
+  TANDEM_CHECK(false) << kernel << " is an AVX-512 kernel: callers check HasAvx512(), which is "
+                        "false on this architecture";
+  __builtin_unreachable();
+}
+}  // namespace
+
+void SmallMatmulBlocks(DType, const float*, int64_t, int64_t, const uint8_t*, int64_t, int64_t,
+                       int64_t, float*, int64_t, float*, int64_t) {
+  NotX86("SmallMatmulBlocks");
+}
+void LargeMatmul(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+                 int64_t) {
+  NotX86("LargeMatmul");
+}
+void MatmulDpBf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t,
+                  float*, int64_t) {
+  NotX86("MatmulDpBf16");
+}
+void SmallMatmul(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, float*,
+                 int64_t) {
+  NotX86("SmallMatmul");
+}
+void SmallMatmulBf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t,
+                     float*, int64_t) {
+  NotX86("SmallMatmulBf16");
+}
+bool AttentionScores(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int, float,
+                     float*, int64_t) {
+  return false;
+}
+bool AttentionPv(const float*, int64_t, int64_t, const float*, int64_t, int, float*, int64_t) {
+  return false;
+}
+
+#endif  // TANDEM_X86
+
+bool HasAvx512() {
+#if TANDEM_X86
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool HasAvx512Bf16() {
+#if TANDEM_X86
+  static const bool has = HasAvx512() && __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void Softmax(float* x, int64_t n) {
   if (n <= 0) return;
+#if TANDEM_X86
   if (HasAvx512()) return SoftmaxAvx512(x, n);
+#endif
   float max_score = x[0];
   for (int64_t i = 1; i < n; ++i) max_score = std::max(max_score, x[i]);
   float sum = 0.f;
@@ -705,13 +763,17 @@ void Softmax(float* x, int64_t n) {
 }
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
+#if TANDEM_X86
   if (HasAvx512()) return SiluMulAvx512(gate, up, out, n);
+#endif
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 
 void RmsNormRow(const float* base, const float* add, float* sum, const float* w, float eps,
                 int64_t n, float* out) {
+#if TANDEM_X86
   if (HasAvx512()) return RmsNormRowAvx512(base, add, sum, w, eps, n, out);
+#endif
   float ss = 0.f;
   for (int64_t j = 0; j < n; ++j) {
     const float y = add != nullptr ? (sum[j] = base[j] + add[j]) : base[j];
@@ -722,16 +784,24 @@ void RmsNormRow(const float* base, const float* add, float* sum, const float* w,
   for (int64_t j = 0; j < n; ++j) out[j] = y[j] * inv * w[j];
 }
 
-float ExpForTest(float x) { return HasAvx512() ? ExpAvx512(x) : std::exp(x); }
+float ExpForTest(float x) {
+#if TANDEM_X86
+  if (HasAvx512()) return ExpAvx512(x);
+#endif
+  return std::exp(x);
+}
 
 float Dot(const float* a, const float* b, int64_t n) {
+#if TANDEM_X86
   if (HasAvx512()) return DotAvx512(a, b, n);
+#endif
   float s = 0.f;
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
 namespace {
+#if TANDEM_X86
 
 // The lanes of q * kr over D vectors, not yet summed.
 template <int D, typename W>
@@ -774,12 +844,16 @@ TANDEM_AVX512 void DecodeGroup(const float* q, int rows, const W* k, const W* v,
   BroadcastRows<2, D>(s, ctx, rows, ctx, OffsetRows<W>{v, off}, 1.f, out, hd);
 }
 
+#endif  // TANDEM_X86
+
 template <typename W>
 bool AttentionDecodeImpl(const float* q, int rows, int hd, const W* k, const W* v,
                          const int64_t* off, int64_t ctx, float scale, float* s, float* out) {
+#if TANDEM_X86
   if (!HasAvx512()) return false;
   if (hd == 64) return DecodeGroup<4>(q, rows, k, v, off, ctx, scale, s, out), true;
   if (hd == 128) return DecodeGroup<8>(q, rows, k, v, off, ctx, scale, s, out), true;
+#endif
   return false;
 }
 
@@ -796,7 +870,9 @@ bool AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const 
 }
 
 void ToBf16(const float* x, uint16_t* out, int64_t n) {
+#if TANDEM_X86
   if (HasAvx512Bf16()) return ToBf16Avx512(x, out, n);
+#endif
   ConvertFromF32(x, DType::kBF16, out, n);
 }
 
