@@ -94,9 +94,74 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
 }
 
 
-// The row-wise kernels' portable paths, which are what runs where the CPU
-// has no AVX-512 (every Arm CPU): softmax sums to one, SiLU x up, RMSNorm.
-TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitions) {
+// The row-wise kernels on every target, at lengths with a masked tail
+// (and cpu_kernels.h's entry points, which use them without AVX-512):
+// softmax, SiLU x up and RMSNorm (with and without the residual add) against
+// double-precision definitions; lanes past n are never written.
+TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-4.f, 4.f);
+  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (int64_t n : {1, 7, 16, 37, 576}) {
+      SCOPED_TRACE(n);
+      std::vector<float> x(n + 1), gate(n), up(n), w(n), base(n), add(n);
+      for (float& v : x) v = uni(rng);
+      for (int64_t i = 0; i < n; ++i) {
+        gate[i] = uni(rng) * 30.f;  // far into exp's tails both ways
+        up[i] = uni(rng);
+        w[i] = uni(rng);
+        base[i] = uni(rng);
+        add[i] = uni(rng);
+      }
+      if (n > 1) x[3 % n] = -HUGE_VALF;  // a masked score
+      const float guard = x[n];
+      std::vector<float> soft(x);
+      cpu::SoftmaxPortable(soft.data(), n);
+      double max = -HUGE_VAL, total = 0;
+      for (int64_t i = 0; i < n; ++i) max = std::max(max, double{x[i]});
+      for (int64_t i = 0; i < n; ++i) total += std::exp(x[i] - max);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(soft[i], std::exp(x[i] - max) / total, 1e-6) << i;
+      }
+      EXPECT_EQ(soft[n], guard);
+
+      std::vector<float> out(n + 1, 7.f);
+      cpu::SiluMulPortable(gate.data(), up.data(), out.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
+        ASSERT_NEAR(out[i], want, 1e-6 * (1 + std::fabs(want))) << i;
+      }
+      EXPECT_EQ(out[n], 7.f);
+
+      for (bool residual : {false, true}) {
+        std::vector<float> sum(n + 1, 7.f), normed(n + 1, 7.f);
+        cpu::RmsNormRowPortable(base.data(), residual ? add.data() : nullptr,
+                                residual ? sum.data() : nullptr, w.data(), 1e-5f, n,
+                                normed.data());
+        double ss = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double y = double{base[i]} + (residual ? add[i] : 0.f);
+          ss += y * y;
+          if (residual) {
+            ASSERT_EQ(sum[i], base[i] + add[i]) << i;
+          }
+        }
+        const double inv = 1.0 / std::sqrt(ss / n + 1e-5);
+        for (int64_t i = 0; i < n; ++i) {
+          const double y = double{base[i]} + (residual ? add[i] : 0.f);
+          ASSERT_NEAR(normed[i], y * inv * w[i], 1e-5 * (1 + std::fabs(y * inv * w[i]))) << i;
+        }
+        EXPECT_EQ(normed[n], 7.f);
+        EXPECT_EQ(sum[n], 7.f);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  // The entry points the CPU backend calls (AVX-512 where present, else the
+  // above): the same definitions.
   std::vector<float> x = {1.f, 2.f, 3.f, -1.f, 0.5f};
   cpu::Softmax(x.data(), static_cast<int64_t>(x.size()));
   double sum = 0;
@@ -109,12 +174,8 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitions) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_NEAR(out[i], gate[i] / (1.f + std::exp(-gate[i])) * up[i], 1e-6) << i;
   }
-  const std::vector<float> base = {3.f, 4.f}, w = {1.f, 2.f};
-  std::vector<float> normed(2);
-  cpu::RmsNormRow(base.data(), nullptr, nullptr, w.data(), 0.f, 2, normed.data());
-  const float rms = std::sqrt((9.f + 16.f) / 2.f);
-  EXPECT_NEAR(normed[0], 3.f / rms, 1e-6);
-  EXPECT_NEAR(normed[1], 8.f / rms, 1e-6);
+  const std::vector<float> a = {1.f, 2.f, 3.f}, b = {4.f, -5.f, 6.f};
+  EXPECT_FLOAT_EQ(cpu::Dot(a.data(), b.data(), 3), 12.f);
 }
 
 }  // namespace

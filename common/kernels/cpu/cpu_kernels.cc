@@ -17,6 +17,7 @@
 
 #include "common/backend/tensor.h"
 #include "common/base/logging.h"
+#include "common/kernels/cpu/hwy_kernels.h"
 
 namespace tandem::cpu {
 // The AVX-512 kernels and the entry points that exist only for them: x86
@@ -750,23 +751,17 @@ bool HasAvx512Bf16() {
 }
 
 void Softmax(float* x, int64_t n) {
-  if (n <= 0) return;
 #if TANDEM_X86
-  if (HasAvx512()) return SoftmaxAvx512(x, n);
+  if (n > 0 && HasAvx512()) return SoftmaxAvx512(x, n);
 #endif
-  float max_score = x[0];
-  for (int64_t i = 1; i < n; ++i) max_score = std::max(max_score, x[i]);
-  float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max_score));
-  const float inv = 1.f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  SoftmaxPortable(x, n);
 }
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
 #if TANDEM_X86
   if (HasAvx512()) return SiluMulAvx512(gate, up, out, n);
 #endif
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  SiluMulPortable(gate, up, out, n);
 }
 
 void RmsNormRow(const float* base, const float* add, float* sum, const float* w, float eps,
@@ -774,14 +769,7 @@ void RmsNormRow(const float* base, const float* add, float* sum, const float* w,
 #if TANDEM_X86
   if (HasAvx512()) return RmsNormRowAvx512(base, add, sum, w, eps, n, out);
 #endif
-  float ss = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    const float y = add != nullptr ? (sum[j] = base[j] + add[j]) : base[j];
-    ss += y * y;
-  }
-  const float* y = add != nullptr ? sum : base;
-  const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t j = 0; j < n; ++j) out[j] = y[j] * inv * w[j];
+  RmsNormRowPortable(base, add, sum, w, eps, n, out);
 }
 
 float ExpForTest(float x) {
@@ -795,9 +783,7 @@ float Dot(const float* a, const float* b, int64_t n) {
 #if TANDEM_X86
   if (HasAvx512()) return DotAvx512(a, b, n);
 #endif
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return DotF32(a, b, n);
 }
 
 namespace {

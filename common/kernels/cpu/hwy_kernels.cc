@@ -4,8 +4,10 @@
 #define HWY_TARGET_INCLUDE "common/kernels/cpu/hwy_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/kernels/cpu/hwy_kernels.h"
@@ -107,6 +109,98 @@ float DotF32Impl(const float* a, const float* b, int64_t n) {
   float sum = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// The row-wise ops. Whole vectors, then one masked vector for the tail
+// (MaskedLoad reads only the lanes it keeps; BlendedStore writes only them).
+using DV = hn::ScalableTag<float>;
+
+void SoftmaxImpl(float* x, int64_t n) {
+  if (n <= 0) return;
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t full = n - n % N;
+  const auto tail = hn::FirstN(d, static_cast<size_t>(n - full));
+  auto m = hn::Set(d, -HUGE_VALF);
+  for (int64_t i = 0; i < full; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+  if (full < n) {
+    m = hn::Max(m, hn::IfThenElse(tail, hn::MaskedLoad(tail, d, x + full), hn::Set(d, -HUGE_VALF)));
+  }
+  const auto max = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, m)));
+  auto sum = hn::Zero(d);
+  for (int64_t i = 0; i < full; i += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), max));
+    hn::StoreU(e, d, x + i);
+    sum = hn::Add(sum, e);
+  }
+  if (full < n) {
+    const auto e = hn::IfThenElseZero(tail, hn::Exp(d, hn::Sub(hn::MaskedLoad(tail, d, x + full), max)));
+    hn::BlendedStore(e, tail, d, x + full);
+    sum = hn::Add(sum, e);
+  }
+  const auto inv = hn::Set(d, 1.f / hn::GetLane(hn::SumOfLanes(d, sum)));
+  for (int64_t i = 0; i < full; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), inv), d, x + i);
+  if (full < n) hn::BlendedStore(hn::Mul(hn::MaskedLoad(tail, d, x + full), inv), tail, d, x + full);
+}
+
+// silu(g) * u = g * u / (1 + exp(-g)); exp's argument capped at 88 (exp(88)
+// is finite, and g * u / exp(88) is 0 to f32 precision anyway).
+void SiluMulImpl(const float* gate, const float* up, float* out, int64_t n) {
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.f), cap = hn::Set(d, 88.f);
+  const auto silu_mul = [&](auto g, auto u) {
+    return hn::Div(hn::Mul(g, u), hn::Add(one, hn::Exp(d, hn::Min(hn::Neg(g), cap))));
+  };
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(silu_mul(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
+  if (i < n) {
+    const auto tail = hn::FirstN(d, static_cast<size_t>(n - i));
+    hn::BlendedStore(silu_mul(hn::MaskedLoad(tail, d, gate + i), hn::MaskedLoad(tail, d, up + i)),
+                     tail, d, out + i);
+  }
+}
+
+// out = y / rms(y) * w, y = base (+ add, stored into sum).
+void RmsNormRowImpl(const float* base, const float* add, float* sum, const float* w, float eps,
+                    int64_t n, float* out) {
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t full = n - n % N;
+  const auto tail = hn::FirstN(d, static_cast<size_t>(n - full));
+  auto ss = hn::Zero(d);
+  if (add != nullptr) {
+    for (int64_t i = 0; i < full; i += N) {
+      const auto y = hn::Add(hn::LoadU(d, base + i), hn::LoadU(d, add + i));
+      hn::StoreU(y, d, sum + i);
+      ss = hn::MulAdd(y, y, ss);
+    }
+    if (full < n) {
+      const auto y = hn::Add(hn::MaskedLoad(tail, d, base + full), hn::MaskedLoad(tail, d, add + full));
+      hn::BlendedStore(y, tail, d, sum + full);
+      ss = hn::MulAdd(y, y, ss);
+    }
+  } else {
+    for (int64_t i = 0; i < full; i += N) {
+      const auto y = hn::LoadU(d, base + i);
+      ss = hn::MulAdd(y, y, ss);
+    }
+    if (full < n) {
+      const auto y = hn::MaskedLoad(tail, d, base + full);
+      ss = hn::MulAdd(y, y, ss);
+    }
+  }
+  const float* y = add != nullptr ? sum : base;
+  const float mean = hn::GetLane(hn::SumOfLanes(d, ss)) / static_cast<float>(n);
+  const auto inv = hn::Set(d, 1.f / std::sqrt(mean + eps));
+  for (int64_t i = 0; i < full; i += N) {
+    hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, y + i), inv), hn::LoadU(d, w + i)), d, out + i);
+  }
+  if (full < n) {
+    hn::BlendedStore(hn::Mul(hn::Mul(hn::MaskedLoad(tail, d, y + full), inv),
+                             hn::MaskedLoad(tail, d, w + full)),
+                     tail, d, out + full);
+  }
 }
 
 // Each 32-element block's sum of x, for Q4_1's minimum (m * sum(x of the
@@ -297,6 +391,9 @@ namespace tandem::cpu {
 HWY_EXPORT(WidenRowImpl);
 HWY_EXPORT(DotF32Impl);
 HWY_EXPORT(SmallMatmulWidenImpl);
+HWY_EXPORT(SoftmaxImpl);
+HWY_EXPORT(SiluMulImpl);
+HWY_EXPORT(RmsNormRowImpl);
 HWY_EXPORT(TargetImpl);
 
 void WidenRow(DType dtype, const void* src, int64_t n, float* dst) {
@@ -310,6 +407,17 @@ float DotF32(const float* a, const float* b, int64_t n) {
 void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                       int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row) {
   HWY_DYNAMIC_DISPATCH(SmallMatmulWidenImpl)(dtype, a, lda, n, w, k, j0, j1, c, ldc, row);
+}
+
+void SoftmaxPortable(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxImpl)(x, n); }
+
+void SiluMulPortable(const float* gate, const float* up, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, out, n);
+}
+
+void RmsNormRowPortable(const float* base, const float* add, float* sum, const float* w,
+                        float eps, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(RmsNormRowImpl)(base, add, sum, w, eps, n, out);
 }
 
 int64_t SmallMatmulScratchFloats(int64_t n, int64_t k) {

@@ -37,6 +37,13 @@ void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const
 
 int64_t SmallMatmulScratchFloats(int64_t n, int64_t k);
 
+// The row-wise ops of cpu_kernels.h (Softmax, SiluMul, RmsNormRow: same
+// contracts) on the Highway target; exp is Highway's (within 1 ulp).
+void SoftmaxPortable(float* x, int64_t n);
+void SiluMulPortable(const float* gate, const float* up, float* out, int64_t n);
+void RmsNormRowPortable(const float* base, const float* add, float* sum, const float* w,
+                        float eps, int64_t n, float* out);
+
 // The Highway target the kernels run on, e.g. "AVX2" (start-up log).
 const char* PortableTarget();
 
