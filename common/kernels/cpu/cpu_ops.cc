@@ -212,6 +212,12 @@ class CpuOps : public Ops {
       pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
         if (small) {
           cpu::SmallMatmul(a, k, n, b, k, j0, j1, c, big_n);
+        } else if (!avx512 && n <= cpu::kSmallMatmulMaxRows) {
+          // Without AVX-512: the portable kernel, streaming each weight row
+          // once for every row of x; sgemm would pack the whole weight slice
+          // first (SmolLM2 f32 decode on a 2-vCPU EPYC: 8 tok/s through sgemm).
+          cpu::SmallMatmulWiden(DType::kF32, a, k, n, reinterpret_cast<const uint8_t*>(b), k, j0,
+                                j1, c, big_n, nullptr);
         } else if (avx512) {
           cpu::LargeMatmul(a, k, n, b, k, j0, j1, c, big_n);
         } else {

@@ -361,6 +361,97 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
   }
 }
 
+// f32 or bf16 weights (bf16: the top half of an f32, widened in registers
+// exactly). One weight row times the R (1..4) rows x_r = x + r * lda: each
+// weight vector is loaded once for all rows; two accumulators per row keep
+// two FMA chains in flight at R = 1 (decode). A row's arithmetic does not
+// depend on R.
+template <typename T>
+HWY_INLINE hn::Vec<DV> LoadWeights(DV d, const T* w) {
+  if constexpr (sizeof(T) == 4) {
+    return hn::LoadU(d, w);
+  } else {
+    const hn::Rebind<uint16_t, DV> d16;
+    const hn::Rebind<uint32_t, DV> du;
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, w))));
+  }
+}
+
+template <typename T>
+HWY_INLINE hn::Vec<DV> LoadWeightsN(DV d, const T* w, size_t count) {
+  if constexpr (sizeof(T) == 4) {
+    return hn::MaskedLoad(hn::FirstN(d, count), d, w);
+  } else {
+    const hn::Rebind<uint16_t, DV> d16;
+    const hn::Rebind<uint32_t, DV> du;
+    const auto bits = hn::MaskedLoad(hn::FirstN(d16, count), d16, w);
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, bits)));
+  }
+}
+
+template <typename T, int R>
+HWY_INLINE void DotRowsF(const float* x, int64_t lda, const T* w, int64_t k, float* out,
+                         int64_t ldo) {
+  static_assert(R >= 1 && R <= 4);
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float* x0 = x;
+  const float* x1 = x + (R > 1 ? lda : 0);
+  const float* x2 = x + (R > 2 ? 2 * lda : 0);
+  const float* x3 = x + (R > 3 ? 3 * lda : 0);
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  auto b0 = hn::Zero(d), b1 = hn::Zero(d), b2 = hn::Zero(d), b3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 2 * N <= k; i += 2 * N) {
+    const auto u = LoadWeights(d, w + i), v = LoadWeights(d, w + i + N);
+    a0 = hn::MulAdd(u, hn::LoadU(d, x0 + i), a0);
+    b0 = hn::MulAdd(v, hn::LoadU(d, x0 + i + N), b0);
+    if constexpr (R > 1) {
+      a1 = hn::MulAdd(u, hn::LoadU(d, x1 + i), a1);
+      b1 = hn::MulAdd(v, hn::LoadU(d, x1 + i + N), b1);
+    }
+    if constexpr (R > 2) {
+      a2 = hn::MulAdd(u, hn::LoadU(d, x2 + i), a2);
+      b2 = hn::MulAdd(v, hn::LoadU(d, x2 + i + N), b2);
+    }
+    if constexpr (R > 3) {
+      a3 = hn::MulAdd(u, hn::LoadU(d, x3 + i), a3);
+      b3 = hn::MulAdd(v, hn::LoadU(d, x3 + i + N), b3);
+    }
+  }
+  for (; i < k; i += N) {  // at most two more vectors, the last masked
+    const size_t count = static_cast<size_t>(std::min<int64_t>(N, k - i));
+    const auto m = hn::FirstN(d, count);
+    const auto u = LoadWeightsN(d, w + i, count);
+    a0 = hn::MulAdd(u, hn::MaskedLoad(m, d, x0 + i), a0);
+    if constexpr (R > 1) a1 = hn::MulAdd(u, hn::MaskedLoad(m, d, x1 + i), a1);
+    if constexpr (R > 2) a2 = hn::MulAdd(u, hn::MaskedLoad(m, d, x2 + i), a2);
+    if constexpr (R > 3) a3 = hn::MulAdd(u, hn::MaskedLoad(m, d, x3 + i), a3);
+  }
+  out[0] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, b0)));
+  if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a1, b1)));
+  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a2, b2)));
+  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a3, b3)));
+}
+
+template <typename T>
+HWY_INLINE void SmallMatmulRowsF(const float* a, int64_t lda, int64_t n, const T* w, int64_t k,
+                                 int64_t j0, int64_t j1, float* c, int64_t ldc) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const T* wj = w + j * k;
+    for (int64_t r = 0; r < n; r += 4) {
+      const float* x = a + r * lda;
+      float* out = c + r * ldc + j;
+      switch (std::min<int64_t>(4, n - r)) {
+        case 4: DotRowsF<T, 4>(x, lda, wj, k, out, ldc); break;
+        case 3: DotRowsF<T, 3>(x, lda, wj, k, out, ldc); break;
+        case 2: DotRowsF<T, 2>(x, lda, wj, k, out, ldc); break;
+        default: DotRowsF<T, 1>(x, lda, wj, k, out, ldc); break;
+      }
+    }
+  }
+}
+
 void SmallMatmulWidenImpl(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                           int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row) {
   switch (dtype) {
@@ -370,13 +461,10 @@ void SmallMatmulWidenImpl(DType dtype, const float* a, int64_t lda, int64_t n, c
       return SmallMatmulBlocks<DType::kQ4_0>(a, lda, n, w, k, j0, j1, c, ldc, row);
     case DType::kQ4_1:
       return SmallMatmulBlocks<DType::kQ4_1>(a, lda, n, w, k, j0, j1, c, ldc, row);
+    case DType::kBF16:
+      return SmallMatmulRowsF(a, lda, n, reinterpret_cast<const uint16_t*>(w), k, j0, j1, c, ldc);
     default:
-      break;
-  }
-  const size_t row_bytes = DTypeBytes(dtype, k);
-  for (int64_t j = j0; j < j1; ++j) {
-    WidenRowImpl(dtype, w + j * row_bytes, k, row);
-    for (int64_t r = 0; r < n; ++r) c[r * ldc + j] = DotF32Impl(a + r * lda, row, k);
+      return SmallMatmulRowsF(a, lda, n, reinterpret_cast<const float*>(w), k, j0, j1, c, ldc);
   }
 }
 

@@ -29,8 +29,9 @@ float DotF32(const float* a, const float* b, int64_t n);
 // apart). Q8_0, Q4_0 and Q4_1 rows are multiplied block by block in
 // registers, as integers, by a's rows rounded to int16 per 32-element block
 // (relative error 2^-16 of a block's largest element), up to four rows of a
-// at once; bf16 and f32 rows are widened into `row` once for all n rows and
-// multiplied in f32. A row's result is the same bits whatever n is.
+// at once; bf16 and f32 rows are widened in registers and multiplied in f32
+// FMAs, also by up to four rows of a at once. A row's result is the same bits
+// whatever n is.
 // `row`: SmallMatmulScratchFloats(n, k) floats of scratch.
 void SmallMatmulWiden(DType dtype, const float* a, int64_t lda, int64_t n, const uint8_t* w,
                       int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc, float* row);
