@@ -20,6 +20,7 @@ Usage (benchmarks/peers/run.sh sets up the virtualenv):
 import argparse
 import json
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -32,11 +33,12 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
 
 
 def make_variants(src, cache_dir):
-    """f32, Q8_0 and BF16 GGUFs from `src` with llama.cpp's quantizer (cached)."""
+    """f32, Q8_0, BF16 and Q4_K_M GGUFs from `src` with llama.cpp's quantizer (cached)."""
     import llama_cpp
     out = {"q4_1": src}
     for name, ftype in (("f32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
-                        ("bf16", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16)):
+                        ("bf16", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16),
+                        ("q4_k_m", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)):
         path = os.path.join(cache_dir, f"SmolLM2-135M-Instruct.{name}.gguf")
         if not os.path.exists(path):
             params = llama_cpp.llama_model_quantize_default_params()
@@ -126,6 +128,12 @@ class Tandem:
                     f"--weight-dtype={weight_dtype}", f"--dtype={dtype}", "--ignore-eos",
                     "--max-num-batched-tokens=1024"]
 
+    def kernels(self):
+        """The start-up log's description of the CPU kernels (the Highway target)."""
+        p = subprocess.run(self.cmd + ["--prompt-token-ids=1", "--max-tokens=1"], capture_output=True, text=True)
+        m = re.search(r"cpu backend: (.*)", p.stderr)
+        return m.group(1) if m else "?"
+
     def _run(self, ids, n):
         p = subprocess.run(self.cmd + ["--prompt-token-ids=" + ",".join(map(str, ids)),
                                        f"--max-tokens={n}"], capture_output=True, text=True)
@@ -155,7 +163,18 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--json", default="")
+    ap.add_argument("--transformers", choices=("auto", "on", "off"), default="auto",
+                    help="also time transformers (auto: where torch and transformers import)")
     args = ap.parse_args()
+    with_transformers = args.transformers == "on"
+    if args.transformers == "auto":
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+            with_transformers = True
+        except ImportError:
+            print("peers.py: torch/transformers not installed: transformers is not timed, and "
+                  "greedy tokens are compared with llama.cpp f32's", file=sys.stderr)
     cache = os.path.dirname(os.path.abspath(args.gguf))
     files = make_variants(args.gguf, cache)
     threads = [int(t) for t in args.threads.split(",")]
@@ -165,11 +184,14 @@ def main():
         engines[("tandem q8_0", t)] = Tandem(args.tandem, files["q8_0"], t, "q8_0")
         engines[("tandem bf16", t)] = Tandem(args.tandem, files["bf16"], t, dtype="bf16")
         engines[("tandem q4_1", t)] = Tandem(args.tandem, files["q4_1"], t, "gguf")
+        engines[("tandem q4_k_m", t)] = Tandem(args.tandem, files["q4_k_m"], t, "gguf")
         engines[("llama.cpp f32", t)] = LlamaCpp(files["f32"], t)
         engines[("llama.cpp q8_0", t)] = LlamaCpp(files["q8_0"], t)
         engines[("llama.cpp bf16", t)] = LlamaCpp(files["bf16"], t)
         engines[("llama.cpp q4_1", t)] = LlamaCpp(files["q4_1"], t)
-        engines[("transformers f32", t)] = Transformers(files["f32"], t)
+        engines[("llama.cpp q4_k_m", t)] = LlamaCpp(files["q4_k_m"], t)
+        if with_transformers:
+            engines[("transformers f32", t)] = Transformers(files["f32"], t)
     tok = engines[("llama.cpp f32", threads[0])]
     text_ids = tok.tokenize(TEXT * 40)
     short, long_ = text_ids[:16], text_ids[:512]
@@ -187,25 +209,41 @@ def main():
                       f"prefill {prefill[(name, t)][-1]:7.1f} tok/s", file=sys.stderr, flush=True)
     med = lambda d: {k: statistics.median(v) for k, v in d.items()}
     decode, prefill = med(decode), med(prefill)
-    names = ["tandem f32", "tandem q8_0", "tandem bf16", "tandem q4_1", "llama.cpp f32",
-             "llama.cpp q8_0", "llama.cpp bf16", "llama.cpp q4_1", "transformers f32"]
-    print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs, medians of {args.rounds} interleaved rounds; "
-          f"decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
+    names = ["tandem f32", "tandem q8_0", "tandem bf16", "tandem q4_1", "tandem q4_k_m",
+             "llama.cpp f32", "llama.cpp q8_0", "llama.cpp bf16", "llama.cpp q4_1", "llama.cpp q4_k_m"]
+    if with_transformers:
+        names.append("transformers f32")
+    cpu, flags = "?", ""
+    with open("/proc/cpuinfo") as f:
+        info = f.read()
+    m = re.search(r"model name\s*:\s*(.*)", info)
+    cpu = m.group(1) if m else platform.machine()
+    fam = re.search(r"cpu family\s*:\s*(\d+)", info)
+    mod = re.search(r"^model\s*:\s*(\d+)", info, re.M)
+    if fam and mod:
+        cpu += f" (family {fam.group(1)} model {mod.group(1)})"
+    flags = " ".join(sorted(set(re.findall(r"\b(avx2|fma|f16c|avx512f|avx512_bf16|avx512_vnni|amx_tile|asimd|sve|sve2)\b", info))))
+    print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs: {cpu}, flags {flags}; medians of {args.rounds} "
+          f"interleaved rounds; decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
+    print(f"Tandem's kernels: {engines[('tandem q4_1', threads[0])].kernels()}")
     print(f"{'engine':18s} " + " ".join(f"{'decode@' + str(t):>10s} {'prefill@' + str(t):>11s}" for t in threads))
     for n in names:
         print(f"{n:18s} " + " ".join(f"{decode[(n, t)]:10.1f} {prefill[(n, t)]:11.1f}" for t in threads))
     print("Tandem / peer of the same weights (>1: Tandem faster):")
     for ours, peer in (("tandem f32", "llama.cpp f32"), ("tandem f32", "transformers f32"),
                        ("tandem q8_0", "llama.cpp q8_0"), ("tandem bf16", "llama.cpp bf16"),
-                       ("tandem q4_1", "llama.cpp q4_1")):
+                       ("tandem q4_1", "llama.cpp q4_1"), ("tandem q4_k_m", "llama.cpp q4_k_m")):
+        if peer not in names:
+            continue
         print(f"  {ours:11s} vs {peer:16s} " + " ".join(
             f"decode@{t} {decode[(ours, t)] / decode[(peer, t)]:.2f}x  "
             f"prefill@{t} {prefill[(ours, t)] / prefill[(peer, t)]:.2f}x" for t in threads))
-    ref = tokens["transformers f32"]
+    ref_name = "transformers f32" if with_transformers else "llama.cpp f32"
+    ref = tokens[ref_name]
     for n in names:
         same = sum(1 for a, b in zip(tokens[n], ref) if a == b)
         first = next((i for i, (a, b) in enumerate(zip(tokens[n], ref)) if a != b), len(ref))
-        print(f"greedy tokens of {n:16s}: {same}/{len(ref)} equal to transformers', first difference at {first}")
+        print(f"greedy tokens of {n:16s}: {same}/{len(ref)} equal to {ref_name}'s, first difference at {first}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"decode_tok_s": {f"{n}@{t}": v for (n, t), v in decode.items()},

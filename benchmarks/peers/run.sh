@@ -8,6 +8,7 @@
 #
 #   benchmarks/peers/run.sh                  # the recorded comparison
 #   ROUNDS=1 benchmarks/peers/run.sh         # quicker
+#   TRANSFORMERS=off OUT=docs/peers/avx2 benchmarks/peers/run.sh   # llama.cpp only
 #
 # Needs build/bin/tandem (scripts/build.sh) and python3 with venv.
 set -euo pipefail
@@ -16,11 +17,16 @@ VENV=${PEERS_VENV:-$HOME/.cache/tandem/peers-venv}
 OUT=${OUT:-docs/peers}
 MODEL=${MODEL:-$(scripts/fetch_model.sh)}
 if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
-if ! "$VENV/bin/python" -c "import llama_cpp, transformers, torch, gguf" 2>/dev/null; then
+# TRANSFORMERS=off skips torch and transformers (a large download): llama.cpp
+# f32's greedy tokens are then the reference.
+TRANSFORMERS=${TRANSFORMERS:-on}
+PKGS=(llama-cpp-python gguf numpy)
+[ "$TRANSFORMERS" = on ] && PKGS+=(torch transformers accelerate)
+if ! "$VENV/bin/python" -c "import llama_cpp, gguf$([ "$TRANSFORMERS" = on ] && echo ', transformers, torch')" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/python" -m pip install -q \
-    llama-cpp-python torch transformers accelerate gguf numpy
+  CMAKE_ARGS="-DGGML_NATIVE=ON" "$VENV/bin/python" -m pip install -q "${PKGS[@]}"
 fi
 mkdir -p "$OUT"
 "$VENV/bin/python" benchmarks/peers/peers.py --gguf="$MODEL" --tandem=build/bin/tandem \
-  --threads="${THREADS:-1,2}" --rounds="${ROUNDS:-3}" --json="$OUT/peers.json" | tee "$OUT/peers.txt"
+  --threads="${THREADS:-1,2}" --rounds="${ROUNDS:-3}" --transformers="$TRANSFORMERS" \
+  --json="$OUT/peers.json" | tee "$OUT/peers.txt"
