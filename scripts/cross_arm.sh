@@ -2,23 +2,16 @@
 # Cross-builds the CPU kernels and their tests for aarch64 (Debian's
 # g++-aarch64-linux-gnu and arm64 multiarch packages) and runs them under
 # qemu-aarch64-static on an emulated CPU with SVE and SVE2, so Highway's
-# NEON, SVE and SVE2 targets (and the scalar one) are each tested. Installs
+# NEON, SVE and SVE2 targets are each tested. Installs
 # what it needs if missing (as root or through sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-PACKAGES=(g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 libgtest-dev:arm64 libabsl-dev:arm64)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "cross_arm: installing ${missing[*]}"
-  dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  if [ "$(id -u)" -ne 0 ]; then sudo dpkg --add-architecture arm64; else dpkg --add-architecture arm64; fi
+  # install_deps.sh runs apt-get update when anything is missing.
 fi
+bash scripts/install_deps.sh g++-aarch64-linux-gnu qemu-user-static libhwy-dev:arm64 \
+  libgtest-dev:arm64 libabsl-dev:arm64
 cmake -S tests/cross -B build-arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE="$(pwd)/cmake/aarch64-linux-gnu.cmake" >/dev/null
 cmake --build build-arm64 -j"${TANDEM_BUILD_JOBS:-$(nproc)}"

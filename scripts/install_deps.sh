@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Tandem builds and tests with. Idempotent:
-# packages already present are skipped. Run as root (or through sudo).
+# Installs the Debian 12 packages Tandem builds and tests with (or the ones
+# given as arguments). Idempotent: packages already present are skipped.
+# Run as root (or through sudo).
 set -euo pipefail
 
 PACKAGES=(
@@ -16,6 +17,8 @@ PACKAGES=(
 # kubectl (for `kubectl kustomize`) ships with this project's machine image;
 # elsewhere Debian's kubernetes-client provides it.
 command -v kubectl >/dev/null 2>&1 || PACKAGES+=(kubernetes-client)
+# Other scripts name their own packages: scripts/install_deps.sh PACKAGE...
+[ $# -gt 0 ] && PACKAGES=("$@")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
