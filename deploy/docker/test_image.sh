@@ -48,9 +48,10 @@ fi
 
 BASE=tandem-base:bookworm
 if ! $DOCKER image inspect "$BASE" >/dev/null 2>&1; then
-  # The mirror apt already uses (deb822 or one-line sources).
-  mirror=$(grep -hoE 'https?://[^ ]+/debian/?' /etc/apt/sources.list.d/*.sources \
-             /etc/apt/sources.list 2>/dev/null | head -1 || true)
+  # The mirror apt already uses (deb822 `URIs:` or one-line `deb` sources;
+  # never a commented-out line, which may name a mirror this host cannot reach).
+  mirror=$(grep -hE '^[[:space:]]*(URIs:|deb[[:space:]])' /etc/apt/sources.list.d/*.sources \
+             /etc/apt/sources.list 2>/dev/null | grep -oE 'https?://[^ ]+/debian/?' | head -1 || true)
   [ -n "$mirror" ] || { echo "test_image: no Debian mirror in apt's sources" >&2; exit 1; }
   echo "test_image: making $BASE with debootstrap"
   start=$(date +%s)
