@@ -38,6 +38,7 @@ grpc::Status FaultProxy::Prefill(grpc::ServerContext* context, const v1::Prefill
     }
     return grpc::Status(grpc::StatusCode::CANCELLED, "stalled");
   };
+  if (fault == Fault::kStallBeforeHeader) return stall();
   grpc::ClientContext up;
   up.set_deadline(context->deadline());
   auto reader = upstream_->Prefill(&up, *request);

@@ -23,6 +23,8 @@ enum class Fault {
   kDropLastChunk,        // ends early, `done` still sent
   kEndWithoutDone,       // the last chunk and `done` dropped, status OK
   kCorruptChecksum,      // one chunk's CRC flipped
+  kStallBeforeHeader,    // nothing at all until cancelled (a frozen peer's
+                         // connection stays up: only a timeout notices)
   kStallAfterHeader,     // the header, then nothing until cancelled
   kStallMidStream,       // the header and one chunk, then nothing
 };

@@ -140,9 +140,11 @@ TEST(KvIntegrityTest, EveryDamagedStreamFailsOrFallsBackWithTheRightTokens) {
 
 // The defect: with one of two prefill workers frozen (SIGSTOP) every second
 // request waited the whole prefill budget and failed, while the decode
-// worker reported SERVING. Now a call with no first message within 1 s is
-// retried on the other worker, the frozen one is set aside, and every
-// request completes; the usable-endpoint gauge says 1 of 2.
+// worker reported SERVING. Now the frozen one leaves the rotation, through
+// whichever notices first: a call with no first message within 1 s (retried
+// on the other worker, the endpoint set aside) or the keepalive (the
+// connection fails within ~4 s, the call retried). Every request completes;
+// the usable-endpoint gauge says 1 of 2.
 TEST(KvIntegrityTest, FrozenPrefillWorkerIsRoutedAround) {
   Worker a = StartWorker("prefill_worker", {});
   Worker b = StartWorker("prefill_worker", {});
@@ -166,15 +168,51 @@ TEST(KvIntegrityTest, FrozenPrefillWorkerIsRoutedAround) {
     EXPECT_EQ(r.tokens, expected[i]);
   }
   // Round robin alone would send every second request to the frozen worker
-  // (4 stalls); set aside after its first stall, it gets few or none.
-  EXPECT_GE(Failures(decode, "stalled"), 1);
-  EXPECT_LE(Failures(decode, "stalled"), 2);
+  // (4 failed attempts); out of the rotation after its first, it gets few or
+  // none (none when the keepalive noticed before any call reached it).
+  EXPECT_LE(Failures(decode, "stalled") + Failures(decode, "unavailable"), 2);
   EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints_usable", 1), 1);
   EXPECT_TRUE(WaitForServing(decode.address(), std::chrono::seconds(2)));
   a.process->Signal(SIGCONT);
   StopWorker(decode);
   StopWorker(a);
   StopWorker(b);
+}
+
+// The first-message timeout alone: a peer whose connection stays healthy
+// (keepalive answered) but that sends nothing. The first call to it is
+// retried on the other endpoint within the timeout and the endpoint is set
+// aside, so of eight requests at most two meet it.
+TEST(KvIntegrityTest, SilentPrefillEndpointIsSetAsideAfterOneStall) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  FaultProxy silent(prefill.address());
+  silent.Inject(Fault::kStallBeforeHeader);
+  Worker decode = StartWorker("decode_worker",
+                              {"--prefill-address=ipv4:" + silent.address() + "," +
+                                   prefill.address(),
+                               "--prefill-first-message-timeout-seconds=1"});
+  EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints", 2), 2);
+  std::vector<std::vector<int32_t>> prompts, expected;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(TestPrompt(20, 300 + i));
+    expected.push_back(LocalTokens(prompts.back(), 4));
+  }
+  for (int i = 0; i < 8; ++i) {
+    GenerateResult r = Generate(decode.address(), Request("s" + std::to_string(i), prompts[i], 4),
+                                std::chrono::seconds(30));
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    EXPECT_EQ(r.tokens, expected[i]);
+  }
+  // Round robin reaches the silent endpoint by the second request at the
+  // latest; set aside for 10 s, it is met again only on a slow machine.
+  EXPECT_GE(Failures(decode, "stalled"), 1);
+  EXPECT_LE(Failures(decode, "stalled"), 2);
+  EXPECT_LE(silent.calls(), 2);
+  EXPECT_EQ(AwaitMetric(decode, "tandem_prefill_endpoints_usable", 1), 1);
+  ExpectBlocksFreed(prefill, decode);
+  silent.Inject(Fault::kNone);
+  StopWorker(decode);
+  StopWorker(prefill);
 }
 
 // With its only prefill worker gone and no fallback, the decode worker
