@@ -92,8 +92,10 @@ void EngineLoop::Run() {
       }
       continue;
     }
-    for (const RequestOutput& o : *outputs) Deliver(o);
+    // Observers (the metrics) first: a client that has its tokens finds the
+    // step that made them already counted.
     for (auto& observer : observers_) observer(*engine_, *outputs);
+    for (const RequestOutput& o : *outputs) Deliver(o);
   }
   engine_.reset();
 }
