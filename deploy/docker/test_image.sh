@@ -102,7 +102,10 @@ echo "test_image: answer: $answer"
 echo "$answer" | grep -q "Paris" || { echo "test_image: unexpected answer" >&2; exit 1; }
 
 for port in $P_METRICS $D_METRICS; do
-  curl -fsS "http://127.0.0.1:$port/metrics" | grep -q '^tandem_cudagraph_replay_ratio{' \
+  # The whole page first: `curl | grep -q` fails under pipefail when grep
+  # stops reading at its match before curl has written everything.
+  page=$(curl -fsS "http://127.0.0.1:$port/metrics")
+  grep -q '^tandem_cudagraph_replay_ratio{' <<<"$page" \
     || { echo "test_image: no tandem_cudagraph_replay_ratio on :$port" >&2; exit 1; }
 done
 echo "test_image: both /metrics scraped"
