@@ -179,13 +179,16 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
     }
   }
   // A fused weight keeps its source's block type when the ops keep file
-  // blocks and every part is stored in that one type; else it is `w`.
+  // blocks and every part is stored in that one type; parts in different
+  // block types (a Q4_K_M file's q, k as Q5_0 and v as Q8_0) are all kept
+  // as Q8_0, the narrowest type each converts to; else it is `w`.
   auto dtype_of = [&](const std::vector<std::string>& parts) {
     if (!ops_->keeps_file_blocks() || source == nullptr) return w;
     const std::optional<DType> first = source->BlockType(parts[0]);
     if (!first.has_value()) return w;
     for (const std::string& p : parts) {
-      if (source->BlockType(p) != first) return w;
+      if (!source->BlockType(p).has_value()) return w;
+      if (source->BlockType(p) != first) return h % kBlockElems == 0 ? DType::kQ8_0 : w;
     }
     return *first;
   };
@@ -290,13 +293,20 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     auto shape_of = [&](int64_t rows) {
       return dst.ndim == 2 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
     };
-    if (IsBlockType(dst.dtype) && checkpoint &&
-        checkpoint->BlockType(parts[0].first) == dst.dtype) {
+    if (IsBlockType(dst.dtype) && checkpoint && checkpoint->BlockType(parts[0].first)) {
+      // Each part as stored, or (a part of a fused weight in another block
+      // type) read as f32 and rounded to dst's type.
       converted.resize(dst.nbytes());
       size_t at = 0;
       for (const auto& [name, rows] : parts) {
         used.insert(name);
-        RETURN_IF_ERROR(checkpoint->ReadBlocks(name, shape_of(rows), converted.data() + at));
+        if (checkpoint->BlockType(name) == dst.dtype) {
+          RETURN_IF_ERROR(checkpoint->ReadBlocks(name, shape_of(rows), converted.data() + at));
+        } else {
+          host.resize(rows * cols);
+          RETURN_IF_ERROR(checkpoint->ReadF32(name, shape_of(rows), host.data()));
+          ConvertFromF32(host.data(), dst.dtype, converted.data() + at, rows * cols);
+        }
         at += DTypeBytes(dst.dtype, rows * cols);
       }
       return ops->device()->CopyToDevice(dst.data, converted.data(), dst.nbytes());

@@ -30,7 +30,8 @@ class WeightSource {
   virtual bool Has(const std::string& name) const = 0;
   // The block type tensor `name` is kept in when the ops keep a file's
   // blocks: its own where the ops multiply it as stored (GGUF Q4_0, Q4_1,
-  // Q8_0), Q8_0 for the other block types (Q5_x, K-quants); none otherwise.
+  // Q8_0), Q8_0 for the other block types (Q5_0 exactly, Q5_1 and the
+  // K-quants requantized); none otherwise.
   virtual std::optional<DType> BlockType(const std::string& name) const {
     return std::nullopt;
   }
@@ -40,7 +41,7 @@ class WeightSource {
   virtual absl::Status ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
                                   void* dst) const {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' is not stored in Q4_0, Q4_1 or Q8_0 blocks"));
+        absl::StrCat("tensor '", name, "' is not stored in blocks"));
   }
   // Every tensor of the source, in Hugging Face naming where one exists.
   virtual std::vector<std::string> TensorNames() const = 0;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -237,7 +239,41 @@ TEST(GgufWeightsTest, ReadBlocksKeepsBlocksAndUnpermutesQk) {
   EXPECT_EQ(weights.ReadBlocks(q, {4, 64}, blocks.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(weights.ReadBlocks("model.layers.0.mlp.up_proj.weight", {4, 32},
                                              blocks.data()).message()),
-              HasSubstr("not rows of Q4_0, Q4_1 or Q8_0 blocks"));
+              HasSubstr("not rows of whole blocks"));
+  std::filesystem::remove(path);
+}
+
+// A Q5_0 tensor (most of a Q4_K_M file of a model whose rows are not
+// multiples of 256) is kept as Q8_0 with exactly its values, every quant
+// and fifth bit included, q/k rows un-permuted as ReadF32's.
+TEST(GgufWeightsTest, Q5_0IsKeptAsQ8_0Exactly) {
+  std::mt19937 rng(7);
+  const int rows = 4, cols = 64;  // two blocks a row
+  std::string data(rows * cols / 32 * 22, '\0');
+  for (char& c : data) c = static_cast<char>(rng() & 0xff);
+  for (size_t at = 0; at < data.size(); at += 22) {  // finite f16 scales of either sign
+    const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff)) | ((rng() & 1) << 15);
+    std::memcpy(&data[at], &d, 2);
+  }
+  GgufWriter w;
+  w.AddTensor("blk.0.attn_k.weight", {cols, rows}, GgmlType::kQ5_0, data);
+  const std::string path = WriteTemp("q5_0", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  LlamaConfig c;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;  // one head of 4 rows: un-permuted on read
+  GgufWeights weights(f->get(), c);
+  const std::string k = "model.layers.0.self_attn.k_proj.weight";
+  EXPECT_EQ(weights.BlockType(k), DType::kQ8_0);
+  std::string blocks(DTypeBytes(DType::kQ8_0, rows * cols), '\0');
+  ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
+  std::vector<float> kept(rows * cols), direct(rows * cols);
+  ConvertToF32(blocks.data(), DType::kQ8_0, kept.data(), rows * cols);
+  ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
+  EXPECT_EQ(kept, direct);
+  std::set<float> distinct(direct.begin(), direct.end());
+  EXPECT_GT(distinct.size(), 100u);  // the random quants, not a constant
   std::filesystem::remove(path);
 }
 

@@ -209,10 +209,11 @@ std::vector<float> PromptLogits(const std::string& spec, bool keep_file_blocks,
   return std::vector<float>(step->logits, step->logits + c.vocab_size);
 }
 
-// A Q4_K_M-style GGUF (Q4_K matmul weights, Q6_K for v and the embedding,
-// f32 norms; random blocks with small scales): served dequantized it gives
-// exactly the logits of an F32 GGUF of its decoded values; with
-// --weight-dtype=gguf (kept as Q8_0) logits within the 8-bit rounding.
+// A Q4_K_M-style GGUF (Q4_K matmul weights, Q4_1 q and k, Q5_0 for the
+// attention output, Q6_K for v, down and the embedding, f32 norms; random
+// blocks with small scales): served dequantized it gives exactly the logits of an F32 GGUF of
+// its decoded values; with --weight-dtype=gguf (kept as Q8_0: the Q5_0
+// exactly) logits within the 8-bit rounding.
 TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   const int64_t h = 256, inter = 512, vocab = 300, heads = 4, kv_heads = 2, hd = 64;
   std::mt19937 rng(11);
@@ -226,7 +227,9 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
     const uint16_t small = 0x0a00;  // ~1.5e-4
     for (int64_t i = 0; i < n / elems; ++i) {
       char* blk = b.data() + i * bytes;
-      for (int off : type == GgmlType::kQ6_K ? std::vector<int>{208} : std::vector<int>{0, 2}) {
+      for (int off : type == GgmlType::kQ6_K   ? std::vector<int>{208}
+                     : type == GgmlType::kQ5_0 ? std::vector<int>{0}
+                                               : std::vector<int>{0, 2}) {
         std::memcpy(blk + off, &small, 2);
       }
     }
@@ -241,10 +244,10 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
                             {"output_norm.weight", {h}, GgmlType::kF32},
                             {"output.weight", {h, vocab}, GgmlType::kQ6_K},
                             {"blk.0.attn_norm.weight", {h}, GgmlType::kF32},
-                            {"blk.0.attn_q.weight", {h, heads * hd}, GgmlType::kQ4_K},
-                            {"blk.0.attn_k.weight", {h, kv_heads * hd}, GgmlType::kQ4_K},
+                            {"blk.0.attn_q.weight", {h, heads * hd}, GgmlType::kQ4_1},
+                            {"blk.0.attn_k.weight", {h, kv_heads * hd}, GgmlType::kQ4_1},
                             {"blk.0.attn_v.weight", {h, kv_heads * hd}, GgmlType::kQ6_K},
-                            {"blk.0.attn_output.weight", {heads * hd, h}, GgmlType::kQ4_K},
+                            {"blk.0.attn_output.weight", {heads * hd, h}, GgmlType::kQ5_0},
                             {"blk.0.ffn_norm.weight", {h}, GgmlType::kF32},
                             {"blk.0.ffn_gate.weight", {h, inter}, GgmlType::kQ4_K},
                             {"blk.0.ffn_up.weight", {h, inter}, GgmlType::kQ4_K},
@@ -289,7 +292,8 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   const std::vector<float> widened = PromptLogits(q_path, false, &widened_dtypes);
   const std::vector<float> kept = PromptLogits(q_path, true, &kept_dtypes);
   EXPECT_EQ(widened_dtypes, "f32 x5");
-  EXPECT_EQ(kept_dtypes, "q8_0 x5");  // qkv (Q4_K and Q6_K parts), o, gate_up, down, head
+  // qkv (Q4_1 and Q6_K parts: Q8_0, not f32), o, gate_up, down, head.
+  EXPECT_EQ(kept_dtypes, "q8_0 x5");
   ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
   ASSERT_EQ(widened, want);
   ASSERT_EQ(kept.size(), want.size());
