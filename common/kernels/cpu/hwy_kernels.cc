@@ -111,8 +111,25 @@ float DotF32Impl(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// The row-wise ops. Whole vectors, then one masked vector for the tail
-// (MaskedLoad reads only the lanes it keeps; BlendedStore writes only them).
+// A row's tail: the first CountTrue(m) lanes (m is always FirstN) through a
+// stack buffer. Highway 1.0.3's MaskedLoad and BlendedStore read, and write
+// back, the whole vector on SSE4 and EMU128, past the end of the row (ASan:
+// heap-buffer-overflow); these touch only the lanes they keep.
+template <class D, class M>
+HWY_INLINE hn::Vec<D> TailLoad(M m, D d, const hn::TFromD<D>* p) {
+  alignas(64) hn::TFromD<D> buf[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)] = {};
+  std::memcpy(buf, p, hn::CountTrue(d, m) * sizeof(hn::TFromD<D>));
+  return hn::Load(d, buf);
+}
+
+template <class D, class M>
+HWY_INLINE void TailStore(hn::Vec<D> v, M m, D d, hn::TFromD<D>* p) {
+  alignas(64) hn::TFromD<D> buf[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+  hn::Store(v, d, buf);
+  std::memcpy(p, buf, hn::CountTrue(d, m) * sizeof(hn::TFromD<D>));
+}
+
+// The row-wise ops. Whole vectors, then one partial vector for the tail.
 using DV = hn::ScalableTag<float>;
 
 void SoftmaxImpl(float* x, int64_t n) {
@@ -124,7 +141,7 @@ void SoftmaxImpl(float* x, int64_t n) {
   auto m = hn::Set(d, -HUGE_VALF);
   for (int64_t i = 0; i < full; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
   if (full < n) {
-    m = hn::Max(m, hn::IfThenElse(tail, hn::MaskedLoad(tail, d, x + full), hn::Set(d, -HUGE_VALF)));
+    m = hn::Max(m, hn::IfThenElse(tail, TailLoad(tail, d, x + full), hn::Set(d, -HUGE_VALF)));
   }
   const auto max = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, m)));
   auto sum = hn::Zero(d);
@@ -134,13 +151,13 @@ void SoftmaxImpl(float* x, int64_t n) {
     sum = hn::Add(sum, e);
   }
   if (full < n) {
-    const auto e = hn::IfThenElseZero(tail, hn::Exp(d, hn::Sub(hn::MaskedLoad(tail, d, x + full), max)));
-    hn::BlendedStore(e, tail, d, x + full);
+    const auto e = hn::IfThenElseZero(tail, hn::Exp(d, hn::Sub(TailLoad(tail, d, x + full), max)));
+    TailStore(e, tail, d, x + full);
     sum = hn::Add(sum, e);
   }
   const auto inv = hn::Set(d, 1.f / hn::GetLane(hn::SumOfLanes(d, sum)));
   for (int64_t i = 0; i < full; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), inv), d, x + i);
-  if (full < n) hn::BlendedStore(hn::Mul(hn::MaskedLoad(tail, d, x + full), inv), tail, d, x + full);
+  if (full < n) TailStore(hn::Mul(TailLoad(tail, d, x + full), inv), tail, d, x + full);
 }
 
 // silu(g) * u = g * u / (1 + exp(-g)); exp's argument capped at 88 (exp(88)
@@ -156,7 +173,7 @@ void SiluMulImpl(const float* gate, const float* up, float* out, int64_t n) {
   for (; i + N <= n; i += N) hn::StoreU(silu_mul(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
   if (i < n) {
     const auto tail = hn::FirstN(d, static_cast<size_t>(n - i));
-    hn::BlendedStore(silu_mul(hn::MaskedLoad(tail, d, gate + i), hn::MaskedLoad(tail, d, up + i)),
+    TailStore(silu_mul(TailLoad(tail, d, gate + i), TailLoad(tail, d, up + i)),
                      tail, d, out + i);
   }
 }
@@ -176,8 +193,8 @@ void RmsNormRowImpl(const float* base, const float* add, float* sum, const float
       ss = hn::MulAdd(y, y, ss);
     }
     if (full < n) {
-      const auto y = hn::Add(hn::MaskedLoad(tail, d, base + full), hn::MaskedLoad(tail, d, add + full));
-      hn::BlendedStore(y, tail, d, sum + full);
+      const auto y = hn::Add(TailLoad(tail, d, base + full), TailLoad(tail, d, add + full));
+      TailStore(y, tail, d, sum + full);
       ss = hn::MulAdd(y, y, ss);
     }
   } else {
@@ -186,7 +203,7 @@ void RmsNormRowImpl(const float* base, const float* add, float* sum, const float
       ss = hn::MulAdd(y, y, ss);
     }
     if (full < n) {
-      const auto y = hn::MaskedLoad(tail, d, base + full);
+      const auto y = TailLoad(tail, d, base + full);
       ss = hn::MulAdd(y, y, ss);
     }
   }
@@ -197,8 +214,8 @@ void RmsNormRowImpl(const float* base, const float* add, float* sum, const float
     hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, y + i), inv), hn::LoadU(d, w + i)), d, out + i);
   }
   if (full < n) {
-    hn::BlendedStore(hn::Mul(hn::Mul(hn::MaskedLoad(tail, d, y + full), inv),
-                             hn::MaskedLoad(tail, d, w + full)),
+    TailStore(hn::Mul(hn::Mul(TailLoad(tail, d, y + full), inv),
+                             TailLoad(tail, d, w + full)),
                      tail, d, out + full);
   }
 }
@@ -380,11 +397,11 @@ HWY_INLINE hn::Vec<DV> LoadWeights(DV d, const T* w) {
 template <typename T>
 HWY_INLINE hn::Vec<DV> LoadWeightsN(DV d, const T* w, size_t count) {
   if constexpr (sizeof(T) == 4) {
-    return hn::MaskedLoad(hn::FirstN(d, count), d, w);
+    return TailLoad(hn::FirstN(d, count), d, w);
   } else {
     const hn::Rebind<uint16_t, DV> d16;
     const hn::Rebind<uint32_t, DV> du;
-    const auto bits = hn::MaskedLoad(hn::FirstN(d16, count), d16, w);
+    const auto bits = TailLoad(hn::FirstN(d16, count), d16, w);
     return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, bits)));
   }
 }
@@ -423,10 +440,10 @@ HWY_INLINE void DotRowsF(const float* x, int64_t lda, const T* w, int64_t k, flo
     const size_t count = static_cast<size_t>(std::min<int64_t>(N, k - i));
     const auto m = hn::FirstN(d, count);
     const auto u = LoadWeightsN(d, w + i, count);
-    a0 = hn::MulAdd(u, hn::MaskedLoad(m, d, x0 + i), a0);
-    if constexpr (R > 1) a1 = hn::MulAdd(u, hn::MaskedLoad(m, d, x1 + i), a1);
-    if constexpr (R > 2) a2 = hn::MulAdd(u, hn::MaskedLoad(m, d, x2 + i), a2);
-    if constexpr (R > 3) a3 = hn::MulAdd(u, hn::MaskedLoad(m, d, x3 + i), a3);
+    a0 = hn::MulAdd(u, TailLoad(m, d, x0 + i), a0);
+    if constexpr (R > 1) a1 = hn::MulAdd(u, TailLoad(m, d, x1 + i), a1);
+    if constexpr (R > 2) a2 = hn::MulAdd(u, TailLoad(m, d, x2 + i), a2);
+    if constexpr (R > 3) a3 = hn::MulAdd(u, TailLoad(m, d, x3 + i), a3);
   }
   out[0] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, b0)));
   if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a1, b1)));
