@@ -52,9 +52,10 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
     MutexLock lock(&call->mu);
     if (call->prefill_context != nullptr) call->prefill_context->TryCancel();
   }
-  call->writer->End(status);
+  // The id is free before the client can see the end, so it may reuse it at once.
   client_.load()->Cancel(call->id);  // frees its blocks wherever it is
   in_flight_.Release(call->id);
+  call->writer->End(status);
 }
 
 void DecodeServiceImpl::OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) {
@@ -133,10 +134,11 @@ void DecodeServiceImpl::Finish(const std::shared_ptr<GenerateCall>& call,
   msg.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
   msg.mutable_usage()->set_completion_tokens(static_cast<uint32_t>(call->generated.size()));
   metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
-  call->writer->Send(std::move(msg));
-  call->writer->End(grpc::Status::OK);
+  // The id is free before the client can see the end, so it may reuse it at once.
   client_.load()->Cancel(call->id);  // still running after a stop string; else a no-op
   in_flight_.Release(call->id);
+  call->writer->Send(std::move(msg));
+  call->writer->End(grpc::Status::OK);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(

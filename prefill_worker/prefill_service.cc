@@ -42,6 +42,8 @@ PrefillServiceImpl::~PrefillServiceImpl() {
   lease_watcher_.join();
 }
 
+// Called before the stream's End, never after: the id is free by the time
+// the client sees the end, so it may reuse it at once.
 void PrefillServiceImpl::Release(Transfer& t) {
   if (t.released.exchange(true)) return;
   client_.load()->Cancel(t.id);  // frees its blocks wherever it is
@@ -71,11 +73,11 @@ void PrefillServiceImpl::WatchLeases() {
       TANDEM_LOG(WARNING) << "request " << t->id << ": its reader took no KV for "
                           << absl::FormatDuration(export_timeout_) << "; freeing its blocks";
       if (!t->failure_counted.exchange(true)) metrics_->KvTransferFailure("expired");
+      Release(*t);
       t->writer->End(grpc::Status(
           grpc::StatusCode::DEADLINE_EXCEEDED,
           absl::StrCat("KV export lease expired: the reader took nothing for ",
                        absl::FormatDuration(export_timeout_))));
-      Release(*t);
     }
   }
 }
@@ -95,8 +97,8 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
     if (!msg.ok()) {
       t.finished = true;
       if (!t.failure_counted.exchange(true)) metrics_->KvTransferFailure("other");
-      writer.End(ToGrpcStatus(msg.status()));
-      return Release(t);
+      Release(t);
+      return writer.End(ToGrpcStatus(msg.status()));
     }
     if (t.bytes == 0) t.first_sent = absl::Now();
     t.bytes += msg->chunk().k().size() + msg->chunk().v().size();
@@ -104,11 +106,11 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
   }
   if (!t.exporter->done()) return;  // more when the reader has taken these
   t.finished = true;
+  Release(t);  // every chunk is copied out: the blocks may go
   v1::PrefillResponse done;
   done.mutable_done()->set_first_token(t.first_token);
   writer.Send(std::move(done));
   writer.End(grpc::Status::OK);
-  Release(t);  // every chunk is copied out: the blocks may go
 }
 
 grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
@@ -163,8 +165,9 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
   client->Submit(std::move(s), [this, t, num_tokens, start](const RequestOutput& o) {
     if (!o.finished || t->released.load()) return;
     if (!o.status.ok() || o.new_tokens.empty()) {
-      t->writer->End(ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
-      return Release(*t);
+      Release(*t);
+      return t->writer->End(
+          ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
     }
     const double total = absl::ToDoubleSeconds(absl::Now() - start);
     const double queued = std::min(total, absl::ToDoubleSeconds(o.queue_time));

@@ -154,6 +154,11 @@ TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
   t.join();
   EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_NE(dup.status.error_message().find("dup"), std::string::npos);
+  // An id is free the moment its client sees the end: reused at once, never refused.
+  for (int i = 0; i < 20; ++i) {
+    GenerateResult again = Generate(decode_->address(), MakeRequest("dup", {1, 2, 3}, 1));
+    ASSERT_TRUE(again.status.ok()) << i << ": " << again.status.error_message();
+  }
   // Still serving.
   EXPECT_TRUE(Generate(decode_->address(), MakeRequest("after-bad", {1, 2, 3}, 3)).status.ok());
 }
