@@ -9,6 +9,7 @@
 #include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "decode_worker/decode_service.h"
+#include "decode_worker/openai_frontend.h"
 #include "decode_worker/prefill_pool.h"
 
 int main(int argc, char** argv) {
@@ -48,6 +49,15 @@ int main(int argc, char** argv) {
   flags.Add("prefill-first-message-timeout-seconds", &first_message_timeout_s,
             "a prefill worker that sends nothing for this long after a call (it answers "
             "at admission) is set aside for 10 s and the prefill retried on another one");
+  tandem::OpenAiOptions openai;
+  std::string chat_template_path;
+  flags.Add("http-address", &openai.http_address,
+            "HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
+            "/v1/completions, /v1/models, /health); empty: off");
+  flags.Add("served-model-name", &openai.served_model_name,
+            "the model's name in the OpenAI API (default: the --model file or directory name)");
+  flags.Add("chat-template", &chat_template_path,
+            "a Jinja2 chat template file, instead of the model's own");
   tandem::TlsFiles prefill_tls;  // the client side of the decode -> prefill hop
   prefill_tls.Register(&flags, "prefill-", /*server=*/false);
   tandem::EngineConfig config;
@@ -92,6 +102,16 @@ int main(int argc, char** argv) {
   if (!tokenizer.ok()) {
     std::cerr << "decode_worker: " << tokenizer.status().message() << std::endl;
     return 1;
+  }
+  auto chat_template = tandem::LoadChatTemplate(config.model, chat_template_path);
+  if (!chat_template.ok()) {
+    std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
+    return 1;
+  }
+  if (openai.served_model_name.empty()) {
+    std::string name = config.model;
+    while (name.size() > 1 && name.back() == '/') name.pop_back();
+    openai.served_model_name = name.substr(name.rfind('/') + 1);
   }
   config.waiting_timeout = absl::Milliseconds(queue_timeout_ms);
   for (double v : {prefill_timeout_s, prefill_timeout_per_token_ms, first_message_timeout_s}) {
@@ -138,8 +158,20 @@ int main(int argc, char** argv) {
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   tandem::DecodeServiceImpl service(&state, &metrics, std::move(pool), decode, tokenizer->get());
-  return tandem::RunWorker(options, config, &state, &metrics, {&service}, [&](tandem::EngineClient* client) {
-    // Runs on the engine thread once the engine is ready.
-    service.SetEngine(client);
-  });
+  std::unique_ptr<tandem::OpenAiFrontend> http;
+  if (!openai.http_address.empty()) {
+    http = std::make_unique<tandem::OpenAiFrontend>(openai, &state, tokenizer->get(),
+                                                    chat_template->get());
+  }
+  return tandem::RunWorker(
+      options, config, &state, &metrics, {&service},
+      [&](tandem::EngineClient* client) {
+        // Runs on the engine thread once the engine is ready.
+        service.SetEngine(client);
+        if (http != nullptr) {
+          http->SetModelInfo(client->max_model_len(),
+                             static_cast<int>(client->model_config().vocab_size));
+        }
+      },
+      http.get());
 }

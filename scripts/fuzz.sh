@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
 CC=clang CXX=clang++ cmake -S fuzz -B build-fuzz -G Ninja >/dev/null
 cmake --build build-fuzz -j"${TANDEM_BUILD_JOBS:-$(nproc)}"
-for target in gguf tokenizer_json kv_stream flags safetensors; do
+for target in gguf tokenizer_json kv_stream flags safetensors jinja; do
   work=$(mktemp -d)
   [ -d "fuzz/corpus/$target" ] && cp -r "fuzz/corpus/$target/." "$work/"
   echo "fuzz: $target for ${SECONDS_PER_TARGET}s"

@@ -64,6 +64,7 @@ class EngineClient {
 
   // Start-up facts, immutable once the engine is ready.
   const LlamaConfig& model_config() const { return loop_->model_config(); }
+  int max_model_len() const { return loop_->max_model_len(); }
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int block_size() const { return block_size_; }

@@ -60,6 +60,7 @@ class EngineLoop {
   // config and the KV fingerprint peers must match.
   const LlamaConfig& model_config() const { return engine_->model_config(); }
   const KvCache& kv_cache() const { return engine_->kv_cache(); }
+  int max_model_len() const { return engine_->max_model_len(); }
 
  private:
   void Run();

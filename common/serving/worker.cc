@@ -90,7 +90,7 @@ void LogStepTable(const std::string& role, const std::vector<StepRecord>& record
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
-              const std::function<void(EngineClient*)>& on_engine) {
+              const std::function<void(EngineClient*)>& on_engine, FrontDoor* front_door) {
   // Signals are taken by sigwait() below; block them in every thread (main()
   // did so before any thread started; this covers callers that did not).
   BlockTerminationSignals();
@@ -163,6 +163,14 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   TANDEM_LOG(INFO) << options.role << " worker: metrics on http://" << metrics_host << ":"
                    << *metrics_port << "/metrics";
 
+  if (front_door != nullptr) {
+    if (absl::Status s = front_door->Start(server.get()); !s.ok()) {
+      TANDEM_LOG(ERROR) << options.role << " worker: " << s.message();
+      server->Shutdown();
+      return 1;
+    }
+  }
+
   std::atomic<bool> failed{false};
   absl::Time last_table = absl::Now();
   std::unique_ptr<EngineClient> client;
@@ -194,6 +202,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   sigwait(&signals, &sig);
   if (failed) {
     server->Shutdown();
+    if (front_door != nullptr) front_door->Stop();
     return 1;
   }
   TANDEM_LOG(INFO) << options.role << " worker: signal " << sig << ", draining (up to "
@@ -209,6 +218,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   server->Shutdown(deadline);
+  if (front_door != nullptr) front_door->Stop();
   loop.Stop();
   TANDEM_LOG(INFO) << options.role << " worker: stopped";
   return 0;

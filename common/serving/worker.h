@@ -42,6 +42,17 @@ struct WorkerOptions {
   TlsFiles tls;  // --tls-cert/--tls-key/--tls-ca of the gRPC server
 };
 
+// A second front door beside the gRPC server (the decode worker's HTTP
+// API): started once the gRPC server listens, and reaching the services
+// through it (an in-process channel), so that every request takes the same
+// path; stopped after the gRPC server has drained.
+class FrontDoor {
+ public:
+  virtual ~FrontDoor() = default;
+  virtual absl::Status Start(grpc::Server* server) = 0;
+  virtual void Stop() = 0;
+};
+
 // Registers the flags every worker has (addresses besides gRPC's, draining,
 // the step table).
 void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options);
@@ -55,11 +66,13 @@ int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
 // Runs a worker until a signal: `services` are registered on the server; the
 // engine loop is handed to `on_engine` (on the loop thread) once graphs are
 // captured, just before the worker reports SERVING, as the EngineClient the
-// services use from then on. Returns the exit code.
+// services use from then on. `front_door` (may be null) starts after the
+// gRPC server and stops after it. Returns the exit code.
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
-              const std::function<void(EngineClient*)>& on_engine);
+              const std::function<void(EngineClient*)>& on_engine,
+              FrontDoor* front_door = nullptr);
 
 }  // namespace tandem
 

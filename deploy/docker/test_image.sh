@@ -118,10 +118,10 @@ done
 echo "test_image: both workers drained on SIGTERM (exit 0)"
 
 # docker-compose: the file users run, with deploy/docker-compose.hostnet.yml.
-# Host networking publishes every port (the workers' 50051/50052/9400/9401 and
-# Prometheus's 9090), and docker-compose v1 refuses `ports` beside it, so the
-# merged configuration is run with those lists dropped.
-for port in 50051 50052 9400 9401 9090; do
+# Host networking publishes every port (the workers' 50051/50052/8000/9400/9401
+# and Prometheus's 9090), and docker-compose v1 refuses `ports` beside it, so
+# the merged configuration is run with those lists dropped.
+for port in 50051 50052 8000 9400 9401 9090; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "test_image: port $port is in use; docker-compose's services need it" >&2; exit 1
   fi
@@ -153,6 +153,12 @@ answer=$(in_image tandem generate --address=127.0.0.1:50051 --prompt="$PROMPT" -
   --temperature=0)
 echo "test_image: compose: answer: $answer"
 echo "$answer" | grep -q "Paris" || { echo "test_image: unexpected answer" >&2; exit 1; }
+# The README's quick start: the OpenAI API, through the model's chat template.
+chat=$(curl -fsS http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
+  -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}') \
+  || { echo "test_image: compose: /v1/chat/completions failed" >&2; compose_logs; exit 1; }
+echo "test_image: compose: /v1/chat/completions: $chat"
+echo "$chat" | grep -q "Paris" || { echo "test_image: unexpected chat answer" >&2; exit 1; }
 # Prometheus scrapes every 5 s: both roles' replay ratios must reach its API.
 roles=""
 for _ in $(seq 1 60); do

@@ -1,0 +1,73 @@
+// OpenAiFrontend: the decode worker's OpenAI-compatible HTTP API.
+//   POST /v1/chat/completions   messages through the model's chat template
+//   POST /v1/completions        a text prompt or token ids
+//   GET  /v1/models             the served model (max_model_len, vocab_size)
+//   GET  /health, /ping         200 while the gRPC health is SERVING, else 503
+//   POST /tokenize, /detokenize as vLLM's
+//   GET  /version
+// Streaming answers are Server-Sent Events (`data: {...}` chunks, then
+// `data: [DONE]`), with usage on request (stream_options.include_usage).
+//
+// One request pipeline: each completion is a tandem.v1.Decode/Generate call
+// on the worker's own gRPC server over an in-process channel, so admission,
+// validation, the queue, prefill, metrics, draining and cancellation are the
+// gRPC front door's. Errors come back in OpenAI's shape,
+// {"error": {"message", "type", "param", "code"}}, with the HTTP status
+// HttpStatusFor() gives the gRPC code. A client that goes away cancels its
+// call, which frees its KV blocks at once.
+//
+// Threads: handlers run on the HTTP loop thread (parsing, the chat template,
+// tokenizing); gRPC callbacks write to the HTTP stream from gRPC's threads.
+#ifndef TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_
+#define TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "common/chat/chat_template.h"
+#include "common/serving/http_server.h"
+#include "common/serving/worker.h"
+#include "common/serving/worker_state.h"
+#include "common/tokenizer/tokenizer.h"
+#include "proto/tandem/v1/tandem.grpc.pb.h"
+
+namespace tandem {
+
+struct OpenAiOptions {
+  std::string http_address = "0.0.0.0:8000";
+  std::string served_model_name;  // `model` in requests and /v1/models
+};
+
+class OpenAiFrontend final : public FrontDoor {
+ public:
+  // `tokenizer` and `chat_template` may be null (the model has none): then
+  // chat completions and text prompts are refused, naming what is missing.
+  // Both must outlive the frontend.
+  OpenAiFrontend(OpenAiOptions options, WorkerState* state, const Tokenizer* tokenizer,
+                 const ChatTemplate* chat_template);
+  ~OpenAiFrontend() override;
+
+  absl::Status Start(grpc::Server* server) override;
+  void Stop() override;
+  // The model's limits, once the engine is ready (before: 503 on /v1/models).
+  void SetModelInfo(int max_model_len, int vocab_size);
+  int port() const { return http_ != nullptr ? http_->port() : 0; }
+
+ private:
+  void Handle(const HttpServer::Request& request, std::shared_ptr<HttpServer::Stream> stream);
+
+  OpenAiOptions options_;
+  WorkerState* state_;
+  const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  std::atomic<int> max_model_len_{0};
+  std::atomic<int> vocab_size_{0};
+  const int64_t created_;
+  std::unique_ptr<v1::Decode::Stub> stub_;
+  std::unique_ptr<HttpServer> http_;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_

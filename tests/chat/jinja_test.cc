@@ -1,0 +1,147 @@
+// The Jinja2 interpreter against Python's jinja2, byte for byte, on the
+// corpus tests/fixtures/make_chat_template_fixtures.py renders (SmolLM2's
+// template, templates in the style of Qwen2.5, Llama 3.1, Mistral and Gemma,
+// and one template per construct, over fixed and random conversations);
+// plus the errors and limits a hostile or unsupported template meets.
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "common/chat/chat_template.h"
+#include "common/chat/jinja.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+nlohmann::ordered_json LoadFixture() {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/chat_templates.json");
+  EXPECT_TRUE(in.good());
+  return nlohmann::ordered_json::parse(in);
+}
+
+TEST(JinjaTest, MatchesPythonJinja2OnTheCorpus) {
+  const nlohmann::ordered_json fixture = LoadFixture();
+  int rendered = 0, errors = 0;
+  std::set<std::string> templates_seen;
+  for (const auto& c : fixture["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const std::string name = c["template"];
+    templates_seen.insert(name);
+    const nlohmann::ordered_json kwargs = c["kwargs"];
+    auto t = ChatTemplate::Create(fixture["templates"][name], name,
+                                  kwargs.value("bos_token", std::string()),
+                                  kwargs.value("eos_token", std::string()));
+    if (c.value("parse_error", false)) {
+      EXPECT_FALSE(t.ok()) << "jinja2: " << c["error"];
+      ++errors;
+      continue;
+    }
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) continue;
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : kwargs.items()) {
+      if (k != "bos_token" && k != "eos_token") extra[k] = v;
+    }
+    auto out = t->Render(fixture["conversations"][c["conversation"].get<int>()],
+                         c["tools"].get<bool>() ? fixture["tools"] : nlohmann::ordered_json(nullptr),
+                         c["add_generation_prompt"].get<bool>(), extra);
+    if (c.contains("error")) {
+      EXPECT_FALSE(out.ok()) << "jinja2 failed (" << c["error"] << ") but we rendered:\n" << *out;
+      if (!out.ok()) {
+        EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+      }
+      ++errors;
+    } else {
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (out.ok()) EXPECT_EQ(*out, c["expected"].get<std::string>());
+      ++rendered;
+    }
+  }
+  EXPECT_EQ(templates_seen.size(), fixture["templates"].size());
+  EXPECT_GT(rendered, 200);
+  EXPECT_GT(errors, 20);
+}
+
+TEST(JinjaTest, RaiseExceptionAndUndefinedSayWhatWentWrong) {
+  const nlohmann::ordered_json fixture = LoadFixture();
+  auto mistral = ChatTemplate::Create(fixture["templates"]["mistral_style"], "mistral", "<s>", "</s>");
+  ASSERT_TRUE(mistral.ok());
+  auto out = mistral->Render(nlohmann::ordered_json::parse(R"([{"role": "assistant", "content": "x"}])"),
+                             nullptr, true);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("Conversation roles must alternate"), std::string::npos)
+      << out.status();
+
+  auto t = jinja::Template::Parse("line one\n{{ messages[0].nope.deeper }}");
+  ASSERT_TRUE(t.ok());
+  jinja::Value g = jinja::Value::Dict();
+  g.dict().Set("messages", jinja::Value::FromJson(nlohmann::ordered_json::parse(R"([{"role": "user"}])")));
+  auto r = t->Render(g);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("line 2"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("'dict object' has no attribute 'nope'"), std::string::npos)
+      << r.status();
+}
+
+TEST(JinjaTest, WhatItCannotDoIsAnErrorNamingTheConstruct) {
+  struct Case {
+    const char* source;
+    const char* needle;
+  };
+  for (const Case& c : {Case{"x\n{{ a|nosuch }}", "line 2: unknown filter 'nosuch'"},
+                        Case{"{% include 'other.j2' %}", "unsupported tag 'include'"},
+                        Case{"{% if a is frobbed %}{% endif %}", "unknown test 'frobbed'"},
+                        Case{"{% for x in y recursive %}{% endfor %}", "recursive loops"},
+                        Case{"{% if true %}open", "expected {% endif %}"},
+                        Case{"{{ 'unterminated }}", "never closed"},
+                        Case{"{{ f(*args) }}", "*args"}}) {
+    auto t = jinja::Template::Parse(c.source);
+    ASSERT_FALSE(t.ok()) << c.source;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find(c.needle), std::string::npos)
+        << c.source << " -> " << t.status();
+  }
+  // A method it does not implement fails when met, as UNIMPLEMENTED.
+  auto t = jinja::Template::Parse("{{ '{}'.format(1) }}");
+  ASSERT_TRUE(t.ok());
+  auto r = t->Render(jinja::Value::Dict());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+  EXPECT_NE(r.status().message().find("format"), std::string::npos);
+}
+
+TEST(JinjaTest, HostileTemplatesStopAtTheLimits) {
+  jinja::RenderLimits limits;
+  limits.max_steps = 100000;
+  limits.max_output_bytes = 1 << 20;
+  for (const char* source :
+       {"{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "{{ range(1000000) }}",
+        "{{ 'ab' * 100000000 }}"}) {
+    auto t = jinja::Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source;
+    auto r = t->Render(jinja::Value::Dict(), limits);
+    EXPECT_FALSE(r.ok()) << source;
+  }
+  // Deep nesting is refused at parse time, not by overflowing the stack.
+  std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  EXPECT_FALSE(jinja::Template::Parse(deep).ok());
+  std::string blocks;
+  for (int i = 0; i < 500; ++i) blocks += "{% if true %}";
+  EXPECT_FALSE(jinja::Template::Parse(blocks).ok());
+}
+
+TEST(JinjaTest, PythonFloatRepr) {
+  for (auto [d, s] : std::vector<std::pair<double, const char*>>{
+           {1.0, "1.0"}, {0.1, "0.1"}, {1e16, "1e+16"}, {1e15, "1000000000000000.0"},
+           {1.5e-5, "1.5e-05"}, {0.0001, "0.0001"}, {-2.5, "-2.5"}, {123456.789, "123456.789"}}) {
+    EXPECT_EQ(jinja::FormatPythonFloat(d), s);
+  }
+}
+
+}  // namespace
+}  // namespace tandem

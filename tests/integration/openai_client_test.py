@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client against the pair's HTTP API.
+
+Starts a prefill and a decode worker (SmolLM2, the GGUF of
+scripts/fetch_model.sh) on free loopback ports, the decode worker with
+--http-address, and checks through openai.OpenAI(base_url=.../v1):
+/v1/models; chat through the model's own chat template, whole and streamed
+(with usage), equal to each other and to the answer the gRPC test expects;
+completions from token ids equal to `tandem generate --local`; stop strings;
+errors (400 naming the field, 404 for another model, 503-free health); a
+client that disconnects mid-stream frees its KV blocks at once; 24
+concurrent streams all complete. Stops both workers with SIGTERM (exit 0).
+
+    python tests/integration/openai_client_test.py BIN_DIR MODEL.gguf
+(python: a venv with `openai`, made by scripts/test.sh as build/openai-venv)
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import openai
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=5):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return None, ""
+
+
+def metric(metrics_port, name):
+    _, text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def expect_error(kind, fn, needle):
+    try:
+        fn()
+    except kind as e:
+        assert needle in str(e), (needle, str(e))
+        return e
+    raise AssertionError(f"expected {kind.__name__} naming {needle!r}")
+
+
+def main():
+    bin_dir, model = sys.argv[1], sys.argv[2]
+    out = tempfile.mkdtemp(prefix="tandem_openai_")
+    pp, dp, hp, dm = free_port(), free_port(), free_port(), free_port()
+    logs = [open(os.path.join(out, n), "w") for n in ("prefill.log", "decode.log")]
+    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--model={model}",
+                                f"--grpc-address=127.0.0.1:{pp}",
+                                f"--metrics-address=127.0.0.1:{free_port()}"],
+                               stdout=logs[0], stderr=subprocess.STDOUT)
+    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--model={model}",
+                               f"--grpc-address=127.0.0.1:{dp}", f"--metrics-address=127.0.0.1:{dm}",
+                               f"--prefill-address=127.0.0.1:{pp}", f"--http-address=127.0.0.1:{hp}",
+                               "--served-model-name=smollm2"],
+                              stdout=logs[1], stderr=subprocess.STDOUT)
+    passed = 0
+    try:
+        base = f"http://127.0.0.1:{hp}"
+        for _ in range(600):  # SERVING: the engine is up and a prefill worker usable
+            if http_get(base + "/health")[0] == 200:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("the decode worker's /health never answered 200; log in " + out)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+        models = client.models.list().data
+        assert [m.id for m in models] == ["smollm2"], models
+        extra = models[0].model_extra
+        assert extra["max_model_len"] > 0 and extra["vocab_size"] == 49152, extra
+        passed += 1
+
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        whole = client.chat.completions.create(model="smollm2", messages=question,
+                                               temperature=0, max_tokens=64)
+        answer = whole.choices[0].message.content
+        assert answer == "The capital of France is Paris.", answer
+        assert whole.choices[0].finish_reason == "stop", whole
+        assert whole.usage.prompt_tokens == 37 and whole.usage.completion_tokens == 8, whole.usage
+        parts, usage, finish = [], None, None
+        for chunk in client.chat.completions.create(model="smollm2", messages=question,
+                                                    temperature=0, max_tokens=64, stream=True,
+                                                    stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                parts.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+        assert "".join(parts) == answer and finish == "stop", (parts, finish)
+        assert usage.total_tokens == 45, usage
+        passed += 1
+
+        # Completions from token ids: the tokens `tandem generate --local` makes.
+        prompt = [504, 3575, 282, 4649, 314]
+        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}",
+                                "--cudagraph-mode=NONE", "--ignore-eos", "--max-tokens=10",
+                                "--prompt-token-ids=" + ",".join(map(str, prompt))],
+                               capture_output=True, text=True, check=True)
+        expected_ids = [int(t) for t in local.stdout.splitlines()[0].split(",")]
+        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": expected_ids}).encode())
+        expected_text = json.load(urllib.request.urlopen(req))["prompt"]
+        comp = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert comp.choices[0].text == expected_text, (comp.choices[0].text, expected_text)
+        assert comp.choices[0].finish_reason == "length" and comp.usage.completion_tokens == 10, comp
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=10, temperature=0, stream=True,
+            extra_body={"ignore_eos": True}) if c.choices)
+        assert streamed == expected_text, (streamed, expected_text)
+        passed += 1
+
+        stopped = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                                 max_tokens=64, stop=[" Paris"])
+        assert stopped.choices[0].message.content == "The capital of France is", stopped
+        assert stopped.choices[0].finish_reason == "stop", stopped
+        passed += 1
+
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, temperature=-1), "temperature")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, n=2), "n must be in [1, 1]")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, logprobs=True), "logprobs")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=[]), "messages")
+        expect_error(openai.BadRequestError, lambda: client.completions.create(
+            model="smollm2", prompt="hi", max_tokens=10**7), "max_tokens")
+        expect_error(openai.NotFoundError, lambda: client.chat.completions.create(
+            model="gpt-4o", messages=question), "gpt-4o")
+        passed += 1
+
+        # A client that goes away mid-stream: its request is cancelled and
+        # every KV block it held is free at once.
+        stream = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Count from 1 to 500."}],
+            temperature=0.8, seed=3, max_tokens=1500, stream=True,
+            extra_body={"ignore_eos": True})
+        seen = 0
+        for chunk in stream:
+            seen += 1
+            if seen == 4:
+                assert metric(dm, "tandem_kv_cache_blocks_in_use") > 0
+                break
+        stream.close()
+        end = time.time() + 10
+        while time.time() < end and metric(dm, "tandem_kv_cache_blocks_in_use") != 0:
+            time.sleep(0.05)
+        assert metric(dm, "tandem_kv_cache_blocks_in_use") == 0, "KV blocks still held after a disconnect"
+        passed += 1
+
+        # Concurrent streams: every one completes with its own tokens.
+        results = [None] * 24
+        def run(i):
+            text = "".join(c.choices[0].text for c in client.completions.create(
+                model="smollm2", prompt=f"Story {i}:", max_tokens=16, temperature=0.7, seed=i,
+                stream=True, extra_body={"ignore_eos": True}) if c.choices)
+            results[i] = text
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(results))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert all(r for r in results), results
+        passed += 1
+        print("openai client: answer", repr(answer), "completion", repr(expected_text))
+    finally:
+        codes = []
+        for proc in (decode, prefill):
+            proc.send_signal(signal.SIGTERM)
+            codes.append(proc.wait(timeout=60))
+    assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
+    print(f"{passed} passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
