@@ -21,7 +21,8 @@ if [ -f "$DIR/pids" ]; then "$ROOT/deploy/local/down.sh"; fi
   --cudagraph-mode=PIECEWISE "$@" >"$DIR/prefill.log" 2>&1 &
 echo $! >>"$DIR/pids"
 "$BIN/decode_worker" --grpc-address=127.0.0.1:$DP --metrics-address=127.0.0.1:$DMP \
-  --prefill-address=127.0.0.1:$PP --cudagraph-mode=FULL_DECODE_ONLY "$@" >"$DIR/decode.log" 2>&1 &
+  --prefill-address=127.0.0.1:$PP --http-address=127.0.0.1:${TANDEM_HTTP_PORT:-8000} \
+  --cudagraph-mode=FULL_DECODE_ONLY "$@" >"$DIR/decode.log" 2>&1 &
 echo $! >>"$DIR/pids"
 
 # The compose scrape config and rules, pointed at the local processes.

@@ -144,9 +144,6 @@ double Worker::Metric(const std::string& name, const std::map<std::string, std::
   return v.value_or(-1);
 }
 
-namespace {
-
-// The port after `marker` in a worker's log ("...127.0.0.1:PORT"), or 0.
 int PortAfter(const std::string& log, const std::string& marker) {
   const size_t at = log.find(marker);
   if (at == std::string::npos) return 0;
@@ -159,8 +156,6 @@ int PortAfter(const std::string& log, const std::string& marker) {
   return port;
 }
 
-}  // namespace
-
 Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags, int grpc_port,
                    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   // Port 0 unless the caller needs a fixed one: the worker binds what the
@@ -169,6 +164,8 @@ Worker StartWorker(const std::string& binary, const std::vector<std::string>& fl
   std::vector<std::string> argv = {BinDir() + "/" + binary,
                                    "--grpc-address=127.0.0.1:" + std::to_string(grpc_port),
                                    "--metrics-address=127.0.0.1:0"};
+  // The decode worker's HTTP API too (its default port is fixed: 8000).
+  if (binary == "decode_worker") argv.push_back("--http-address=127.0.0.1:0");
   argv.insert(argv.end(), flags.begin(), flags.end());
   static std::atomic<int> started{0};
   const std::string log = ::testing::TempDir() + binary + "_" + std::to_string(getpid()) + "_" +

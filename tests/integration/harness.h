@@ -68,6 +68,9 @@ double AwaitMetric(const Worker& w, const std::string& name, double want,
 
 // Starts `binary` (prefill_worker or decode_worker) with free ports and
 // `flags`; waits until it is SERVING (fails the test otherwise).
+// The port after `marker` in a worker's log ("...127.0.0.1:PORT"), or 0.
+int PortAfter(const std::string& log, const std::string& marker);
+
 Worker StartWorker(const std::string& binary, const std::vector<std::string>& flags,
                    int grpc_port = 0,
                    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);

@@ -58,7 +58,7 @@ def main():
     decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--model={model}",
                                f"--grpc-address=127.0.0.1:{dp}",
                                f"--metrics-address=127.0.0.1:{free_port()}",
-                               f"--prefill-address=127.0.0.1:{pp}"],
+                               f"--prefill-address=127.0.0.1:{pp}", "--http-address=127.0.0.1:0"],
                               stdout=logs[1], stderr=subprocess.STDOUT)
     try:
         wait_port(pp)

@@ -32,13 +32,29 @@ TEST(ReliabilityTest, BusyGrpcPortFailsStartUp) {
   StopWorker(first);
 }
 
+// The HTTP API's port likewise: a busy one fails start-up, exit 1, naming it.
+TEST(ReliabilityTest, BusyHttpPortFailsStartUp) {
+  Worker first = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1"});
+  const int http_port = PortAfter(first.process->Log(), "OpenAI API on http://");
+  ASSERT_GT(http_port, 0) << first.process->Log();
+  const std::string http = "127.0.0.1:" + std::to_string(http_port);
+  Process second({BinDir() + "/decode_worker", "--grpc-address=127.0.0.1:0",
+                  "--metrics-address=127.0.0.1:0", "--http-address=" + http,
+                  "--prefill-address=127.0.0.1:1"},
+                 ::testing::TempDir() + "busy_http_" + std::to_string(getpid()) + ".log");
+  EXPECT_EQ(second.Wait(std::chrono::seconds(30)), 1) << second.Log();
+  EXPECT_NE(second.Log().find("cannot listen on --http-address=" + http), std::string::npos)
+      << second.Log();
+  StopWorker(first);
+}
+
 // The failure path raised SIGTERM at the process while gRPC threads had it
 // unblocked: exit 1 or 143 at random. Always 1 now, with the reason.
 TEST(ReliabilityTest, EngineStartUpFailureExitsOneEveryTime) {
   for (int i = 0; i < 6; ++i) {
     Process p({BinDir() + "/decode_worker", "--grpc-address=127.0.0.1:0",
-               "--metrics-address=127.0.0.1:0", "--prefill-address=127.0.0.1:1",
-               "--max-model-len=1000000"},
+               "--metrics-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+               "--prefill-address=127.0.0.1:1", "--max-model-len=1000000"},
               ::testing::TempDir() + "fail_start_" + std::to_string(getpid()) + "_" +
                   std::to_string(i) + ".log");
     EXPECT_EQ(p.Wait(std::chrono::seconds(30)), 1) << p.Log();

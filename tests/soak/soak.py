@@ -77,7 +77,8 @@ def main():
     prefill, pp = start([f"{a.bin_dir}/prefill_worker", "--grpc-address=127.0.0.1:0",
                          "--metrics-address=127.0.0.1:0"], logs[0])
     decode, dp = start([f"{a.bin_dir}/decode_worker", "--grpc-address=127.0.0.1:0",
-                        "--metrics-address=127.0.0.1:0", "--num-kv-blocks=256",
+                        "--metrics-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                        "--num-kv-blocks=256",
                         f"--prefill-address=127.0.0.1:{pp['grpc']}"], logs[1])
     stub = tandem_pb2_grpc.DecodeStub(grpc.insecure_channel(f"127.0.0.1:{dp['grpc']}"))
     codes, lock = {}, threading.Lock()
