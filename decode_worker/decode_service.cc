@@ -92,7 +92,9 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.deadline = std::min(call->client_deadline,
                            std::chrono::system_clock::now() + absl::ToChronoMilliseconds(budget));
   args.first_message_timeout = options_.first_message_timeout;
-  (new PrefillClient(this, pool_->Pick(), call, std::move(args)))->Start();
+  PrefillPool::Endpoint* endpoint =
+      call->prefill_endpoint != nullptr ? call->prefill_endpoint : pool_->Pick();
+  (new PrefillClient(this, endpoint, call, std::move(args)))->Start();
 }
 
 bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& all_tokens,
@@ -171,11 +173,24 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
                                   options_.max_stop_string_bytes, " bytes, got ", stop.size()));
     }
   }
+  // A gateway's choice of prefill worker for this request (llm-d's P/D
+  // routing header); without one, the pool's rotation.
+  PrefillPool::Endpoint* chosen = nullptr;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find(kPrefillerHeader); it != metadata.end() && pool_ != nullptr) {
+    auto named = pool_->Named(std::string(it->second.data(), it->second.size()));
+    if (!named.ok()) {
+      writer->End(ToGrpcStatus(named.status()));
+      return writer.get();
+    }
+    chosen = *named;
+  }
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
   }
   auto call = std::make_shared<GenerateCall>();
+  call->prefill_endpoint = chosen;
   call->id = *resolved_id;
   if (request->request_id().empty()) {
     TANDEM_LOG(INFO) << "request without an id: assigned " << call->id;

@@ -62,6 +62,10 @@
 
 namespace tandem {
 
+// The request header (gRPC metadata) naming the prefill worker, HOST:PORT,
+// that a gateway chose for a request, as llm-d's P/D routing sets it.
+inline constexpr char kPrefillerHeader[] = "x-prefiller-host-port";
+
 struct DecodeOptions {
   bool prefill_remote = true;                 // false: aggregated, no prefill worker
   int local_prefill_max_tokens = 0;           // remote: shorter prompts stay local (0 = none)

@@ -24,6 +24,7 @@
 #include "common/engine/sampling.h"
 #include "common/serving/stream_writer.h"
 #include "common/serving/text_output.h"
+#include "decode_worker/prefill_pool.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
@@ -37,6 +38,9 @@ struct GenerateCall {
   // Why this worker prefills the prompt itself ("aggregated",
   // "short_prompt"), or null when a prefill worker does.
   const char* local_reason = nullptr;
+  // The prefill worker a gateway chose for this request (the
+  // x-prefiller-host-port header), or null: the pool's rotation.
+  PrefillPool::Endpoint* prefill_endpoint = nullptr;
   std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
   std::chrono::system_clock::time_point client_deadline;
   absl::Time queued_at;  // Generate() arrival

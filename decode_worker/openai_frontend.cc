@@ -7,6 +7,7 @@
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
 #include "common/serving/status_convert.h"
+#include "decode_worker/decode_service.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -268,6 +269,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     std::string echo;       // completions with echo: the prompt text, sent first
     std::string model;
     int64_t created = 0;
+    std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
   };
 
   // Deletes itself when the call ends.
@@ -280,6 +282,9 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       MutexLock lock(&guard->mu);
       if (guard->call != nullptr) guard->call->context_.TryCancel();
     });
+    if (!call->spec_.prefiller.empty()) {
+      call->context_.AddMetadata(kPrefillerHeader, call->spec_.prefiller);
+    }
     stub->async()->Generate(&call->context_, &call->request_, call);
     call->StartRead(&call->msg_);
     call->StartCall();
@@ -691,6 +696,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   spec.chat = chat;
   spec.model = options_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
+  spec.prefiller = request.Header(kPrefillerHeader);
   spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
                !(body.contains("tool_choice") && body["tool_choice"] == "none");
   if (auto e = ParseCommon(body, chat, default_max, max_len, &req, &spec.stream, &spec.include_usage)) {

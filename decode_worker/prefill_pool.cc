@@ -1,6 +1,7 @@
 #include "decode_worker/prefill_pool.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
@@ -29,8 +30,9 @@ absl::StatusOr<std::vector<std::string>> PrefillPool::SplitTarget(const std::str
 PrefillPool::PrefillPool(const std::string& address,
                          std::shared_ptr<grpc::ChannelCredentials> credentials,
                          grpc::ChannelArguments args, absl::Duration eject_for)
-    : eject_for_(eject_for) {
+    : credentials_(credentials), eject_for_(eject_for) {
   args.SetLoadBalancingPolicyName("round_robin");
+  args_ = args;
   auto targets = SplitTarget(address);
   for (const std::string& target : targets.ok() ? *targets : std::vector<std::string>{address}) {
     auto e = std::make_unique<Endpoint>();
@@ -59,6 +61,32 @@ PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid) {
     fallback = e;
   }
   return fallback != nullptr ? fallback : endpoints_[start % n].get();
+}
+
+absl::StatusOr<PrefillPool::Endpoint*> PrefillPool::Named(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  const bool port_ok = colon != std::string::npos && colon + 1 < host_port.size() &&
+                       host_port.size() - colon <= 6 &&
+                       host_port.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  const bool host_ok = colon > 0 && host_port.find_first_of(" /,\t\n", 0) == std::string::npos;
+  if (!port_ok || !host_ok || host_port.size() > 255) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "x-prefiller-host-port='", host_port.substr(0, 64), "': expected HOST:PORT"));
+  }
+  MutexLock lock(&named_mu_);
+  auto it = named_.find(host_port);
+  if (it != named_.end()) return it->second.get();
+  if (static_cast<int>(named_.size()) >= kMaxNamed) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "x-prefiller-host-port: this worker already keeps ", kMaxNamed, " named prefill endpoints"));
+  }
+  auto e = std::make_unique<Endpoint>();
+  e->target = host_port;
+  e->channel = grpc::CreateCustomChannel(host_port, credentials_, args_);
+  e->stub = v1::Prefill::NewStub(e->channel);
+  Endpoint* raw = e.get();
+  named_.emplace(host_port, std::move(e));
+  return raw;
 }
 
 void PrefillPool::Eject(Endpoint* e) {

@@ -20,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/base/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -49,6 +51,12 @@ class PrefillPool {
   // when none is, the next usable one, `avoid` included; when none at all,
   // the next one in rotation (its call fails or recovers on its own).
   Endpoint* Pick(const Endpoint* avoid = nullptr);
+  // The endpoint HOST:PORT names, outside the rotation: a gateway's choice
+  // for one request (llm-d's x-prefiller-host-port). Made on first use with
+  // the pool's credentials and arguments and kept (at most kMaxNamed; past
+  // that, RESOURCE_EXHAUSTED). INVALID_ARGUMENT for what is not HOST:PORT.
+  absl::StatusOr<Endpoint*> Named(const std::string& host_port);
+  static constexpr int kMaxNamed = 256;
   // Sets `e` aside for the eject period (its call made no progress).
   void Eject(Endpoint* e);
   int CountUsable() const;
@@ -58,6 +66,10 @@ class PrefillPool {
   bool Usable(const Endpoint& e, int64_t now_ns) const;
 
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  grpc::ChannelArguments args_;
+  Mutex named_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Endpoint>> named_ ABSL_GUARDED_BY(named_mu_);
   absl::Duration eject_for_;
   std::atomic<uint64_t> next_{0};
 };

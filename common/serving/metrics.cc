@@ -317,6 +317,41 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
   kv_usage_->Set(pool.usage());
   kv_blocks_->Set(pool.num_used());
   kv_cached_blocks_->Set(pool.num_cached());
+  if (vllm_waiting_ != nullptr) {
+    vllm_waiting_->Set(count(RequestState::kWaiting) + count(RequestState::kPreempted) +
+                       count(RequestState::kWaitingForRemoteKv));
+    vllm_running_->Set(count(RequestState::kRunning));
+    vllm_kv_usage_->Set(pool.usage());
+    vllm_gpu_cache_usage_->Set(pool.usage());
+    if (!cache_config_exported_) {
+      cache_config_exported_ = true;
+      prometheus::BuildGauge()
+          .Name("vllm:cache_config_info")
+          .Help("The KV cache's configuration, for the inference gateway (vLLM's name)")
+          .Register(*registry_)
+          .Add({{"model_name", gateway_model_},
+                {"block_size", std::to_string(engine.kv_cache().block_size())},
+                {"num_gpu_blocks", std::to_string(pool.num_blocks())}})
+          .Set(1);
+    }
+  }
+}
+
+void WorkerMetrics::ExportGatewayMetrics(const std::string& model_name) {
+  gateway_model_ = model_name;
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add(
+        {{"model_name", model_name}});
+  };
+  vllm_waiting_ = gauge("vllm:num_requests_waiting",
+                        "Requests waiting to be scheduled, for the inference gateway (vLLM's "
+                        "name; tandem_requests_waiting plus those awaiting remote KV)");
+  vllm_running_ = gauge("vllm:num_requests_running",
+                        "Requests in the running batch, for the inference gateway (vLLM's name)");
+  vllm_kv_usage_ = gauge("vllm:kv_cache_usage_perc",
+                         "KV cache usage, 1 = full, for the inference gateway (vLLM's name)");
+  vllm_gpu_cache_usage_ = gauge("vllm:gpu_cache_usage_perc",
+                                "KV cache usage, 1 = full (vLLM's older name)");
 }
 
 void WorkerMetrics::RequestFinished(const std::string& code) {

@@ -60,6 +60,14 @@ class WorkerMetrics {
   // The decode worker's prefill endpoints, and how many are usable now.
   void PrefillEndpoints(int total, int usable);
 
+  // Also exports the gauges the Gateway API Inference Extension's endpoint
+  // picker reads from vLLM model servers by default, under vLLM's names
+  // (labelled model_name): vllm:num_requests_waiting, vllm:num_requests_running,
+  // vllm:kv_cache_usage_perc (0-1) and its older name vllm:gpu_cache_usage_perc,
+  // and vllm:cache_config_info{block_size,num_gpu_blocks} = 1. Call before
+  // the engine starts.
+  void ExportGatewayMetrics(const std::string& model_name);
+
   // Serves /metrics on `address` (HOST:PORT, port 0 = any). Returns the bound
   // port, or an error naming the address.
   absl::StatusOr<int> Serve(const std::string& address);
@@ -107,6 +115,13 @@ class WorkerMetrics {
   prometheus::Gauge* prefill_endpoints_usable_ = nullptr;
   prometheus::Gauge* kv_usage_;
   prometheus::Gauge* kv_blocks_;
+  // vLLM's names for the gateway (null unless ExportGatewayMetrics).
+  std::string gateway_model_;
+  prometheus::Gauge* vllm_waiting_ = nullptr;
+  prometheus::Gauge* vllm_running_ = nullptr;
+  prometheus::Gauge* vllm_kv_usage_ = nullptr;
+  prometheus::Gauge* vllm_gpu_cache_usage_ = nullptr;
+  bool cache_config_exported_ = false;  // engine thread
   prometheus::Counter* transfer_bytes_;
   prometheus::Histogram* transfer_seconds_;
 

@@ -240,15 +240,16 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t
 }
 
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
-                        std::chrono::milliseconds deadline) {
+                        std::chrono::milliseconds deadline, const Metadata& metadata) {
   auto stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  return Generate(stub.get(), request, deadline);
+  return Generate(stub.get(), request, deadline, metadata);
 }
 
 GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& request,
-                        std::chrono::milliseconds deadline) {
+                        std::chrono::milliseconds deadline, const Metadata& metadata) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  for (const auto& [k, v] : metadata) ctx.AddMetadata(k, v);
   auto reader = stub->Generate(&ctx, request);
   GenerateResult result;
   v1::GenerateResponse resp;

@@ -102,11 +102,14 @@ struct GenerateResult {
 
 v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,
                                 uint32_t max_tokens);
+using Metadata = std::vector<std::pair<std::string, std::string>>;
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
-                        std::chrono::milliseconds deadline = std::chrono::seconds(60));
+                        std::chrono::milliseconds deadline = std::chrono::seconds(60),
+                        const Metadata& metadata = {});
 // The same over an existing stub (its channel's connections are reused).
 GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& request,
-                        std::chrono::milliseconds deadline = std::chrono::seconds(60));
+                        std::chrono::milliseconds deadline = std::chrono::seconds(60),
+                        const Metadata& metadata = {});
 
 }  // namespace tandem::testing
 

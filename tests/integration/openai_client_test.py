@@ -171,6 +171,14 @@ def main():
         assert metric(dm, "tandem_kv_cache_blocks_in_use") == 0, "KV blocks still held after a disconnect"
         passed += 1
 
+        # What the Gateway API Inference Extension's endpoint picker scrapes.
+        _, text = http_get(f"http://127.0.0.1:{dm}/metrics")
+        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                     "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            assert re.search(rf'^{name}{{model_name="smollm2"}} 0(\.0+)?$', text, re.M), (name, text)
+        assert re.search(r'^vllm:cache_config_info{.*block_size="\d+".*} 1$', text, re.M), text
+        passed += 1
+
         # Concurrent streams: every one completes with its own tokens.
         results = [None] * 24
         def run(i):

@@ -151,6 +151,29 @@ TEST_F(PrefillModesTest, FallbackPrefillsLocallyWhenThePrefillWorkerIsKilled) {
   StopWorker(decode);
 }
 
+// A gateway (llm-d's P/D routing) names the prefill worker per request in
+// x-prefiller-host-port: honoured even when the configured pool is
+// unreachable; without it the pool is used; a malformed one is refused.
+TEST_F(PrefillModesTest, GatewayChosenPrefillWorkerIsHonoured) {
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1"});
+  const auto prompts = Prompts();
+  GenerateResult chosen = Generate(decode.address(), MakeRequest("gw-1", prompts[5], kMaxTokens),
+                                   std::chrono::seconds(60),
+                                   {{"x-prefiller-host-port", prefill_->address()}});
+  ASSERT_TRUE(chosen.status.ok()) << chosen.status.error_message();
+  EXPECT_EQ(chosen.tokens, (*expected_)[5]);
+  GenerateResult pool = Generate(decode.address(), MakeRequest("gw-2", prompts[5], kMaxTokens),
+                                 std::chrono::seconds(30));
+  EXPECT_EQ(pool.status.error_code(), grpc::StatusCode::UNAVAILABLE) << pool.status.error_message();
+  GenerateResult bad = Generate(decode.address(), MakeRequest("gw-3", prompts[5], kMaxTokens),
+                                std::chrono::seconds(30), {{"x-prefiller-host-port", "no port"}});
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad.status.error_message().find("x-prefiller-host-port"), std::string::npos)
+      << bad.status.error_message();
+  ExpectNoBlockInUse(decode);
+  StopWorker(decode);
+}
+
 TEST(PrefillModesFlagsTest, BadPrefillFlagsExitTwo) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--prefill=remote"}, {"--prefill=elsewhere"},
