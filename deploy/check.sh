@@ -30,10 +30,11 @@ promtool check rules deploy/prometheus/alerts.yml
 kubectl kustomize deploy/k8s/base >"$WORK/base.yaml"
 kubectl kustomize deploy/k8s/overlays/gpu >"$WORK/gpu.yaml"
 kubectl kustomize deploy/k8s/overlays/tls >"$WORK/tls.yaml"
+kubectl kustomize deploy/k8s/overlays/gateway >"$WORK/gateway.yaml"
 grep -q "clusterIP: None" "$WORK/base.yaml"
 grep -q "nvidia.com/gpu: 1" "$WORK/gpu.yaml"
 grep -q -- "DEVICE: cuda" "$WORK/gpu.yaml"
-echo "kustomize: base, gpu and tls overlays render"
+echo "kustomize: base, gpu, tls and gateway overlays render"
 
 # Every rendered object against the Kubernetes API's schemas, offline
 # (kubernetes-validate from PyPI carries them; strict: unknown fields fail).
@@ -46,10 +47,39 @@ if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
 fi
 rc=0
 out=$("$VENV/bin/kubernetes-validate" --strict --quiet --kubernetes-version 1.30.0 \
-        "$WORK/base.yaml" "$WORK/gpu.yaml" "$WORK/tls.yaml" 2>&1) || rc=$?
-grep -v "kind PodMonitor" <<<"$out" >&2 || true
+        "$WORK/base.yaml" "$WORK/gpu.yaml" "$WORK/tls.yaml" "$WORK/gateway.yaml" 2>&1) || rc=$?
+# CRDs without schemas there: the PodMonitor, and the gateway overlay's
+# InferencePool and HTTPRoute (checked against the decode pods below).
+grep -v -E "kind (PodMonitor|InferencePool|HTTPRoute)" <<<"$out" >&2 || true
 [ "$rc" -eq 0 ] || exit 1
 echo "kubernetes-validate: every object valid against Kubernetes 1.30's schemas"
+
+# The gateway overlay: the InferencePool selects the decode pods, on the
+# port their OpenAI API listens on, and names the EPP's Service and port; the
+# HTTPRoute sends to the pool.
+/usr/bin/python3 - "$WORK/gateway.yaml" <<'PY'
+import re, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+by = lambda kind, name: next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+pool = by("InferencePool", "tandem")
+decode = by("Deployment", "tandem-decode")
+labels = decode["spec"]["template"]["metadata"]["labels"]
+for k, v in pool["spec"]["selector"]["matchLabels"].items():
+    assert labels.get(k) == v, f"InferencePool selector {k}={v} does not select the decode pods {labels}"
+args = decode["spec"]["template"]["spec"]["containers"][0]["args"]
+http = [int(m.group(1)) for a in args for m in [re.fullmatch(r"--http-address=[^:]*:(\d+)", a)] if m]
+assert [p["number"] for p in pool["spec"]["targetPorts"]] == http, (pool["spec"]["targetPorts"], http)
+ref = pool["spec"]["endpointPickerRef"]
+svc = by("Service", ref["name"])
+assert ref["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]], (ref, svc["spec"]["ports"])
+epp = by("Deployment", ref["name"])
+assert svc["spec"]["selector"].items() <= epp["spec"]["template"]["metadata"]["labels"].items()
+assert f"--pool-name={pool['metadata']['name']}" in epp["spec"]["template"]["spec"]["containers"][0]["args"]
+route = by("HTTPRoute", "tandem")
+assert route["spec"]["rules"][0]["backendRefs"][0] == {
+    "group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "tandem"}
+print("gateway: the InferencePool selects the decode pods' OpenAI port and names its EPP")
+PY
 
 # Each pod's grace period covers its worker's drain, plus 10 s to exit.
 /usr/bin/python3 - "$WORK/base.yaml" <<'PY'
@@ -91,7 +121,7 @@ free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("12
 export TANDEM_LOCAL_DIR=$WORK/local TANDEM_BIN_DIR=$BIN
 export TANDEM_PREFILL_PORT=$(free_port) TANDEM_DECODE_PORT=$(free_port)
 export TANDEM_PREFILL_METRICS_PORT=$(free_port) TANDEM_DECODE_METRICS_PORT=$(free_port)
-export TANDEM_PROMETHEUS_PORT=$(free_port)
+export TANDEM_PROMETHEUS_PORT=$(free_port) TANDEM_HTTP_PORT=$(free_port)
 deploy/local/up.sh >/dev/null
 "$BIN/tandem" generate --address=127.0.0.1:$TANDEM_DECODE_PORT --prompt-token-ids=1,2,3 \
   --max-tokens=4 >/dev/null

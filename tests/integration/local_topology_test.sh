@@ -9,7 +9,7 @@ WORK=$(mktemp -d)
 export TANDEM_LOCAL_DIR=$WORK TANDEM_BIN_DIR=$BIN
 trap '"$ROOT/deploy/local/down.sh"; rm -rf "$WORK"' EXIT
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-export TANDEM_PREFILL_PORT=$(free_port) TANDEM_DECODE_PORT=$(free_port)
+export TANDEM_PREFILL_PORT=$(free_port) TANDEM_DECODE_PORT=$(free_port) TANDEM_HTTP_PORT=$(free_port)
 export TANDEM_PREFILL_METRICS_PORT=$(free_port) TANDEM_DECODE_METRICS_PORT=$(free_port)
 export TANDEM_PROMETHEUS_PORT=$(free_port)
 "$ROOT/deploy/local/up.sh"
