@@ -235,6 +235,22 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   return writer.get();
 }
 
+grpc::ServerUnaryReactor* DecodeServiceImpl::ModelInfo(grpc::CallbackServerContext* context,
+                                                       const v1::ModelInfoRequest* /*request*/,
+                                                       v1::ModelInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EngineClient* client = client_.load();
+  if (client == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+    return reactor;
+  }
+  response->set_model(options_.served_model_name);
+  response->set_max_model_len(static_cast<uint32_t>(client->max_model_len()));
+  response->set_vocab_size(static_cast<uint32_t>(client->model_config().vocab_size));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 void DecodeServiceImpl::OnOutput(const std::shared_ptr<GenerateCall>& call,
                                  const RequestOutput& o) {
   if (call->done.load()) return;

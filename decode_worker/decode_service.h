@@ -73,6 +73,7 @@ struct DecodeOptions {
   int max_waiting = 256;                      // requests queued for KV blocks
   int max_stop_strings = 16;                  // SamplingParams.stop entries
   int max_stop_string_bytes = 256;            // bytes of one stop string
+  std::string served_model_name;              // ModelInfo's model
   // A prefill's budget: this plus prefill_timeout_per_token per token.
   absl::Duration prefill_timeout = absl::Seconds(60);
   absl::Duration prefill_timeout_per_token = absl::Milliseconds(10);
@@ -95,6 +96,9 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* context,
+                                      const v1::ModelInfoRequest* request,
+                                      v1::ModelInfoResponse* response) override;
 
  private:
   // Engine thread (the request's output callback).

@@ -270,6 +270,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     std::string model;
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
+    bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   };
 
   // Deletes itself when the call ends.
@@ -343,6 +344,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       completion_tokens_ = m.usage().completion_tokens();
     }
     text_ += m.text();
+    token_ids_.insert(token_ids_.end(), m.token_ids().begin(), m.token_ids().end());
     if (!spec_.stream || holding()) return;
     if (!started_) {
       started_ = true;
@@ -357,10 +359,18 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       }
       if (!spec_.echo.empty()) WriteDelta(spec_.echo);
     }
-    if (!m.text().empty()) WriteDelta(m.text());
+    // A chunk per message that carries tokens, even when their text is not
+    // out yet (an incomplete character; a model without a tokenizer): the
+    // client sees every step. Its token ids go with it on request (vLLM's
+    // return_token_ids) or when there is no text.
+    if (!m.text().empty() || m.token_ids_size() > 0) {
+      std::vector<int32_t> ids;
+      if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
+      WriteDelta(m.text(), ids);
+    }
   }
 
-  void WriteDelta(const std::string& text) {
+  void WriteDelta(const std::string& text, const std::vector<int32_t>& token_ids = {}) {
     Json chunk = Envelope(true);
     Json choice = {{"index", 0}};
     if (spec_.chat) {
@@ -368,6 +378,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     } else {
       choice["text"] = text;
     }
+    if (!token_ids.empty()) choice["token_ids"] = token_ids;
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = nullptr;
     chunk["choices"] = Json::array({choice});
@@ -405,6 +416,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     } else {
       choice["text"] = spec_.echo + text_;
     }
+    if (spec_.return_token_ids) choice["token_ids"] = token_ids_;
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = finish;
     body["choices"] = Json::array({choice});
@@ -465,6 +477,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   // gRPC's callbacks for one call do not overlap: no lock needed.
   bool started_ = false;
   std::string text_;
+  std::vector<int32_t> token_ids_;
   std::string finish_ = "stop";
   uint32_t prompt_tokens_ = 0, completion_tokens_ = 0;
 };
@@ -700,6 +713,9 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
                !(body.contains("tool_choice") && body["tool_choice"] == "none");
   if (auto e = ParseCommon(body, chat, default_max, max_len, &req, &spec.stream, &spec.include_usage)) {
+    return SendError(*stream, *e);
+  }
+  if (auto e = Fields(body).Bool("return_token_ids", &spec.return_token_ids)) {
     return SendError(*stream, *e);
   }
   if (!chat) {

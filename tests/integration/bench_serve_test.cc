@@ -139,9 +139,50 @@ TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
     EXPECT_EQ(Bench(flags, &log), 2) << bad[0] << "\n" << log;
     EXPECT_NE(log.find(bad[0].substr(0, bad[0].find('='))), std::string::npos) << log;
   }
-  // The random dataset needs a vocabulary.
-  EXPECT_EQ(Bench({"--address=" + decode.address()}, &log), 2);
-  EXPECT_NE(log.find("--vocab-size"), std::string::npos) << log;
+  // Without --vocab-size or --model the vocabulary comes from the server (ModelInfo).
+  EXPECT_EQ(Bench({"--address=" + decode.address(), "--num-prompts=2", "--input-len=4",
+                   "--output-len=2"},
+                  &log),
+            0)
+      << log;
+  compact = log;
+  compact.erase(std::remove(compact.begin(), compact.end(), ' '), compact.end());
+  EXPECT_NE(compact.find("Successfulrequests:2\n"), std::string::npos) << log;
+  EXPECT_EQ(Bench({"--backend=grpc", "--address=" + decode.address()}, &log), 2);
+  EXPECT_NE(log.find("--backend='grpc'"), std::string::npos) << log;
+}
+
+// The same load through the decode worker's OpenAI API (/v1/completions,
+// streamed): every request completes with its max_tokens, the vocabulary
+// taken from /v1/models.
+TEST_F(BenchServeTest, OpenAiBackendAgainstTheHttpApi) {
+  Worker decode = StartWorker("decode_worker", {});
+  const int http_port = PortAfter(decode.process->Log(), "OpenAI API on http://");
+  ASSERT_GT(http_port, 0) << decode.process->Log();
+  const std::string json_path = ::testing::TempDir() + "/bench_serve_openai.json";
+  std::string log;
+  ASSERT_EQ(Bench({"--backend=openai", "--base-url=http://127.0.0.1:" + std::to_string(http_port) + "/v1",
+                   "--num-prompts=10", "--max-concurrency=5", "--input-len=20", "--output-len=5",
+                   "--json=" + json_path},
+                  &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("(openai, model synthetic"), std::string::npos) << log;
+  std::ifstream in(json_path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["summary"]["completed"], 10);
+  for (const auto& r : j["requests"]) {
+    EXPECT_EQ(r["status"], "OK") << r["error"];
+    EXPECT_EQ(r["input_tokens"], 20);
+    EXPECT_EQ(r["output_tokens"], 5);
+    EXPECT_GT(r["ttft_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(decode.Metric("tandem_requests_total", {{"status", "OK"}}), 10);
+  // Chat needs text: random ids without a tokenizer are refused, naming what to give.
+  EXPECT_EQ(Bench({"--backend=openai-chat", "--base-url=http://127.0.0.1:" + std::to_string(http_port)},
+                  &log),
+            2);
+  EXPECT_NE(log.find("--dataset=prompts"), std::string::npos) << log;
 }
 
 }  // namespace
