@@ -8,6 +8,7 @@
 #include "common/base/mutex.h"
 #include "common/serving/status_convert.h"
 #include "decode_worker/decode_service.h"
+#include "decode_worker/tool_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -201,55 +202,6 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   return std::nullopt;
 }
 
-// Tool calls in generated text: Hermes / Qwen `<tool_call>{json}</tool_call>`
-// blocks, or a whole reply that is one JSON call (Llama 3.x). Returns the
-// calls in OpenAI's shape and the text outside them.
-Json ParseToolCalls(const std::string& text, std::string* rest) {
-  Json calls = Json::array();
-  auto add = [&](const Json& call) {
-    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return false;
-    Json args = call.contains("arguments") ? call["arguments"]
-                : call.contains("parameters") ? call["parameters"] : Json::object();
-    calls.push_back({{"id", "call_" + RandomHex(24)},
-                     {"type", "function"},
-                     {"function", {{"name", call["name"]},
-                                   {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}});
-    return true;
-  };
-  *rest = text;
-  const std::string open = "<tool_call>", close = "</tool_call>";
-  if (text.find(open) != std::string::npos) {
-    std::string outside;
-    size_t pos = 0;
-    while (true) {
-      const size_t a = text.find(open, pos);
-      if (a == std::string::npos) break;
-      const size_t b = text.find(close, a);
-      const std::string inner = text.substr(a + open.size(), (b == std::string::npos ? text.size() : b) - a - open.size());
-      const Json call = Json::parse(inner, nullptr, false);
-      if (call.is_discarded() || !add(call)) return Json::array();  // not a call after all
-      outside += text.substr(pos, a - pos);
-      if (b == std::string::npos) {
-        pos = text.size();
-        break;
-      }
-      pos = b + close.size();
-    }
-    outside += text.substr(std::min(pos, text.size()));
-    *rest = outside;
-    return calls;
-  }
-  const size_t first = text.find_first_not_of(" \t\n\r");
-  if (first != std::string::npos && text[first] == '{') {
-    const Json call = Json::parse(text.substr(first), nullptr, false);
-    if (!call.is_discarded() && (call.contains("parameters") || call.contains("arguments")) && add(call)) {
-      rest->clear();
-      return calls;
-    }
-  }
-  return Json::array();
-}
-
 std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\n\r");
   if (b == std::string::npos) return "";
@@ -321,7 +273,10 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   CompletionCall(v1::GenerateRequest request, Spec spec, std::shared_ptr<HttpServer::Stream> http)
       : request_(std::move(request)), spec_(std::move(spec)), http_(std::move(http)),
         guard_(std::make_shared<Guard>()) {
-    guard_->call = this;
+    {
+      MutexLock lock(&guard_->mu);
+      guard_->call = this;
+    }
     id_ = absl::StrCat(spec_.chat ? "chatcmpl-" : "cmpl-", request_.request_id());
   }
 
@@ -395,7 +350,8 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   Json Message(std::string* finish) const {
     Json message = {{"role", "assistant"}};
     std::string rest;
-    Json calls = spec_.tools ? ParseToolCalls(text_, &rest) : Json::array();
+    Json calls = spec_.tools ? ParseToolCalls(text_, &rest, [] { return "call_" + RandomHex(24); })
+                             : Json::array();
     if (!calls.empty()) {
       const std::string content = Trim(rest);
       message["content"] = content.empty() ? Json(nullptr) : Json(content);

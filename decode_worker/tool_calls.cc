@@ -1,0 +1,55 @@
+#include "decode_worker/tool_calls.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
+                                      const std::function<std::string()>& new_id) {
+  using Json = nlohmann::ordered_json;
+  Json calls = Json::array();
+  auto add = [&](const Json& call) {
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return false;
+    Json args = call.contains("arguments") ? call["arguments"]
+                : call.contains("parameters") ? call["parameters"] : Json::object();
+    calls.push_back({{"id", new_id()},
+                     {"type", "function"},
+                     {"function", {{"name", call["name"]},
+                                   {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}});
+    return true;
+  };
+  *rest = text;
+  const std::string open = "<tool_call>", close = "</tool_call>";
+  if (text.find(open) != std::string::npos) {
+    std::string outside;
+    size_t pos = 0;
+    while (true) {
+      const size_t a = text.find(open, pos);
+      if (a == std::string::npos) break;
+      const size_t b = text.find(close, a);
+      const std::string inner = text.substr(a + open.size(), (b == std::string::npos ? text.size() : b) - a - open.size());
+      const Json call = Json::parse(inner, nullptr, false);
+      if (call.is_discarded() || !add(call)) return Json::array();  // not a call after all
+      outside += text.substr(pos, a - pos);
+      if (b == std::string::npos) {
+        pos = text.size();
+        break;
+      }
+      pos = b + close.size();
+    }
+    outside += text.substr(std::min(pos, text.size()));
+    *rest = outside;
+    return calls;
+  }
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  if (first != std::string::npos && text[first] == '{') {
+    const Json call = Json::parse(text.substr(first), nullptr, false);
+    if (!call.is_discarded() && (call.contains("parameters") || call.contains("arguments")) && add(call)) {
+      rest->clear();
+      return calls;
+    }
+  }
+  return Json::array();
+}
+
+}  // namespace tandem
