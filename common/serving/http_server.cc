@@ -114,6 +114,10 @@ class StreamImpl final : public HttpServer::Stream, public std::enable_shared_fr
   // Loop thread: the client went away (its connection is being freed).
   void Closed() {
     if (req_ == nullptr) return;
+    // A request whose reply was under way when the peer closed is detached
+    // from its connection (libevent's incoming-failure path) and left for
+    // us to free; one still attached goes with the connection.
+    if (evhttp_request_get_connection(req_) == nullptr) evhttp_request_free(req_);
     req_ = nullptr;
     if (on_close_) {
       std::function<void()> cb = std::move(on_close_);
