@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <mutex>
 
 #include "absl/strings/match.h"
@@ -156,8 +157,11 @@ class OpenAiBackend final : public BenchBackend {
     Stream stream{&r, Timer(&r, bench_start), chat_, {}, {}, {}};
     CURL* curl = curl_easy_init();
     curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-    headers = curl_slist_append(headers,
-                                absl::StrCat("X-Request-Id: bench-", getpid(), "-", index).c_str());
+    // A UUID: some servers (llama-cpp-python's) refuse any other X-Request-Id.
+    char id[64];
+    std::snprintf(id, sizeof(id), "X-Request-Id: %08x-0000-4000-8000-%012x",
+                  static_cast<unsigned>(getpid()), static_cast<unsigned>(index));
+    headers = curl_slist_append(headers, id);
     const std::string url = o_.base_url + (chat_ ? "/v1/chat/completions" : "/v1/completions");
     curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
