@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libicu-dev libhwy-dev libevent-dev
+  libcurl4-openssl-dev  # tandem bench serve's OpenAI backends
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   prometheus python3-grpcio python3-grpc-tools
