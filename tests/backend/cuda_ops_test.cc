@@ -218,6 +218,30 @@ TEST_P(CudaOpsTest, MatmulIncludingF32Logits) {
   rig_->ExpectClose(logits, "f32 logits", Tolerance(rig_->dtype()) / 4 + 1e-4f);
 }
 
+// Decode's matmuls (up to kMaxGemvRows rows) take the weight-streaming
+// kernel, larger batches and unaligned widths cuBLAS: every row count on
+// both sides of the switch, widths that fill and that do not fill a group's
+// vectors, an odd number of output rows, and f32 logits.
+TEST_P(CudaOpsTest, SmallBatchMatmulEveryRowCount) {
+  for (int64_t k : {576, 2048, 72, 100}) {
+    auto x = rig_->Random({10, k}, -1, 1);
+    for (int64_t big_n : {37, 1536}) {
+      auto w = rig_->Random({big_n, k}, -0.05f, 0.05f);
+      for (int64_t m = 1; m <= 10; ++m) {
+        SCOPED_TRACE(testing::Message() << "m " << m << " n " << big_n << " k " << k);
+        auto out = rig_->Zeros({m, big_n});
+        rig_->cpu()->Matmul(x.cpu.Rows(m), w.cpu, out.cpu);
+        rig_->gpu()->Matmul(x.gpu.Rows(m), w.gpu, out.gpu);
+        rig_->ExpectClose(out, "matmul");
+        auto logits = rig_->Zeros({m, big_n}, DType::kF32);
+        rig_->cpu()->Matmul(x.cpu.Rows(m), w.cpu, logits.cpu);
+        rig_->gpu()->Matmul(x.gpu.Rows(m), w.gpu, logits.gpu);
+        rig_->ExpectClose(logits, "f32 logits", Tolerance(rig_->dtype()) / 4 + 1e-4f);
+      }
+    }
+  }
+}
+
 TEST_P(CudaOpsTest, SiluMulAndGatherRows) {
   auto gate_up = rig_->Random({6, 256}, -4, 4);
   auto act = rig_->Zeros({6, 128});

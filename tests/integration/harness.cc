@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -22,7 +23,12 @@
 
 namespace tandem::testing {
 
-std::string BinDir() { return TANDEM_BIN_DIR; }
+// TANDEM_BIN_DIR in the environment points the tests at executables moved
+// away from the build tree (benchmarks/gpu/run.sh on a GPU host).
+std::string BinDir() {
+  const char* env = std::getenv("TANDEM_BIN_DIR");
+  return env != nullptr && *env != '\0' ? env : TANDEM_BIN_DIR;
+}
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

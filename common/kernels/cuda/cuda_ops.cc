@@ -143,6 +143,15 @@ class CudaOps : public Ops {
     CheckDType(x);
     CheckDType(w);
     if (n == 0) return;
+    if (k::GemvFits(s_, x.data, w.data, n, kdim)) {
+      TANDEM_CHECK(out.dtype == dtype_ || out.dtype == DType::kF32) << out.ShapeString();
+      Record([&]() -> absl::Status {
+        TANDEM_CUDA_CHECK(k::Gemv(s_, x.data, w.data, out.data, out.dtype != dtype_, n, big_n,
+                                  kdim, raw()));
+        return absl::OkStatus();
+      }());
+      return;
+    }
     // Row-major out[n, N] = x[n, K] w[N, K]^T is column-major
     // out^T[N, n] = w^T[N, K] x^T[K, n]: A = w (transposed), B = x.
     const float alpha = 1.f, beta = 0.f;

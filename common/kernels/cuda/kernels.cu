@@ -4,6 +4,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 
 #include "common/kernels/cuda/kernels.h"
 
@@ -69,13 +70,51 @@ cudaError_t Dispatch(Storage s, F f) {
 
 // --- elementwise / row ops ---------------------------------------------------
 
+// The elements of one 16-byte vector, widened to f32.
 template <typename T>
-__global__ void EmbeddingKernel(const int32_t* ids, const T* table, int64_t vocab, int64_t hidden,
-                                T* out) {
+__device__ __forceinline__ void Widen(const uint4& raw, float* out) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) out[i] = ToF(e[i]);
+}
+
+// 16 bytes of T rounded from f32.
+template <typename T>
+__device__ __forceinline__ uint4 Narrow(const float* in) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) e[i] = FromF<T>(in[i]);
+  return raw;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+
+// out[i, :] = src[row, :] with row = indices[i], clamped to [0, rows) when
+// rows > 0. V is the unit copied: uint4 (16 bytes) where the rows allow it,
+// else the element type. __restrict__ lets each thread's loads all be in
+// flight before its stores (a row of a few KB is then one round trip).
+template <typename V>
+__global__ void GatherKernel(const V* __restrict__ src, const int32_t* __restrict__ indices,
+                             int64_t rows, int64_t width, V* __restrict__ out) {
   const int64_t i = blockIdx.x;
-  int64_t row = ids[i];
-  row = row < 0 ? 0 : (row >= vocab ? vocab - 1 : row);
-  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) out[i * hidden + j] = table[row * hidden + j];
+  int64_t row = indices[i];
+  if (rows > 0) row = row < 0 ? 0 : (row >= rows ? rows - 1 : row);
+  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) out[i * width + j] = src[row * width + j];
+}
+
+template <typename T>
+void LaunchGather(const void* src, const int32_t* indices, int64_t rows, int64_t width, void* out,
+                  int64_t n, cudaStream_t stream) {
+  constexpr int64_t kPerVec = 16 / sizeof(T);
+  if (width % kPerVec == 0 && Aligned16(src) && Aligned16(out)) {
+    GatherKernel<uint4><<<n, kThreads, 0, stream>>>(static_cast<const uint4*>(src), indices, rows,
+                                                    width / kPerVec, static_cast<uint4*>(out));
+  } else {
+    GatherKernel<T><<<n, kThreads, 0, stream>>>(static_cast<const T*>(src), indices, rows, width,
+                                                static_cast<T*>(out));
+  }
 }
 
 template <typename T, bool kAdd>
@@ -99,21 +138,93 @@ __global__ void RmsNormKernel(const T* x, T* residual, const T* weight, float ep
   }
 }
 
+// RmsNormKernel for rows of whole 16-byte vectors, at most
+// kThreads * kNormVecs of them: each thread keeps its vectors in registers
+// from the sum to the scaling, so x and the residual are read once and every
+// load of a row is in flight at once (the scalar loop above waits on each
+// element's load in turn when x and residual may alias).
+constexpr int kNormVecs = 4;
+
+template <typename T, bool kAdd>
+__global__ void RmsNormVecKernel(const T* __restrict__ x, T* __restrict__ residual,
+                                 const T* __restrict__ weight, float eps, int64_t hidden,
+                                 T* __restrict__ out) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t vecs = hidden / kVec;
+  const int64_t base = blockIdx.x * vecs;
+  const uint4* xv = reinterpret_cast<const uint4*>(x) + base;
+  uint4* rv = reinterpret_cast<uint4*>(residual) + base;
+  float v[kNormVecs][kVec];
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < kNormVecs; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= vecs) break;
+    Widen<T>(xv[i], v[c]);
+    if (kAdd) {
+      float r[kVec];
+      Widen<T>(rv[i], r);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) r[e] += v[c][e];
+      const uint4 rounded = Narrow<T>(r);
+      rv[i] = rounded;
+      Widen<T>(rounded, v[c]);
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) sum += v[c][e] * v[c][e];
+  }
+  const float inv = rsqrtf(BlockSum(sum) / static_cast<float>(hidden) + eps);
+  const uint4* wv = reinterpret_cast<const uint4*>(weight);
+  uint4* ov = reinterpret_cast<uint4*>(out) + base;
+#pragma unroll
+  for (int c = 0; c < kNormVecs; ++c) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(c) * blockDim.x;
+    if (i >= vecs) break;
+    float w[kVec];
+    Widen<T>(wv[i], w);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) w[e] *= v[c][e] * inv;
+    ov[i] = Narrow<T>(w);
+  }
+}
+
+// One block per row: the row's cos/sin are computed once per frequency
+// (sincosf, full precision: positions reach 1e5 rad), then each thread
+// rotates up to kRopePairs pairs, loading them all before it stores any.
+constexpr int kRopePairs = 8;
+
 template <typename T>
 __global__ void RopeKernel(const int32_t* positions, T* qkv, int64_t row_stride,
                            const float* inv_freq, int heads, int head_dim) {
+  __shared__ float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
   const int64_t i = blockIdx.x;
   const int half = head_dim / 2;
   const float p = static_cast<float>(positions[i]);
+  for (int f = threadIdx.x; f < half; f += blockDim.x) sincosf(p * inv_freq[f], &sn[f], &cs[f]);
+  __syncthreads();
   T* row = qkv + i * row_stride;
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-    const int h = idx / half, f = idx % half;
-    float s, c;
-    sincosf(p * inv_freq[f], &s, &c);
-    T* x = row + h * head_dim;
-    const float a = ToF(x[f]), b = ToF(x[f + half]);
-    x[f] = FromF<T>(a * c - b * s);
-    x[f + half] = FromF<T>(b * c + a * s);
+  const int pairs = heads * half;
+  for (int first = 0; first < pairs; first += kRopePairs * blockDim.x) {
+    float a[kRopePairs], b[kRopePairs];
+#pragma unroll
+    for (int c = 0; c < kRopePairs; ++c) {
+      const int idx = first + c * blockDim.x + threadIdx.x;
+      if (idx < pairs) {
+        const T* x = row + (idx / half) * head_dim + idx % half;
+        a[c] = ToF(x[0]);
+        b[c] = ToF(x[half]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kRopePairs; ++c) {
+      const int idx = first + c * blockDim.x + threadIdx.x;
+      if (idx < pairs) {
+        const int f = idx % half;
+        T* x = row + (idx / half) * head_dim + f;
+        x[0] = FromF<T>(a[c] * cs[f] - b[c] * sn[f]);
+        x[half] = FromF<T>(b[c] * cs[f] + a[c] * sn[f]);
+      }
+    }
   }
 }
 
@@ -150,29 +261,137 @@ __global__ void SiluMulKernel(const T* gate_up, int64_t inter, T* out, int64_t t
   out[k] = FromF<T>(g / (1.f + expf(-g)) * u);
 }
 
-template <typename T>
-__global__ void GatherRowsKernel(const T* src, const int32_t* indices, int64_t width, T* out) {
-  const int64_t i = blockIdx.x;
-  const int64_t from = indices[i];
-  for (int64_t j = threadIdx.x; j < width; j += blockDim.x) out[i * width + j] = src[from * width + j];
+// --- small-batch matmul -------------------------------------------------------
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGemvRowsPerGroup = 2;  // weight rows a thread group streams side by side
+
+// Each group of `group_warps` warps owns kGemvRowsPerGroup consecutive weight
+// rows; its threads take the rows' 16-byte vectors in turn (consecutive
+// threads, consecutive vectors: coalesced), multiply each against the same
+// vector of every row of x (read through L1: x is small and shared by all
+// blocks), and the group's partial sums meet in shared memory. The weights
+// are loaded with the streaming hint: they are read once per step.
+template <typename T, typename TOut, int M>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvKernel(const T* __restrict__ x, const T* __restrict__ w, TOut* __restrict__ out, int m,
+               int64_t n, int64_t k, int group_warps) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kRows = kGemvRowsPerGroup;
+  __shared__ float partial[kGemvWarps][kRows * M];
+  const int64_t vecs = k / kVec;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups = kGemvWarps / group_warps;
+  const int group = warp / group_warps;
+  const int group_threads = group_warps * 32;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * groups + group) * kRows;
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float acc[kRows][M];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
+  }
+#pragma unroll 2
+  for (int64_t v = (warp % group_warps) * 32 + lane; v < vecs; v += group_threads) {
+    float wf[kRows][kVec];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint4 raw = row0 + r < n ? __ldcs(wv + (row0 + r) * vecs + v) : make_uint4(0, 0, 0, 0);
+      Widen<T>(raw, wf[r]);
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      if (i >= m) break;
+      float xf[kVec];
+      Widen<T>(__ldg(xv + i * vecs + v), xf);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[r][i] = fmaf(wf[r][e], xf[e], acc[r][i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float sum = WarpSum(acc[r][i]);
+      if (lane == 0) partial[warp][r * M + i] = sum;
+    }
+  }
+  __syncthreads();
+  constexpr int kPer = kRows * M;
+  if (static_cast<int>(threadIdx.x) < groups * kPer) {
+    const int g = threadIdx.x / kPer, idx = threadIdx.x % kPer;
+    const int r = idx / M, i = idx % M;
+    float sum = 0.f;
+    for (int j = 0; j < group_warps; ++j) sum += partial[g * group_warps + j][idx];
+    const int64_t row = (static_cast<int64_t>(blockIdx.x) * groups + g) * kRows + r;
+    if (row < n && i < m) out[i * n + row] = FromF<TOut>(sum);
+  }
+}
+
+int MultiprocessorCount() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return count;
+}
+
+template <typename T, typename TOut, int M>
+void LaunchGemv(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
+                cudaStream_t stream) {
+  const int64_t vecs = k / (16 / sizeof(T));
+  // Warps per row group: about four vectors per thread, then more warps per
+  // row (fewer rows per block) while the grid would leave SMs idle.
+  int group_warps = 1;
+  while (group_warps < kGemvWarps && vecs >= 2 * 32 * 4 * group_warps) group_warps *= 2;
+  auto blocks = [&](int gw) {
+    const int64_t rows = static_cast<int64_t>(kGemvWarps / gw) * kGemvRowsPerGroup;
+    return (n + rows - 1) / rows;
+  };
+  while (group_warps < kGemvWarps && blocks(group_warps) < 2 * MultiprocessorCount() &&
+         vecs >= 64 * group_warps) {
+    group_warps *= 2;
+  }
+  GemvKernel<T, TOut, M><<<static_cast<unsigned>(blocks(group_warps)), kGemvThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<TOut*>(out),
+      static_cast<int>(m), n, k, group_warps);
+}
+
+template <typename T, typename TOut>
+void LaunchGemvRows(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
+                    cudaStream_t stream) {
+  if (m <= 1) return LaunchGemv<T, TOut, 1>(x, w, out, m, n, k, stream);
+  if (m <= 2) return LaunchGemv<T, TOut, 2>(x, w, out, m, n, k, stream);
+  static_assert(kMaxGemvRows == 4, "one instantiation per row count up to kMaxGemvRows");
+  LaunchGemv<T, TOut, 4>(x, w, out, m, n, k, stream);
 }
 
 // --- paged attention -----------------------------------------------------------
 
-template <typename T>
-__global__ void WriteKvKernel(PagedAttentionArgs a) {
+// V: uint4 when the rows are whole 16-byte vectors (see WriteKvCache), else
+// the element type; `kv_row` and `row` count units of V.
+template <typename V>
+__global__ void WriteKvKernel(const V* __restrict__ qkv, V* __restrict__ k_cache,
+                              V* __restrict__ v_cache, const int32_t* __restrict__ slot_mapping,
+                              int64_t row, int64_t k_offset, int64_t kv_row) {
   const int64_t i = blockIdx.x;
-  const int32_t slot = a.slot_mapping[i];
+  const int32_t slot = slot_mapping[i];
   if (slot < 0) return;
-  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
-  const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim;
-  const T* k = static_cast<const T*>(a.qkv) + i * row + static_cast<int64_t>(a.num_heads) * a.head_dim;
-  const T* v = k + kv_row;
-  T* kc = static_cast<T*>(a.k_cache) + slot * kv_row;
-  T* vc = static_cast<T*>(a.v_cache) + slot * kv_row;
+  const V* k = qkv + i * row + k_offset;
+  const V* v = k + kv_row;
   for (int64_t j = threadIdx.x; j < kv_row; j += blockDim.x) {
-    kc[j] = k[j];
-    vc[j] = v[j];
+    k_cache[slot * kv_row + j] = k[j];
+    v_cache[slot * kv_row + j] = v[j];
   }
 }
 
@@ -557,9 +776,7 @@ cudaError_t Embedding(Storage s, const int32_t* ids, const void* table, int64_t 
                       int64_t hidden, void* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return Dispatch(s, [&](auto t) {
-    using T = decltype(t);
-    EmbeddingKernel<T><<<n, kThreads, 0, stream>>>(ids, static_cast<const T*>(table), vocab,
-                                                    hidden, static_cast<T*>(out));
+    LaunchGather<decltype(t)>(table, ids, vocab, hidden, out, n, stream);
   });
 }
 
@@ -568,14 +785,22 @@ cudaError_t RmsNorm(Storage s, const void* x, void* residual, const void* weight
   if (n == 0) return cudaSuccess;
   return Dispatch(s, [&](auto t) {
     using T = decltype(t);
-    if (residual != nullptr) {
-      RmsNormKernel<T, true><<<n, kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight), eps,
-          hidden, static_cast<T*>(out));
+    constexpr int64_t kPerVec = 16 / sizeof(T);
+    const bool vec = hidden % kPerVec == 0 && hidden / kPerVec <= kThreads * kNormVecs &&
+                     Aligned16(x) && Aligned16(weight) && Aligned16(out) &&
+                     (residual == nullptr || Aligned16(residual));
+    const T* xt = static_cast<const T*>(x);
+    const T* wt = static_cast<const T*>(weight);
+    T* rt = static_cast<T*>(residual);
+    T* ot = static_cast<T*>(out);
+    if (vec && residual != nullptr) {
+      RmsNormVecKernel<T, true><<<n, kThreads, 0, stream>>>(xt, rt, wt, eps, hidden, ot);
+    } else if (vec) {
+      RmsNormVecKernel<T, false><<<n, kThreads, 0, stream>>>(xt, nullptr, wt, eps, hidden, ot);
+    } else if (residual != nullptr) {
+      RmsNormKernel<T, true><<<n, kThreads, 0, stream>>>(xt, rt, wt, eps, hidden, ot);
     } else {
-      RmsNormKernel<T, false><<<n, kThreads, 0, stream>>>(
-          static_cast<const T*>(x), nullptr, static_cast<const T*>(weight), eps, hidden,
-          static_cast<T*>(out));
+      RmsNormKernel<T, false><<<n, kThreads, 0, stream>>>(xt, nullptr, wt, eps, hidden, ot);
     }
   });
 }
@@ -631,9 +856,26 @@ cudaError_t GatherRows(Storage s, const void* src, const int32_t* indices, int64
                        void* out, int64_t rows, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   return Dispatch(s, [&](auto t) {
+    LaunchGather<decltype(t)>(src, indices, /*rows=*/0, width, out, rows, stream);
+  });
+}
+
+bool GemvFits(Storage s, const void* x, const void* w, int64_t m, int64_t k) {
+  const int64_t elem = s == Storage::kF32 ? 4 : 2;
+  return m >= 1 && m <= kMaxGemvRows && k > 0 && (k * elem) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+cudaError_t Gemv(Storage s, const void* x, const void* w, void* out, bool out_f32, int64_t m,
+                 int64_t n, int64_t k, cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
     using T = decltype(t);
-    GatherRowsKernel<T><<<rows, kThreads, 0, stream>>>(static_cast<const T*>(src), indices, width,
-                                                        static_cast<T*>(out));
+    if (out_f32) {
+      LaunchGemvRows<T, float>(x, w, out, m, n, k, stream);
+    } else {
+      LaunchGemvRows<T, T>(x, w, out, m, n, k, stream);
+    }
   });
 }
 
@@ -641,7 +883,21 @@ cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t st
   if (a.n == 0) return cudaSuccess;
   return Dispatch(s, [&](auto t) {
     using T = decltype(t);
-    WriteKvKernel<T><<<a.n, kAttnThreads, 0, stream>>>(a);
+    const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+    const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim;
+    const int64_t k_offset = static_cast<int64_t>(a.num_heads) * a.head_dim;
+    constexpr int64_t kPerVec = 16 / sizeof(T);
+    if (a.head_dim % kPerVec == 0 && Aligned16(a.qkv) && Aligned16(a.k_cache) &&
+        Aligned16(a.v_cache)) {
+      WriteKvKernel<uint4><<<a.n, kAttnThreads, 0, stream>>>(
+          static_cast<const uint4*>(a.qkv), static_cast<uint4*>(a.k_cache),
+          static_cast<uint4*>(a.v_cache), a.slot_mapping, row / kPerVec, k_offset / kPerVec,
+          kv_row / kPerVec);
+    } else {
+      WriteKvKernel<T><<<a.n, kAttnThreads, 0, stream>>>(
+          static_cast<const T*>(a.qkv), static_cast<T*>(a.k_cache), static_cast<T*>(a.v_cache),
+          a.slot_mapping, row, k_offset, kv_row);
+    }
   });
 }
 

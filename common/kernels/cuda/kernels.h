@@ -52,6 +52,21 @@ cudaError_t SiluMul(Storage s, const void* gate_up, int64_t inter, void* out, in
 cudaError_t GatherRows(Storage s, const void* src, const int32_t* indices, int64_t width,
                        void* out, int64_t rows, cudaStream_t stream);
 
+// Small-batch matmul, out[m, n] = x[m, k] . w[n, k]^T for 1 <= m <=
+// kMaxGemvRows: each weight row is streamed once with 16-byte loads and
+// multiplied against every row of x in registers (cuBLAS picks GEMM tiles
+// for these shapes that read the weights at well under the memory's rate).
+// Measured on an H100 (docs/benchmarks.md): a whole decode step of
+// llama-3.2-1b at batch 1 1.78 -> 1.41 ms, equal at 2 and 4, slower than
+// cuBLAS at 8 (2.26 -> 2.74 ms: eight rows of x per weight vector make the
+// CUDA cores, not memory, the limit), hence at most 4 rows.
+// `out` is the storage type or f32 (`out_f32`, the logits). Needs k a
+// multiple of 16 bytes' elements and 16-byte aligned rows (GemvFits).
+inline constexpr int kMaxGemvRows = 4;
+bool GemvFits(Storage s, const void* x, const void* w, int64_t m, int64_t k);
+cudaError_t Gemv(Storage s, const void* x, const void* w, void* out, bool out_f32, int64_t m,
+                 int64_t n, int64_t k, cudaStream_t stream);
+
 struct PagedAttentionArgs {
   const void* qkv;  // [n, (heads + 2 * kv_heads) * head_dim]
   void* k_cache;    // [blocks, block_size, kv_heads, head_dim]
