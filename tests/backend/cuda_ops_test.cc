@@ -261,17 +261,19 @@ struct AttentionCase {
   std::vector<std::pair<int, int>> reqs;
   int padded_rows;
   bool decode_only;
+  int head_dim = 64;
 };
 
 void RunAttention(Rig* rig, const AttentionCase& c) {
-  const AttentionShape shape{8, 2, 64, 0.125f};
+  const int hd = c.head_dim;
+  const AttentionShape shape{8, 2, hd, 1.f / std::sqrt(static_cast<float>(hd))};
   const int bs = 16, max_seqs = 8, table_width = 128;  // up to 2048 tokens
   const int num_blocks = 600;
-  const int row = (8 + 2 * 2) * 64;
+  const int row = (8 + 2 * 2) * hd;
   auto qkv = rig->Random({c.padded_rows, row}, -1, 1);
   KvLayer cpu_kv, gpu_kv;
-  auto k = rig->Random({num_blocks, bs, 2, 64}, -1, 1);
-  auto v = rig->Random({num_blocks, bs, 2, 64}, -1, 1);
+  auto k = rig->Random({num_blocks, bs, 2, hd}, -1, 1);
+  auto v = rig->Random({num_blocks, bs, 2, hd}, -1, 1);
   std::vector<int32_t> blocks(num_blocks);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::shuffle(blocks.begin(), blocks.end(), std::mt19937(7));
@@ -310,7 +312,7 @@ void RunAttention(Rig* rig, const AttentionCase& c) {
     m->block_size = bs;
     m->decode_only = c.decode_only;
   }
-  auto out = rig->Random({c.padded_rows, 8 * 64}, -1, 1);  // padding rows must become 0
+  auto out = rig->Random({c.padded_rows, 8 * hd}, -1, 1);  // padding rows must become 0
   rig->cpu()->PagedAttention(qkv.cpu, {k.cpu, v.cpu}, cm, shape, out.cpu);
   rig->gpu()->PagedAttention(qkv.gpu, {k.gpu, v.gpu}, gm, shape, out.gpu);
   rig->ExpectClose(k, "k cache", 1e-6f);
@@ -322,6 +324,17 @@ TEST_P(CudaOpsTest, MixedAttentionPrefillChunkAndDecode) {
   // A new 37-token prompt, a decode at 600 cached tokens, a 20-token chunk
   // after 100 cached, then 3 rows of padding.
   RunAttention(rig_.get(), {{{0, 37}, {600, 1}, {100, 20}}, 61, false});
+}
+
+// Prompts long enough for 64-row query tiles of one request (tensor cores on
+// sm_80+ with 16-bit storage), after a cached prefix and from scratch, with
+// tiles that straddle a request boundary and padding beside them; head_dim 64
+// and 128 (both tensor-core shapes) and 96 (CUDA cores).
+TEST_P(CudaOpsTest, LongPromptAttentionOnEveryPath) {
+  for (int hd : {64, 128, 96}) {
+    SCOPED_TRACE(hd);
+    RunAttention(rig_.get(), {{{0, 300}, {600, 1}, {130, 200}}, 512, false, hd});
+  }
 }
 
 TEST_P(CudaOpsTest, DecodeAttentionSplitsLongContexts) {

@@ -41,6 +41,7 @@ class CudaOps : public Ops {
   }
 
   absl::Status Init() {
+    TANDEM_CUDA_CHECK(k::PrepareKernels());
     TANDEM_CUDA_CHECK(cublasCreate(&handle_));
     TANDEM_CUDA_CHECK(cublasSetStream(handle_, stream_->raw()));
     ASSIGN_OR_RETURN(void* workspace, device_->Allocate(kCublasWorkspaceBytes));

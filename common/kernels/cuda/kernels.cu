@@ -672,12 +672,11 @@ __device__ void AttendQueryTile(const PagedAttentionArgs& a, int h, int64_t t0, 
   }
 }
 
+// One kQueryTile-row tile of a mixed batch: a query tile when its rows are
+// one request's, else one query at a time.
 template <typename T>
-__global__ void MixedAttentionKernel(PagedAttentionArgs a) {
-  const int h = blockIdx.x;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kQueryTile;
+__device__ void AttendMixedTile(const PagedAttentionArgs& a, int h, int64_t t0, int num_reqs) {
   const int64_t t_end = min(a.n, t0 + kQueryTile);
-  const int num_reqs = a.num_reqs[0];
   const int64_t real = a.query_start_loc[num_reqs];
   if (a.head_dim <= kMaxTiledHeadDim && t_end <= real) {
     const int r = RequestOf(a, num_reqs, t0);
@@ -687,6 +686,259 @@ __global__ void MixedAttentionKernel(PagedAttentionArgs a) {
     }
   }
   for (int64_t t = t0; t < t_end; ++t) AttendOneQuery<T>(a, h, t, num_reqs);
+}
+
+template <typename T>
+__global__ void MixedAttentionKernel(PagedAttentionArgs a) {
+  AttendMixedTile<T>(a, blockIdx.x, static_cast<int64_t>(blockIdx.y) * kQueryTile, a.num_reqs[0]);
+}
+
+// --- prefill attention on tensor cores ---------------------------------------
+//
+// FlashAttention-2 over the paged cache for 16-bit storage and head_dim 64 or
+// 128: a block takes kFlashRows query rows of one request and one head, each
+// of its 4 warps 16 of them; key tiles of kFlashKeys are gathered from the
+// cache into shared memory (V transposed), S = Q K^T and O += P V run as
+// mma.sync m16n8k16 (f32 accumulation), and the online softmax works on the
+// accumulator registers, whose layout the PTX ISA fixes: thread `lane` holds
+// rows lane/4 and lane/4 + 8, columns 2 (lane % 4) and +1 of each 8-column
+// tile. Tiles that straddle two requests or padding take the CUDA-core path.
+constexpr int kFlashRows = 64;
+constexpr int kFlashKeys = 64;
+constexpr int kFlashPad = 8;  // elements added to each shared row: no bank conflicts
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float* c, const uint32_t* a, const uint32_t* b);
+template <>
+__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float* c, const uint32_t* a,
+                                                        const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+template <>
+__device__ __forceinline__ void Mma16816<__half>(float* c, const uint32_t* a, const uint32_t* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+  T pair[2] = {FromF<T>(lo), FromF<T>(hi)};
+  return *reinterpret_cast<uint32_t*>(pair);
+}
+
+__device__ __forceinline__ uint32_t Load32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <int kHd>
+constexpr size_t FlashSharedBytes() {
+  // K [keys][hd + pad] and V transposed [hd][keys + pad], 2-byte elements.
+  return (static_cast<size_t>(kFlashKeys) * (kHd + kFlashPad) +
+          static_cast<size_t>(kHd) * (kFlashKeys + kFlashPad)) * 2;
+}
+
+template <typename T, int kHd>
+__device__ void FlashTile(const PagedAttentionArgs& a, int h, int64_t t0, int r, int count,
+                          T* ks, T* vt) {
+  constexpr int kKs = kHd + kFlashPad;          // K row stride in shared memory
+  constexpr int kVs = kFlashKeys + kFlashPad;   // V^T row stride
+  constexpr int kDimSteps = kHd / 16;           // k-steps of S = Q K^T
+  constexpr int kKeyTiles = kFlashKeys / 8;     // 8-column tiles of S
+  constexpr int kDimTiles = kHd / 8;            // 8-column tiles of O
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int q_begin = a.query_start_loc[r];
+  const int q_len = a.query_start_loc[r + 1] - q_begin;
+  const int ctx0 = a.seq_lens[r] - q_len + static_cast<int>(t0 - q_begin) + 1;
+  const int max_ctx = ctx0 + count - 1;
+  // This thread's two rows (tile-relative) and the keys each sees.
+  const int row_a = warp * 16 + g, row_b = row_a + 8;
+  const int ctx_a = ctx0 + min(row_a, count - 1), ctx_b = ctx0 + min(row_b, count - 1);
+  const int64_t row_stride = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * kHd;
+  const T* qkv = static_cast<const T*>(a.qkv);
+  // Q as the A operand of each k-step, straight from global memory.
+  uint32_t qf[kDimSteps][4];
+  {
+    const T* qa = qkv + (t0 + min(row_a, count - 1)) * row_stride + static_cast<int64_t>(h) * kHd;
+    const T* qb = qkv + (t0 + min(row_b, count - 1)) * row_stride + static_cast<int64_t>(h) * kHd;
+#pragma unroll
+    for (int s = 0; s < kDimSteps; ++s) {
+      qf[s][0] = Load32(qa + s * 16 + 2 * tq);
+      qf[s][1] = Load32(qb + s * 16 + 2 * tq);
+      qf[s][2] = Load32(qa + s * 16 + 8 + 2 * tq);
+      qf[s][3] = Load32(qb + s * 16 + 8 + 2 * tq);
+    }
+  }
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+  const int kv_head = h / (a.num_heads / a.num_kv_heads);
+  const int64_t kv_row = static_cast<int64_t>(a.num_kv_heads) * kHd;
+  const T* kc = static_cast<const T*>(a.k_cache) + static_cast<int64_t>(kv_head) * kHd;
+  const T* vc = static_cast<const T*>(a.v_cache) + static_cast<int64_t>(kv_head) * kHd;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(r) * a.table_width;
+  constexpr int kVecs = kHd / 8;  // 16-byte vectors per key row
+  for (int tile = 0; tile < max_ctx; tile += kFlashKeys) {
+    __syncthreads();  // the previous tile's K and V are no longer read
+    for (int idx = threadIdx.x; idx < kFlashKeys * kVecs; idx += blockDim.x) {
+      const int j = idx / kVecs, c = idx % kVecs;
+      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
+      if (tile + j < max_ctx) {
+        const int key = tile + j;
+        const int64_t slot =
+            static_cast<int64_t>(table[key / a.block_size]) * a.block_size + key % a.block_size;
+        kraw = *reinterpret_cast<const uint4*>(kc + slot * kv_row + c * 8);
+        vraw = *reinterpret_cast<const uint4*>(vc + slot * kv_row + c * 8);
+      }
+      *reinterpret_cast<uint4*>(ks + j * kKs + c * 8) = kraw;
+      const T* ve = reinterpret_cast<const T*>(&vraw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vt[(c * 8 + e) * kVs + j] = ve[e];
+    }
+    __syncthreads();
+    // S = Q K^T for this warp's 16 rows and the tile's keys.
+    float sc[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+      const T* krow = ks + (n * 8 + g) * kKs;
+#pragma unroll
+      for (int s = 0; s < kDimSteps; ++s) {
+        const uint32_t b[2] = {Load32(krow + s * 16 + 2 * tq), Load32(krow + s * 16 + 8 + 2 * tq)};
+        Mma16816<T>(sc[n], qf[s], b);
+      }
+    }
+    // Scale, mask (causal and past the context), and the online softmax.
+    float tmax_a = -INFINITY, tmax_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = tile + n * 8 + 2 * tq + e;
+        sc[n][e] = key < ctx_a ? sc[n][e] * a.scale : -INFINITY;
+        sc[n][2 + e] = key < ctx_b ? sc[n][2 + e] * a.scale : -INFINITY;
+        tmax_a = fmaxf(tmax_a, sc[n][e]);
+        tmax_b = fmaxf(tmax_b, sc[n][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      tmax_a = fmaxf(tmax_a, __shfl_xor_sync(0xffffffffu, tmax_a, off));
+      tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, off));
+    }
+    const float mn_a = fmaxf(m_a, tmax_a), mn_b = fmaxf(m_b, tmax_b);
+    // A row whose keys all lie in earlier tiles keeps its state (mn finite
+    // after the first tile, which always holds key 0).
+    const float corr_a = m_a == -INFINITY ? 0.f : __expf(m_a - mn_a);
+    const float corr_b = m_b == -INFINITY ? 0.f : __expf(m_b - mn_b);
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[n][e] = sc[n][e] == -INFINITY ? 0.f : __expf(sc[n][e] - mn_a);
+        sc[n][2 + e] = sc[n][2 + e] == -INFINITY ? 0.f : __expf(sc[n][2 + e] - mn_b);
+        sum_a += sc[n][e];
+        sum_b += sc[n][2 + e];
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      sum_a += __shfl_xor_sync(0xffffffffu, sum_a, off);
+      sum_b += __shfl_xor_sync(0xffffffffu, sum_b, off);
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+    m_a = mn_a;
+    m_b = mn_b;
+#pragma unroll
+    for (int i = 0; i < kDimTiles; ++i) {
+      o[i][0] *= corr_a;
+      o[i][1] *= corr_a;
+      o[i][2] *= corr_b;
+      o[i][3] *= corr_b;
+    }
+    // O += P V: P's accumulator layout is the A operand's, two key tiles per
+    // k-step of 16 keys.
+#pragma unroll
+    for (int s = 0; s < kFlashKeys / 16; ++s) {
+      const uint32_t pa[4] = {Pack2<T>(sc[2 * s][0], sc[2 * s][1]),
+                              Pack2<T>(sc[2 * s][2], sc[2 * s][3]),
+                              Pack2<T>(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                              Pack2<T>(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        const T* vrow = vt + (i * 8 + g) * kVs + s * 16;
+        const uint32_t b[2] = {Load32(vrow + 2 * tq), Load32(vrow + 8 + 2 * tq)};
+        Mma16816<T>(o[i], pa, b);
+      }
+    }
+  }
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  T* out = static_cast<T*>(a.out);
+  const int64_t out_row = static_cast<int64_t>(a.num_heads) * kHd;
+#pragma unroll
+  for (int i = 0; i < kDimTiles; ++i) {
+    const int d = i * 8 + 2 * tq;
+    if (row_a < count) {
+      *reinterpret_cast<uint32_t*>(out + (t0 + row_a) * out_row + h * kHd + d) =
+          Pack2<T>(o[i][0] * inv_a, o[i][1] * inv_a);
+    }
+    if (row_b < count) {
+      *reinterpret_cast<uint32_t*>(out + (t0 + row_b) * out_row + h * kHd + d) =
+          Pack2<T>(o[i][2] * inv_b, o[i][3] * inv_b);
+    }
+  }
+}
+
+template <typename T, int kHd>
+__global__ void __launch_bounds__(kAttnThreads) FlashMixedAttentionKernel(PagedAttentionArgs a) {
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  const int h = blockIdx.x;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kFlashRows;
+  const int64_t t_end = min(a.n, t0 + kFlashRows);
+  const int num_reqs = a.num_reqs[0];
+  const int64_t real = a.query_start_loc[num_reqs];
+  if (t_end <= real) {
+    const int r = RequestOf(a, num_reqs, t0);
+    if (RequestOf(a, num_reqs, t_end - 1) == r) {
+      T* ks = reinterpret_cast<T*>(flash_smem);
+      T* vt = ks + kFlashKeys * (kHd + kFlashPad);
+      FlashTile<T, kHd>(a, h, t0, r, static_cast<int>(t_end - t0), ks, vt);
+      return;
+    }
+  }
+  for (int64_t t = t0; t < t_end; t += kQueryTile) AttendMixedTile<T>(a, h, t, num_reqs);
+}
+
+// The compute capability's major version, set by PrepareKernels (0: the
+// tensor-core kernels are not used).
+int compute_major = 0;
+
+template <typename T, int kHd>
+cudaError_t ConfigureFlash() {
+  return cudaFuncSetAttribute(FlashMixedAttentionKernel<T, kHd>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(FlashSharedBytes<kHd>()));
+}
+
+template <typename T, int kHd>
+void LaunchFlash(const PagedAttentionArgs& a, cudaStream_t stream) {
+  FlashMixedAttentionKernel<T, kHd>
+      <<<dim3(a.num_heads, (a.n + kFlashRows - 1) / kFlashRows), kAttnThreads,
+         FlashSharedBytes<kHd>(), stream>>>(a);
 }
 
 // Keys per split for a request of `ctx` keys: the context spread over all
@@ -901,8 +1153,35 @@ cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t st
   });
 }
 
+cudaError_t PrepareKernels() {
+  int device = 0, major = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (major >= 8) {
+    for (cudaError_t e : {ConfigureFlash<__nv_bfloat16, 64>(), ConfigureFlash<__nv_bfloat16, 128>(),
+                          ConfigureFlash<__half, 64>(), ConfigureFlash<__half, 128>()}) {
+      if (e != cudaSuccess) return e;
+    }
+  }
+  compute_major = major;
+  MultiprocessorCount();  // cached now, never first asked while a stream captures
+  return cudaSuccess;
+}
+
 cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
+  if (compute_major >= 8 && s != Storage::kF32 && (a.head_dim == 64 || a.head_dim == 128)) {
+    if (s == Storage::kBF16) {
+      a.head_dim == 64 ? LaunchFlash<__nv_bfloat16, 64>(a, stream)
+                       : LaunchFlash<__nv_bfloat16, 128>(a, stream);
+    } else {
+      a.head_dim == 64 ? LaunchFlash<__half, 64>(a, stream) : LaunchFlash<__half, 128>(a, stream);
+    }
+    return cudaGetLastError();
+  }
   return Dispatch(s, [&](auto t) {
     using T = decltype(t);
     MixedAttentionKernel<T><<<dim3(a.num_heads, (a.n + kQueryTile - 1) / kQueryTile), kAttnThreads,

@@ -19,6 +19,11 @@ namespace cuda_kernels {
 
 enum class Storage { kF32, kF16, kBF16 };
 
+// Sets the kernels' launch attributes for the current device (shared-memory
+// opt-ins of the tensor-core kernels, which need sm_80 or later); called once
+// by the backend before any launch, never while a stream captures.
+cudaError_t PrepareKernels();
+
 // out[i, :] = table[clamp(ids[i]), :] for i < n.
 cudaError_t Embedding(Storage s, const int32_t* ids, const void* table, int64_t vocab,
                       int64_t hidden, void* out, int64_t n, cudaStream_t stream);
@@ -98,8 +103,10 @@ inline constexpr int kMinDecodePartition = 32;
 // Writes the step's k and v into the cache at slot_mapping (-1: skipped).
 cudaError_t WriteKvCache(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
 
-// Mixed batches: one block per (head, query token); each query token attends
-// causally over its request's cached context. Rows past
+// Mixed batches: each query token attends causally over its request's cached
+// context. On sm_80 and later with 16-bit storage and head_dim 64 or 128, 64
+// query rows of one request and one head run as FlashAttention-2 on tensor
+// cores; other tiles take blocks of 16 rows on CUDA cores. Rows past
 // query_start_loc[num_reqs] get zeros.
 cudaError_t MixedAttention(Storage s, const PagedAttentionArgs& a, cudaStream_t stream);
 
