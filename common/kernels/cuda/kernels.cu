@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/kernels/cuda/kernels.h"
@@ -757,27 +758,21 @@ constexpr int kFlashRows = 64;
 constexpr int kFlashKeys = 64;
 constexpr int kFlashPad = 8;  // elements added to each shared row: no bank conflicts
 
+// D = A B + D for one m16n8k16 tile; TYPE names the 16-bit operand type.
+#define TANDEM_MMA16816(TYPE, c, a, b)                                                       \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                         \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+
 template <typename T>
-__device__ __forceinline__ void Mma16816(float* c, const uint32_t* a, const uint32_t* b);
-template <>
-__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float* c, const uint32_t* a,
-                                                        const uint32_t* b) {
+__device__ __forceinline__ void Mma16816(float* c, const uint32_t* a, const uint32_t* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-template <>
-__device__ __forceinline__ void Mma16816<__half>(float* c, const uint32_t* a, const uint32_t* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  if constexpr (std::is_same_v<T, __half>) {
+    TANDEM_MMA16816("f16", c, a, b);
+  } else {
+    TANDEM_MMA16816("bf16", c, a, b);
+  }
 #endif
 }
 
