@@ -102,6 +102,14 @@ class Ops {
                            const AttentionShape& shape, float eps) = 0;
   // out[n, I] = silu(gate_up[n, :I]) * gate_up[n, I:]
   virtual void SiluMul(const Tensor& gate_up, const Tensor& out) = 0;
+  // act = SiluMul(gate_up) with gate_up = x . w^T (w: the gate rows, then the
+  // up rows), in one call so that a backend may leave the gate_up scratch
+  // unwritten (the CUDA backend does at decode sizes).
+  virtual void MatmulSiluMul(const Tensor& x, const Tensor& w, const Tensor& gate_up,
+                             const Tensor& act) {
+    Matmul(x, w, gate_up);
+    SiluMul(gate_up, act);
+  }
   // out[i, :] = src[indices[i], :] for the first `rows` rows of out.
   virtual void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) = 0;
   // Writes the k and v of packed qkv rows into the paged cache at

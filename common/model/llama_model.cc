@@ -399,8 +399,7 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
     const Layer& prev = layers_[piece - 1];
     ops_->Matmul(b.attn_out.Rows(n), prev.o, b.hidden.Rows(n));
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), prev.post_norm, eps, b.normed.Rows(n));
-    ops_->Matmul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n));
-    ops_->SiluMul(b.gate_up.Rows(n), b.mlp_act.Rows(n));
+    ops_->MatmulSiluMul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n), b.mlp_act.Rows(n));
     ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
     const Tensor& next_norm = piece < L ? layers_[piece].input_norm : final_norm_;
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), next_norm, eps, b.normed.Rows(n));

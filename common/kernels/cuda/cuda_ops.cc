@@ -167,6 +167,20 @@ class CudaOps : public Ops {
     }());
   }
 
+  void MatmulSiluMul(const Tensor& x, const Tensor& w, const Tensor& gate_up,
+                     const Tensor& act) override {
+    const int64_t n = act.dim(0), big_n = w.dim(0), kdim = w.dim(1);
+    if (n == 0 || !k::GemvFits(s_, x.data, w.data, n, kdim) || big_n != 2 * act.dim(1) ||
+        x.dim(1) != kdim || x.dtype != dtype_ || w.dtype != dtype_ || act.dtype != dtype_) {
+      Ops::MatmulSiluMul(x, w, gate_up, act);
+      return;
+    }
+    Record([&]() -> absl::Status {
+      TANDEM_CUDA_CHECK(k::GemvSiluMul(s_, x.data, w.data, act.data, n, big_n, kdim, raw()));
+      return absl::OkStatus();
+    }());
+  }
+
   void SiluMul(const Tensor& gate_up, const Tensor& out) override {
     TANDEM_CHECK(gate_up.dim(1) == 2 * out.dim(1));
     CheckDType(gate_up);

@@ -321,7 +321,12 @@ constexpr int kGemvRowsPerGroup = 2;  // weight rows a thread group streams side
 // vector of every row of x (read through L1: x is small and shared by all
 // blocks), and the group's partial sums meet in shared memory. The weights
 // are loaded with the streaming hint: they are read once per step.
-template <typename T, typename TOut, int M>
+//
+// With kSiluPairs, w holds gate rows then up rows (n in all) and a group
+// streams gate row j with up row j + n/2: its epilogue writes SiluMul's
+// silu(gate) * up to out[:, j] (n/2 wide) from the two sums rounded to T, as
+// Matmul then SiluMul would, so gate_up never goes through memory.
+template <typename T, typename TOut, int M, bool kSiluPairs>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const T* __restrict__ x, const T* __restrict__ w, TOut* __restrict__ out, int m,
                int64_t n, int64_t k, int group_warps) {
@@ -334,7 +339,10 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int groups = kGemvWarps / group_warps;
   const int group = warp / group_warps;
   const int group_threads = group_warps * 32;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * groups + group) * kRows;
+  static_assert(!kSiluPairs || kRows == 2, "a group streams one gate row and one up row");
+  const int64_t half = n / 2;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * groups + group;  // kSiluPairs
+  const int64_t row0 = pair * kRows;
   const uint4* wv = reinterpret_cast<const uint4*>(w);
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   float acc[kRows][M];
@@ -348,7 +356,9 @@ __global__ void __launch_bounds__(kGemvThreads)
     float wf[kRows][kVec];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const uint4 raw = row0 + r < n ? __ldcs(wv + (row0 + r) * vecs + v) : make_uint4(0, 0, 0, 0);
+      const int64_t row = kSiluPairs ? pair + r * half : row0 + r;
+      const bool valid = kSiluPairs ? pair < half : row < n;
+      const uint4 raw = valid ? __ldcs(wv + row * vecs + v) : make_uint4(0, 0, 0, 0);
       Widen<T>(raw, wf[r]);
     }
 #pragma unroll
@@ -372,6 +382,22 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
   }
   __syncthreads();
+  if constexpr (kSiluPairs) {
+    if (static_cast<int>(threadIdx.x) < groups * M) {
+      const int g = threadIdx.x / M, i = threadIdx.x % M;
+      float gate = 0.f, up = 0.f;
+      for (int j = 0; j < group_warps; ++j) {
+        gate += partial[g * group_warps + j][i];
+        up += partial[g * group_warps + j][M + i];
+      }
+      const int64_t col = static_cast<int64_t>(blockIdx.x) * groups + g;
+      if (col < half && i < m) {
+        const float gr = ToF(FromF<T>(gate)), ur = ToF(FromF<T>(up));
+        out[i * half + col] = FromF<TOut>(gr / (1.f + expf(-gr)) * ur);
+      }
+    }
+    return;
+  }
   constexpr int kPer = kRows * M;
   if (static_cast<int>(threadIdx.x) < groups * kPer) {
     const int g = threadIdx.x / kPer, idx = threadIdx.x % kPer;
@@ -395,7 +421,7 @@ int MultiprocessorCount() {
   return count;
 }
 
-template <typename T, typename TOut, int M>
+template <typename T, typename TOut, int M, bool kSiluPairs>
 void LaunchGemv(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
                 cudaStream_t stream) {
   const int64_t vecs = k / (16 / sizeof(T));
@@ -411,18 +437,18 @@ void LaunchGemv(const void* x, const void* w, void* out, int64_t m, int64_t n, i
          vecs >= 64 * group_warps) {
     group_warps *= 2;
   }
-  Launch(GemvKernel<T, TOut, M>, static_cast<unsigned>(blocks(group_warps)), kGemvThreads, 0,
+  Launch(GemvKernel<T, TOut, M, kSiluPairs>, static_cast<unsigned>(blocks(group_warps)), kGemvThreads, 0,
          stream, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<TOut*>(out),
          static_cast<int>(m), n, k, group_warps);
 }
 
-template <typename T, typename TOut>
+template <typename T, typename TOut, bool kSiluPairs = false>
 void LaunchGemvRows(const void* x, const void* w, void* out, int64_t m, int64_t n, int64_t k,
                     cudaStream_t stream) {
-  if (m <= 1) return LaunchGemv<T, TOut, 1>(x, w, out, m, n, k, stream);
-  if (m <= 2) return LaunchGemv<T, TOut, 2>(x, w, out, m, n, k, stream);
   static_assert(kMaxGemvRows == 4, "one instantiation per row count up to kMaxGemvRows");
-  LaunchGemv<T, TOut, 4>(x, w, out, m, n, k, stream);
+  if (m <= 1) return LaunchGemv<T, TOut, 1, kSiluPairs>(x, w, out, m, n, k, stream);
+  if (m <= 2) return LaunchGemv<T, TOut, 2, kSiluPairs>(x, w, out, m, n, k, stream);
+  LaunchGemv<T, TOut, 4, kSiluPairs>(x, w, out, m, n, k, stream);
 }
 
 // --- paged attention -----------------------------------------------------------
@@ -1178,6 +1204,15 @@ cudaError_t Gemv(Storage s, const void* x, const void* w, void* out, bool out_f3
     } else {
       LaunchGemvRows<T, T>(x, w, out, m, n, k, stream);
     }
+  });
+}
+
+cudaError_t GemvSiluMul(Storage s, const void* x, const void* w, void* act, int64_t m, int64_t n,
+                        int64_t k, cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  return Dispatch(s, [&](auto t) {
+    using T = decltype(t);
+    LaunchGemvRows<T, T, true>(x, w, act, m, n, k, stream);
   });
 }
 

@@ -72,6 +72,12 @@ bool GemvFits(Storage s, const void* x, const void* w, int64_t m, int64_t k);
 cudaError_t Gemv(Storage s, const void* x, const void* w, void* out, bool out_f32, int64_t m,
                  int64_t n, int64_t k, cudaStream_t stream);
 
+// act[m, n/2] = SiluMul(x . w^T) for w of gate rows then up rows (n in
+// all), the same bounds as Gemv and bit for bit what Gemv then SiluMul give;
+// the gate_up product never goes through memory.
+cudaError_t GemvSiluMul(Storage s, const void* x, const void* w, void* act, int64_t m, int64_t n,
+                        int64_t k, cudaStream_t stream);
+
 struct PagedAttentionArgs {
   const void* qkv;  // [n, (heads + 2 * kv_heads) * head_dim]
   void* k_cache;    // [blocks, block_size, kv_heads, head_dim]
