@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": tokenizer.ggml.pre '", pre,
-          "' is not implemented (default, gpt2, smollm, starcoder, llama-bpe, qwen2)"));
+          "' is not supported (default, gpt2, smollm, starcoder, llama-bpe, qwen2)"));
     }
     impl->pre.push_back(byte_level);
     impl->decoder.push_back({DecStep::kByteLevel});
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": tokenizer.ggml.model '", v.model, "' is not implemented (gpt2, llama)"));
+        source, ": tokenizer.ggml.model '", v.model, "' is not supported (gpt2, llama)"));
   }
   ASSIGN_OR_RETURN(impl->bpe, BpeModel::Create(bc));
   impl->vocab_size = static_cast<int32_t>(v.tokens.size());

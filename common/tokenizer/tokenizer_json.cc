@@ -16,7 +16,8 @@ absl::Status ParseNormalizer(const Json& j, const std::string& source,
     out->push_back({NormStep::kPrepend, j.value("prepend", ""), ""});
   } else if (type == "Replace") {
     if (!j["pattern"].contains("String")) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": Replace normalizer with a regex pattern is not implemented"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": Replace normalizer with a regex pattern is not supported"));
     }
     out->push_back({NormStep::kReplace, j["pattern"]["String"].get<std::string>(),
                     j.value("content", "")});
@@ -32,7 +33,7 @@ absl::Status ParseNormalizer(const Json& j, const std::string& source,
     out->push_back({NormStep::kLowercase, "", ""});
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": normalizer '", type, "' is not implemented"));
+        absl::StrCat(source, ": normalizer '", type, "' is not supported"));
   }
   return absl::OkStatus();
 }
@@ -78,7 +79,7 @@ absl::Status ParsePreTokenizer(const Json& j, const std::string& source,
     p.split = j.value("split", true);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": pre-tokenizer '", type, "' is not implemented"));
+        absl::StrCat(source, ": pre-tokenizer '", type, "' is not supported"));
   }
   out->push_back(std::move(p));
   return absl::OkStatus();
@@ -96,7 +97,8 @@ absl::Status ParseDecoder(const Json& j, const std::string& source, std::vector<
     d.kind = DecStep::kByteLevel;
   } else if (type == "Replace") {
     if (!j["pattern"].contains("String")) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": Replace decoder with a regex pattern is not implemented"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": Replace decoder with a regex pattern is not supported"));
     }
     d.kind = DecStep::kReplace;
     d.a = j["pattern"]["String"].get<std::string>();
@@ -117,7 +119,7 @@ absl::Status ParseDecoder(const Json& j, const std::string& source, std::vector<
                                j.value("add_prefix_space", true) ? "always" : "never");
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": decoder '", type, "' is not implemented"));
+        absl::StrCat(source, ": decoder '", type, "' is not supported"));
   }
   out->push_back(std::move(d));
   return absl::OkStatus();
@@ -161,7 +163,7 @@ absl::Status ParsePostProcessor(const Json& j, const std::string& source,
     suffix->push_back(j["sep"][1].get<int32_t>());
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": post-processor '", type, "' is not implemented"));
+        absl::StrCat(source, ": post-processor '", type, "' is not supported"));
   }
   return absl::OkStatus();
 }
@@ -180,12 +182,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHuggingFaceJson(
   const std::string type = model.value("type", "BPE");
   if (type != "BPE") {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": model type '", type, "' is not implemented (BPE is)"));
+        source, ": model type '", type, "' is not supported (BPE is)"));
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": BPE ", key, " is not implemented"));
+          absl::StrCat(source, ": BPE ", key, " is not supported"));
     }
   }
   try {
