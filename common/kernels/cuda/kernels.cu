@@ -1190,8 +1190,8 @@ cudaError_t GatherRows(Storage s, const void* src, const int32_t* indices, int64
 
 bool GemvFits(Storage s, const void* x, const void* w, int64_t m, int64_t k) {
   const int64_t elem = s == Storage::kF32 ? 4 : 2;
-  return m >= 1 && m <= kMaxGemvRows && k > 0 && (k * elem) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return m >= 1 && m <= kMaxGemvRows && k > 0 && (k * elem) % 16 == 0 && Aligned16(x) &&
+         Aligned16(w);
 }
 
 cudaError_t Gemv(Storage s, const void* x, const void* w, void* out, bool out_f32, int64_t m,
