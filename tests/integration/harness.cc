@@ -274,4 +274,29 @@ GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& reque
   return result;
 }
 
+HeldStream::HeldStream(const std::string& address, const v1::GenerateRequest& request)
+    : stub_(v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+  ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  reader_ = stub_->Generate(&ctx_, request);
+  v1::GenerateResponse first;
+  started_ = reader_->Read(&first);
+  if (!started_) {
+    status_ = reader_->Finish();
+    finished_ = true;
+  }
+}
+
+HeldStream::~HeldStream() { Cancel(); }
+
+grpc::Status HeldStream::Cancel() {
+  if (finished_) return status_;
+  ctx_.TryCancel();
+  v1::GenerateResponse rest;
+  while (reader_->Read(&rest)) {
+  }
+  status_ = reader_->Finish();
+  finished_ = true;
+  return status_;
+}
+
 }  // namespace tandem::testing

@@ -111,6 +111,31 @@ GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& reque
                         std::chrono::milliseconds deadline = std::chrono::seconds(60),
                         const Metadata& metadata = {});
 
+// A Generate call held open: constructed once its first response has arrived, so the
+// server has registered the request (and its id) whatever the machine's load; the
+// caller then ends it with Cancel(). For tests of what happens while a request is in
+// flight, without guessing how long to sleep.
+class HeldStream {
+ public:
+  HeldStream(const std::string& address, const v1::GenerateRequest& request);
+  ~HeldStream();
+  HeldStream(const HeldStream&) = delete;
+  HeldStream& operator=(const HeldStream&) = delete;
+
+  // Whether the first response arrived (false: the call ended first; status() says why).
+  bool started() const { return started_; }
+  // Cancels the call (if not yet ended) and returns its final status.
+  grpc::Status Cancel();
+
+ private:
+  std::unique_ptr<v1::Decode::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader_;
+  bool started_ = false;
+  bool finished_ = false;
+  grpc::Status status_;
+};
+
 }  // namespace tandem::testing
 
 #endif  // TANDEM_TESTS_INTEGRATION_HARNESS_H_

@@ -146,14 +146,24 @@ TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
     EXPECT_NE(r.status.error_message().find(c.needle), std::string::npos)
         << c.what << ": " << r.status.error_message();
   }
-  // Duplicate in-flight request_id.
-  auto first = MakeRequest("dup", Prompt(600, 1), 2000);
-  std::thread t([&] { Generate(decode_->address(), first); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  GenerateResult dup = Generate(decode_->address(), MakeRequest("dup", {1, 2}, 2));
-  t.join();
-  EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
-  EXPECT_NE(dup.status.error_message().find("dup"), std::string::npos);
+  // Duplicate in-flight request_id: the first call has streamed, so its id is registered.
+  {
+    HeldStream first(decode_->address(), MakeRequest("dup", Prompt(600, 1), 2000));
+    ASSERT_TRUE(first.started());
+    GenerateResult dup = Generate(decode_->address(), MakeRequest("dup", {1, 2}, 2));
+    EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_NE(dup.status.error_message().find("dup"), std::string::npos);
+    EXPECT_EQ(first.Cancel().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // A cancel reaches the server asynchronously: wait (bounded) for the id to come free.
+  for (int i = 0; i < 500; ++i) {
+    GenerateResult r = Generate(decode_->address(), MakeRequest("dup", {1, 2, 3}, 1));
+    if (r.status.error_code() != grpc::StatusCode::ALREADY_EXISTS) {
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   // An id is free the moment its client sees the end: reused at once, never refused.
   for (int i = 0; i < 20; ++i) {
     GenerateResult again = Generate(decode_->address(), MakeRequest("dup", {1, 2, 3}, 1));
@@ -297,7 +307,12 @@ TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
   // 8th (about a second of decode steps, however fast they get).
   GenerateResult holder;
   std::thread t([&] { holder = Generate(decode.address(), MakeRequest("holder", Prompt(400, 1), 111)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  // The holder has its blocks before the waiter comes, however loaded the machine.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (decode.Metric("tandem_kv_cache_blocks_in_use") < 7 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(decode.Metric("tandem_kv_cache_blocks_in_use"), 7);  // (EXPECT: t must be joined)
   const auto start = std::chrono::steady_clock::now();
   GenerateResult waiter = Generate(decode.address(), MakeRequest("waiter", Prompt(200, 2), 4));
   const auto waited = std::chrono::steady_clock::now() - start;

@@ -117,11 +117,10 @@ TEST_F(ReliabilityPairTest, LongRequestIdsAreRefusedAndNeverEchoedWhole) {
   EXPECT_LT(g.status.error_message().size(), 200u);
   // A duplicate of a 256-byte id: the message quotes at most 64 bytes of it.
   const std::string id(256, 'y');
-  // 80 tokens: in flight for well over the 300 ms below, however fast decode gets.
-  std::thread t([&] { Generate(decode_->address(), MakeRequest(id, Prompt(100, 1), 80)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  HeldStream first(decode_->address(), MakeRequest(id, Prompt(100, 1), 800));  // fits 64 x 16
+  ASSERT_TRUE(first.started());
   GenerateResult dup = Generate(decode_->address(), MakeRequest(id, {1, 2}, 2));
-  t.join();
+  first.Cancel();
   EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_NE(dup.status.error_message().find("... (256 bytes)"), std::string::npos)
       << dup.status.error_message();
