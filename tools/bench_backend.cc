@@ -46,7 +46,7 @@ class Timer {
 
 class GrpcBackend final : public BenchBackend {
  public:
-  GrpcBackend(const BackendOptions& o, std::shared_ptr<grpc::Channel> channel)
+  GrpcBackend(const BenchBackendOptions& o, std::shared_ptr<grpc::Channel> channel)
       : o_(o), stub_(v1::Decode::NewStub(channel)) {}
 
   absl::StatusOr<ServedModel> Model() override {
@@ -97,7 +97,7 @@ class GrpcBackend final : public BenchBackend {
   std::string target() const override { return o_.address; }
 
  private:
-  BackendOptions o_;
+  BenchBackendOptions o_;
   std::unique_ptr<v1::Decode::Stub> stub_;
 };
 
@@ -105,7 +105,7 @@ class GrpcBackend final : public BenchBackend {
 // request on the calling thread).
 class OpenAiBackend final : public BenchBackend {
  public:
-  OpenAiBackend(const BackendOptions& o, bool chat) : o_(o), chat_(chat) {
+  OpenAiBackend(const BenchBackendOptions& o, bool chat) : o_(o), chat_(chat) {
     static std::once_flag init;
     std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
   }
@@ -281,14 +281,14 @@ class OpenAiBackend final : public BenchBackend {
     return absl::OkStatus();
   }
 
-  BackendOptions o_;
+  BenchBackendOptions o_;
   bool chat_;
   std::string model_;  // set by Model(), before the first Send()
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BackendOptions& o) {
+absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BenchBackendOptions& o) {
   if (o.backend == "tandem") {
     auto credentials = ChannelCredentials(o.tls);
     if (!credentials.ok()) return credentials.status();

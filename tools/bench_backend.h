@@ -47,7 +47,7 @@ class BenchBackend {
   virtual std::string target() const = 0;
 };
 
-struct BackendOptions {
+struct BenchBackendOptions {
   std::string backend = "tandem";  // tandem, openai or openai-chat
   std::string address;             // tandem: HOST:PORT
   std::string base_url;            // openai*: http://HOST:PORT
@@ -59,7 +59,7 @@ struct BackendOptions {
 
 // INVALID_ARGUMENT for an unknown backend; UNAVAILABLE when the server
 // cannot be reached.
-absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BackendOptions& options);
+absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BenchBackendOptions& options);
 
 }  // namespace tandem
 

@@ -157,7 +157,7 @@ nlohmann::json SummaryJson(const ServeSummary& s) {
 
 // Everything the command line sets.
 struct ServeConfig {
-  BackendOptions backend;
+  BenchBackendOptions backend;
   int max_concurrency = 0;  // 0: unbounded
   int num_prompts = 100;
   std::string rate_text = "inf";
@@ -178,7 +178,7 @@ struct ServeConfig {
 // done (--help: 0, a bad flag: 2).
 std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeConfig* c) {
   FlagSet flags("tandem bench serve");
-  BackendOptions& b = c->backend;
+  BenchBackendOptions& b = c->backend;
   b.address = "127.0.0.1:50051";
   b.base_url = "http://127.0.0.1:8000";
   flags.Add("backend", &b.backend,
