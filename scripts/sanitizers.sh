@@ -8,7 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:?asan or tsan}"
 jobs="${TANDEM_BUILD_JOBS:-$(nproc)}"
+# clang: it compiles these builds ~25% faster than GCC (whose UBSan
+# instrumentation is slow to compile), and it enforces the thread-safety
+# analysis on the project's sources (CMakeLists.txt) as it builds.
+export CC=clang CXX=clang++
 common=(-G Ninja -DTANDEM_ENABLE_CUDA=OFF -DTANDEM_BUILD_BENCHMARKS=OFF)
+# A build directory configured by another compiler cannot be switched in place.
+for dir in build-asan build-tsan; do
+  if [ -f "$dir/CMakeCache.txt" ] && ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$dir/CMakeCache.txt"; then
+    rm -rf "$dir"
+  fi
+done
 case "$mode" in
   asan)
     cmake -S . -B build-asan "${common[@]}" -DTANDEM_SANITIZE=address,undefined >/dev/null
@@ -19,6 +29,10 @@ case "$mode" in
         -E "executables_do_not_link_cuda"
     ;;
   tsan)
+    # Left to the plain and ASan runs: tests that mostly wait on timeouts, restarts
+    # and process exits, and under TSan took 30-60 s each of CI's budget.
+    tsan_skip="KilledPrefillIsUnavailableThenRecovers|CacheFullWaitsThenResourceExhausted"
+    tsan_skip+="|ConnectionsAgeOutWithoutLosingRequests|EngineStartUpFailureExitsOneEveryTime"
     # The project's own locks are std::mutex under TSan (common/base/mutex.h);
     # tests/tsan.supp silences only frames inside gRPC and Abseil, which Debian
     # does not build with TSan.
@@ -27,7 +41,8 @@ case "$mode" in
     cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
     TSAN_OPTIONS="suppressions=$(pwd)/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
       ctest --test-dir build-tsan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
-        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|EngineClient|KvIntegrity|KvStreamChecker)"
+        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|EngineClient|KvIntegrity|KvStreamChecker)" \
+        -E "$tsan_skip"
     ;;
   *) echo "sanitizers.sh: unknown mode '$mode' (asan or tsan)" >&2; exit 2 ;;
 esac

@@ -323,7 +323,7 @@ void RunAttention(Rig* rig, const AttentionCase& c) {
   const size_t ws = rig->gpu()->AttentionWorkspaceBytes(shape, max_seqs, table_width * bs);
   Rig::Pair workspace = rig->Zeros({static_cast<int64_t>(ws / 4) + 1}, DType::kF32);
   for (auto [m, side] : {std::pair{&cm, 0}, std::pair{&gm, 1}}) {
-    auto pick = [&](const Rig::Pair& p) { return side == 0 ? p.cpu : p.gpu; };
+    auto pick = [&, gpu = side == 1](const Rig::Pair& p) { return gpu ? p.gpu : p.cpu; };
     m->num_reqs = pick(num_reqs);
     m->query_start_loc = pick(q);
     m->seq_lens = pick(sl);

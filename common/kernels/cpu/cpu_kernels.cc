@@ -9,8 +9,10 @@
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as a merge operand
 // and then warn about it in every caller (GCC bug 105593): not our code.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <algorithm>
 #include <cmath>
