@@ -1,4 +1,8 @@
-// CRC32C (Castagnoli), table-driven; used to checksum KV chunks.
+// CRC32C (Castagnoli), used to checksum KV chunks: the CPU's CRC32C
+// instruction where it has one (SSE4.2 on x86-64, the CRC extension on
+// AArch64, detected at run time), else slicing-by-8 tables. Written here
+// because Debian 12 packages neither Google's crc32c library nor Abseil's
+// absl/crc (Abseil 20220623 predates it).
 #ifndef TANDEM_COMMON_SERVING_CRC32C_H_
 #define TANDEM_COMMON_SERVING_CRC32C_H_
 
@@ -9,6 +13,11 @@ namespace tandem {
 
 // Extends `crc` (0 to start) over `size` bytes.
 uint32_t Crc32c(uint32_t crc, const void* data, size_t size);
+
+// The table-driven form, whatever the CPU (tests and benchmarks compare the two).
+uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size);
+// "sse4.2", "arm-crc" or "tables": what Crc32c uses on this CPU.
+const char* Crc32cImplementation();
 
 }  // namespace tandem
 

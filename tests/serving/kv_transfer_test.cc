@@ -2,20 +2,10 @@
 
 #include <cstring>
 
-#include "common/serving/crc32c.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
 namespace {
-
-TEST(Crc32cTest, KnownVectors) {
-  EXPECT_EQ(Crc32c(0, "123456789", 9), 0xE3069283u);
-  EXPECT_EQ(Crc32c(0, "", 0), 0u);
-  std::string zeros(32, '\0');
-  EXPECT_EQ(Crc32c(0, zeros.data(), zeros.size()), 0x8A9136AAu);
-  // Extending equals one pass.
-  EXPECT_EQ(Crc32c(Crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
-}
 
 // Export from one engine, import into another with a different block size:
 // the KV rows arrive intact; a flipped bit is DATA_LOSS.
