@@ -21,12 +21,14 @@ for dir in build-asan build-tsan; do
 done
 case "$mode" in
   asan)
+    # Not run again here: the CUDA linkage check (no CUDA in this build) and
+    # the checks that run no project code (Python over the sources and manifests).
+    asan_skip="executables_do_not_link_cuda|layering_check|deploy_check"
     cmake -S . -B build-asan "${common[@]}" -DTANDEM_SANITIZE=address,undefined >/dev/null
     cmake --build build-asan -j"$jobs"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      ctest --test-dir build-asan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" \
-        -E "executables_do_not_link_cuda"
+      ctest --test-dir build-asan --output-on-failure -j"${TANDEM_TEST_JOBS:-2}" -E "$asan_skip"
     ;;
   tsan)
     # Left to the plain and ASan runs: tests that mostly wait on timeouts, restarts
