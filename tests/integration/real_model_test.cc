@@ -96,7 +96,11 @@ TEST_P(RealModelModeTest, GreedyContinuationsEqualTransformers) {
 INSTANTIATE_TEST_SUITE_P(AllModes, RealModelModeTest,
                          ::testing::Values(CudaGraphMode::kNone, CudaGraphMode::kPiecewise,
                                            CudaGraphMode::kFull, CudaGraphMode::kFullDecodeOnly,
-                                           CudaGraphMode::kFullAndPiecewise));
+                                           CudaGraphMode::kFullAndPiecewise),
+                         // By name: the enum's uint8_t values print as control characters.
+                         [](const ::testing::TestParamInfo<CudaGraphMode::Value>& info) {
+                           return std::string(CudaGraphMode(info.param).name());
+                         });
 
 // The logits of one prefill of `prompt` and of one decode step after it
 // (feeding `next`), from an engine made from `config`.
