@@ -245,9 +245,13 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t
   return r;
 }
 
+std::unique_ptr<v1::Decode::Stub> DecodeStub(const std::string& address) {
+  return v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
                         std::chrono::milliseconds deadline, const Metadata& metadata) {
-  auto stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = DecodeStub(address);
   return Generate(stub.get(), request, deadline, metadata);
 }
 
@@ -275,7 +279,7 @@ GenerateResult Generate(v1::Decode::Stub* stub, const v1::GenerateRequest& reque
 }
 
 HeldStream::HeldStream(const std::string& address, const v1::GenerateRequest& request)
-    : stub_(v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {
+    : stub_(DecodeStub(address)) {
   ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   reader_ = stub_->Generate(&ctx_, request);
   v1::GenerateResponse first;

@@ -102,6 +102,8 @@ struct GenerateResult {
 
 v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<int32_t>& prompt,
                                 uint32_t max_tokens);
+// A Decode stub on a new insecure channel to `address`.
+std::unique_ptr<v1::Decode::Stub> DecodeStub(const std::string& address);
 using Metadata = std::vector<std::pair<std::string, std::string>>;
 GenerateResult Generate(const std::string& address, const v1::GenerateRequest& request,
                         std::chrono::milliseconds deadline = std::chrono::seconds(60),
@@ -122,7 +124,7 @@ class HeldStream {
   HeldStream(const HeldStream&) = delete;
   HeldStream& operator=(const HeldStream&) = delete;
 
-  // Whether the first response arrived (false: the call ended first; status() says why).
+  // Whether the first response arrived (false: the call ended first; Cancel() returns why).
   bool started() const { return started_; }
   // Cancels the call (if not yet ended) and returns its final status.
   grpc::Status Cancel();
