@@ -22,6 +22,7 @@ struct PrefillServiceImpl::Transfer {
   // Engine thread.
   std::shared_ptr<KvExporter> exporter;
   int32_t first_token = 0;
+  bool prefilled = false;  // first_token is known: the prompt is computed
   size_t bytes = 0;
   absl::Time first_sent;  // the first chunk was queued
   bool finished = false;  // the last message is queued, or the export failed
@@ -93,18 +94,20 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
   StreamWriter<v1::PrefillResponse>& writer = *t.writer;
   if (writer.ended()) return Release(t);  // cancelled or broken: drop the rest
   while (!t.exporter->done() && writer.buffered_bytes() < kStreamWindowBytes) {
-    absl::StatusOr<v1::PrefillResponse> msg = next();
+    absl::StatusOr<std::optional<v1::PrefillResponse>> msg = next();
     if (!msg.ok()) {
       t.finished = true;
       if (!t.failure_counted.exchange(true)) metrics_->KvTransferFailure("other");
       Release(t);
       return writer.End(ToGrpcStatus(msg.status()));
     }
+    if (!msg->has_value()) return;  // more after the engine's next step
     if (t.bytes == 0) t.first_sent = absl::Now();
-    t.bytes += msg->chunk().k().size() + msg->chunk().v().size();
-    writer.Send(*std::move(msg));
+    t.bytes += (*msg)->chunk().k().size() + (*msg)->chunk().v().size();
+    writer.Send(**std::move(msg));
   }
-  if (!t.exporter->done()) return;  // more when the reader has taken these
+  // More when the reader has taken these, or once the prompt is computed.
+  if (!t.exporter->done() || !t.prefilled) return;
   t.finished = true;
   Release(t);  // every chunk is copied out: the blocks may go
   v1::PrefillResponse done;
@@ -163,7 +166,16 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
   s.kind = RequestKind::kPrefillOnly;
   s.max_waiting = max_waiting_;
   client->Submit(std::move(s), [this, t, num_tokens, start](const RequestOutput& o) {
-    if (!o.finished || t->released.load()) return;
+    if (t->released.load()) return;
+    if (!o.finished) {  // a chunk of the prompt is computed: stream its KV now
+      if (!t->exporting.exchange(true)) {
+        t->writer->OnDrained([this, t] {
+          t->Progress();
+          SendMore(t);
+        });
+      }
+      return SendMore(t);
+    }
     if (!o.status.ok() || o.new_tokens.empty()) {
       Release(*t);
       return t->writer->End(
@@ -176,16 +188,18 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
     // Stream the KV straight from the cache as the reader takes it: at most
     // kStreamWindowBytes of copies per stream, under the export lease.
     t->first_token = o.new_tokens.back();
-    t->exporting = true;
+    t->prefilled = true;
     t->Progress();
     {
       MutexLock lock(&leases_mu_);
       leases_.push_back(t);
     }
-    t->writer->OnDrained([this, t] {
-      t->Progress();
-      SendMore(t);
-    });
+    if (!t->exporting.exchange(true)) {
+      t->writer->OnDrained([this, t] {
+        t->Progress();
+        SendMore(t);
+      });
+    }
     SendMore(t);
   });
   return writer.get();

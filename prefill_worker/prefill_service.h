@@ -1,13 +1,16 @@
 // The Prefill service: runs prompts (batched with chunked prefill, PIECEWISE
-// graphs by default, reusing its prefix cache), then streams each request's
-// KV from the caller's num_cached_tokens on. The stream: the header at once
-// on admission (so a caller can tell a live worker from a stuck one before
-// the prompt is computed), per-layer chunks, then the first token.
+// graphs by default, reusing its prefix cache) and streams each request's KV
+// from the caller's num_cached_tokens on while the prompt is computed: the
+// KV of each prefill chunk, layer by layer, goes out as soon as that chunk
+// has run, overlapping the compute of the next. The stream: the header at
+// once on admission (so a caller can tell a live worker from a stuck one
+// before the prompt is computed), per-layer chunks, then the first token.
 //
 // Flow control: chunks are copied out of the cache as the reader takes them,
 // at most kStreamWindowBytes ahead of it, so a slow reader holds cache blocks
 // (back-pressure on new prefills) but never an unbounded copy.
-// Lease: a reader that takes nothing for `export_timeout` (a frozen decode
+// Lease (from the end of the prompt's compute on): a reader that takes
+// nothing for `export_timeout` (a frozen decode
 // worker, a direct caller that stopped reading), whatever its deadline,
 // loses the transfer: its blocks are freed and it is counted as
 // tandem_kv_transfer_failures_total{reason="expired"}.

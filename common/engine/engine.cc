@@ -267,6 +267,10 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     if (!c.sample) {
       r->num_computed = c.start + c.num_tokens;
       kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+      // Its KV so far may be streamed out while the rest is computed.
+      if (r->kind == RequestKind::kPrefillOnly) {
+        OutputFor(r, &out, carried).kv_ready_tokens = r->num_computed;
+      }
       continue;
     }
     AcceptTokens(c, step.logits + int64_t{row} * vocab, &out, carried);
@@ -421,6 +425,11 @@ absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t fir
     i += run;
   }
   return absl::OkStatus();
+}
+
+int64_t LlmEngine::KvReadyTokens(const std::string& id) const {
+  auto it = requests_.find(id);
+  return it == requests_.end() ? 0 : it->second->num_computed;
 }
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,

@@ -68,6 +68,10 @@ struct RequestOutput {
   // for the token sampled after them (RemoteKvArrived).
   bool kv_needed = false;
   int kv_tokens = 0;
+  // A kPrefillOnly request has an output after each of its prompt's chunks
+  // (chunked prefill): rows [0, kv_ready_tokens) of every layer are final and
+  // may be read out (ReadKv) while the rest of the prompt is computed.
+  int64_t kv_ready_tokens = 0;
 };
 
 // One step's record, for the --cudagraph-metrics style table.
@@ -116,7 +120,11 @@ class LlmEngine {
   // worker is gone, stalled or sent incomplete KV), reusing its cached prefix;
   // rows imported so far are overwritten.
   absl::Status ComputeLocally(const std::string& id);
-  // Reads rows [first, first + count) of `layer` of a request's cached KV.
+  // Tokens of request `id` whose KV is final in every layer (0 for an unknown
+  // id): what ReadKv may read. It may go down when the request is preempted.
+  int64_t KvReadyTokens(const std::string& id) const;
+  // Reads rows [first, first + count) of `layer` of a request's cached KV
+  // (final only below KvReadyTokens()).
   absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
                       void* v) const;
 

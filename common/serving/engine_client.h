@@ -10,8 +10,9 @@
 // KV transfer: on the decode side a kRemotePrefill request reports
 // `kv_needed` once its blocks are reserved; the service then feeds
 // ImportKv() chunks and RemoteKvArrived() (or ComputeLocally()). On the
-// prefill side a kPrefillOnly request finishes keeping its KV, which
-// ExportKv() reads out in windows until the service Cancel()s it.
+// prefill side a kPrefillOnly request reports each computed chunk of its
+// prompt (kv_ready_tokens) and finishes keeping its KV; ExportKv() reads it
+// out in windows as it is computed, until the service Cancel()s it.
 //
 // Thread-safe: any method from any thread. Callbacks run on the loop thread
 // and must not block.
@@ -56,9 +57,10 @@ class EngineClient {
   void Cancel(const std::string& id);
 
   // Runs `fill` on the loop thread with `next`, which makes the next chunk
-  // of a finished prefill-only request's KV; `fill` takes as many as its
-  // reader has room for (check exporter->done() first).
-  using NextChunk = std::function<absl::StatusOr<v1::PrefillResponse>()>;
+  // of a prefill-only request's computed KV (nullopt: none computed since);
+  // `fill` takes as many as its reader has room for (check exporter->done()
+  // first).
+  using NextChunk = std::function<absl::StatusOr<std::optional<v1::PrefillResponse>>()>;
   void ExportKv(std::shared_ptr<KvExporter> exporter,
                 std::function<void(const NextChunk& next)> fill);
 

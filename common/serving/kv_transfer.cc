@@ -22,38 +22,49 @@ v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config, DType kv_dtype) 
 KvExporter::KvExporter(std::string id, int64_t first, int64_t num_tokens,
                        v1::ModelFingerprint fingerprint, size_t slot_bytes, int num_layers)
     : id_(std::move(id)),
-      begin_(first),
+      first_(first),
       num_tokens_(num_tokens),
       fingerprint_(std::move(fingerprint)),
       row_(slot_bytes),
       per_chunk_(TokensPerChunk(row_)),
-      num_layers_(num_tokens > first ? num_layers : 0),
-      first_(first) {}
+      num_layers_(num_layers),
+      run_begin_(first),
+      run_end_(first),
+      layer_(num_layers),
+      next_(first) {}
 
 v1::PrefillResponse KvExporter::Header() const {
   v1::PrefillResponse header;
   *header.mutable_header()->mutable_fingerprint() = fingerprint_;
   header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens_));
-  header.mutable_header()->set_first_token(static_cast<uint32_t>(begin_));
+  header.mutable_header()->set_first_token(static_cast<uint32_t>(first_));
   return header;
 }
 
-absl::StatusOr<v1::PrefillResponse> KvExporter::Next(const LlmEngine& engine) {
-  const int64_t n = std::min<int64_t>(per_chunk_, num_tokens_ - first_);
+absl::StatusOr<std::optional<v1::PrefillResponse>> KvExporter::Next(const LlmEngine& engine) {
+  if (layer_ >= num_layers_) {  // the run is out: start one over the tokens computed since
+    const int64_t ready = std::min(engine.KvReadyTokens(id_), num_tokens_);
+    if (ready <= run_end_) return std::nullopt;
+    run_begin_ = run_end_;
+    run_end_ = ready;
+    layer_ = 0;
+    next_ = run_begin_;
+  }
+  const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
   v1::PrefillResponse msg;
   v1::KvChunk* chunk = msg.mutable_chunk();
   chunk->set_layer(layer_);
-  chunk->set_first_token(static_cast<uint32_t>(first_));
+  chunk->set_first_token(static_cast<uint32_t>(next_));
   chunk->set_num_tokens(static_cast<uint32_t>(n));
   std::string* k = chunk->mutable_k();
   std::string* v = chunk->mutable_v();
   k->resize(n * row_);
   v->resize(n * row_);
-  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, first_, n, k->data(), v->data()));
+  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, next_, n, k->data(), v->data()));
   chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
-  first_ += n;
-  if (first_ >= num_tokens_) {
-    first_ = begin_;
+  next_ += n;
+  if (next_ >= run_end_) {
+    next_ = run_begin_;
     ++layer_;
   }
   return msg;
@@ -67,8 +78,13 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
                       engine.kv_cache().slot_bytes(), engine.model_config().num_hidden_layers);
   std::vector<v1::PrefillResponse> out = {exporter.Header()};
   while (!exporter.done()) {
-    ASSIGN_OR_RETURN(v1::PrefillResponse msg, exporter.Next(engine));
-    out.push_back(std::move(msg));
+    ASSIGN_OR_RETURN(std::optional<v1::PrefillResponse> msg, exporter.Next(engine));
+    if (!msg.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request '", id, "' has computed ", engine.KvReadyTokens(id), " of ", num_tokens,
+          " tokens"));
+    }
+    out.push_back(*std::move(msg));
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #define TANDEM_COMMON_SERVING_KV_TRANSFER_H_
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,11 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
 int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
 // Produces the KV of request `id`'s tokens [first, num_tokens) as a header,
-// then one chunk at a time (layer by layer), so a sender can make chunks as
-// fast as its reader takes them instead of copying the whole KV at once.
+// then one chunk at a time, so a sender can make chunks as fast as its reader
+// takes them instead of copying the whole KV at once. Chunks go out as the
+// prompt is computed: each run of newly computed tokens (a prefill chunk's,
+// LlmEngine::KvReadyTokens) layer by layer, while the engine computes the
+// next; the reader's KvStreamChecker accepts rows in any order.
 // Next() runs on the engine thread; the request's blocks must stay allocated
 // until done().
 class KvExporter {
@@ -41,20 +45,25 @@ class KvExporter {
   KvExporter(std::string id, int64_t first, int64_t num_tokens, v1::ModelFingerprint fingerprint,
              size_t slot_bytes, int num_layers);
   v1::PrefillResponse Header() const;
-  // The next chunk; check done() first.
-  absl::StatusOr<v1::PrefillResponse> Next(const LlmEngine& engine);
-  bool done() const { return layer_ >= num_layers_; }
+  // The next chunk, or nullopt when its rows are not computed yet (more after
+  // the engine's next step); check done() first.
+  absl::StatusOr<std::optional<v1::PrefillResponse>> Next(const LlmEngine& engine);
+  bool done() const { return run_end_ >= num_tokens_ && layer_ >= num_layers_; }
 
  private:
   std::string id_;
-  int64_t begin_;
+  int64_t first_;
   int64_t num_tokens_;
   v1::ModelFingerprint fingerprint_;
   size_t row_;
   int per_chunk_;
   int num_layers_;
-  int layer_ = 0;
-  int64_t first_ = 0;
+  // The run of tokens being sent: [run_begin_, run_end_), layer_ by layer_,
+  // next_ the first token of the next chunk in it.
+  int64_t run_begin_;
+  int64_t run_end_;
+  int layer_;
+  int64_t next_;
 };
 
 // The header and every chunk of tokens [first, num_tokens) at once (tests

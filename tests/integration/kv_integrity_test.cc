@@ -253,6 +253,79 @@ TEST(KvIntegrityTest, HealthFollowsUsablePrefillEndpoints) {
   StopWorker(fallback);
 }
 
+// A prompt prefilled in chunks of the token budget streams its KV as each
+// chunk is computed: run by run (every layer of a run of tokens before the
+// next run), not layer by layer over the whole prompt after its last chunk.
+// Through the pair the tokens are the local ones and no block is left held;
+// a reader that cancels while the prompt is still being computed leaves
+// nothing held either, and the worker serves on.
+TEST(KvIntegrityTest, KvStreamsWhileThePromptIsComputed) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=64"});
+  auto stub = v1::Prefill::NewStub(
+      grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials()));
+  const std::vector<int32_t> prompt = TestPrompt(200, 21);
+  {
+    v1::PrefillRequest req;
+    req.set_request_id("streamed");
+    for (int32_t t : prompt) req.add_prompt_token_ids(t);
+    grpc::ClientContext ctx;
+    auto reader = stub->Prefill(&ctx, req);
+    v1::PrefillResponse msg;
+    std::vector<std::pair<uint32_t, uint32_t>> chunks;  // (layer, first token)
+    uint32_t max_layer = 0;
+    bool done = false;
+    while (reader->Read(&msg)) {
+      if (msg.has_chunk()) {
+        chunks.emplace_back(msg.chunk().layer(), msg.chunk().first_token());
+        max_layer = std::max(max_layer, msg.chunk().layer());
+      }
+      done = done || msg.has_done();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_TRUE(done);
+    // Runs start at the budget's multiples; within a run, layers ascend.
+    std::vector<uint32_t> run_starts;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (i == 0 || chunks[i].first < chunks[i - 1].first) {
+        EXPECT_EQ(chunks[i].first, 0u) << "chunk " << i;  // each run's layer 0 comes first
+        run_starts.push_back(chunks[i].second);
+      }
+    }
+    EXPECT_EQ(run_starts, (std::vector<uint32_t>{0, 64, 128, 192}));
+    EXPECT_EQ(chunks.size(), 4 * (max_layer + 1));
+  }
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  GenerateResult r = Generate(decode.address(), Request("through-pair", prompt, 6));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, LocalTokens(prompt, 6));
+  ExpectBlocksFreed(prefill, decode);
+  {
+    // 1,500 tokens: 24 steps of 64; cancelled once its first run is out.
+    v1::PrefillRequest req;
+    req.set_request_id("cancelled-mid-prompt");
+    for (int32_t t : TestPrompt(1500, 22)) req.add_prompt_token_ids(t);
+    grpc::ClientContext ctx;
+    auto reader = stub->Prefill(&ctx, req);
+    v1::PrefillResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    ASSERT_TRUE(msg.has_header());
+    ASSERT_TRUE(reader->Read(&msg));
+    ASSERT_TRUE(msg.has_chunk());
+    EXPECT_EQ(msg.chunk().first_token(), 0u);
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
+  }
+  GenerateResult after = Generate(decode.address(), Request("after-cancel", prompt, 6));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, r.tokens);
+  ExpectBlocksFreed(prefill, decode);
+  StopWorker(decode);
+  StopWorker(prefill);
+}
+
 // A reader that stops reading keeps the prefill worker's blocks only for
 // the export lease, however far its deadline.
 TEST(KvIntegrityTest, StalledReaderLosesItsLease) {

@@ -97,6 +97,76 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   EXPECT_EQ(dst->kv_cache().pool().num_used(), 0);
 }
 
+// A prompt prefilled in three chunks streams its KV as each chunk is
+// computed: after the first step the exporter has that chunk's rows of every
+// layer and nothing more, before the prompt's end is computed; the rows sent
+// early equal the finished request's, and the stream ends exactly once.
+TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
+  EngineConfig c;
+  c.runner.graph.requested_mode = CudaGraphMode::kNone;
+  c.runner.max_num_batched_tokens = 16;
+  c.runner.max_num_seqs = 4;
+  c.runner.max_model_len = 512;
+  auto engine = LlmEngine::Create(c).value();
+  const int layers = engine->model_config().num_hidden_layers;
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 9 + 3 * i;
+  SamplingParams p;
+  p.max_tokens = 1;
+  ASSERT_TRUE(engine->AddRequest("s", prompt, p, RequestKind::kPrefillOnly).ok());
+  KvExporter exporter("s", 0, 40, MakeFingerprint(engine->model_config(), DType::kF32),
+                      engine->kv_cache().slot_bytes(), layers);
+  std::vector<v1::KvChunk> streamed;
+  const std::vector<int64_t> ready_after_step = {16, 32, 40};
+  for (size_t step = 0; step < ready_after_step.size(); ++step) {
+    auto outs = engine->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    ASSERT_EQ(outs->size(), 1u);
+    const bool last = step + 1 == ready_after_step.size();
+    EXPECT_EQ((*outs)[0].finished, last);
+    if (!last) {
+      EXPECT_EQ((*outs)[0].kv_ready_tokens, ready_after_step[step]);
+    }
+    EXPECT_EQ(engine->KvReadyTokens("s"), ready_after_step[step]);
+    int made = 0;
+    while (!exporter.done()) {
+      auto msg = exporter.Next(*engine);
+      ASSERT_TRUE(msg.ok()) << msg.status();
+      if (!msg->has_value()) break;
+      const v1::KvChunk& chunk = (*msg)->chunk();
+      EXPECT_EQ(chunk.layer(), made % layers);  // layer by layer over the new run
+      EXPECT_EQ(chunk.first_token(), step * 16);
+      EXPECT_EQ(chunk.first_token() + chunk.num_tokens(), ready_after_step[step]);
+      streamed.push_back(chunk);
+      ++made;
+    }
+    EXPECT_EQ(made, layers) << "step " << step;
+    EXPECT_EQ(exporter.done(), last);
+  }
+  EXPECT_FALSE(engine->HasWork());
+  // The finished request's KV, read at once, equals what went out early.
+  auto whole = ExportKv(*engine, "s", 40);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const size_t row = engine->kv_cache().slot_bytes();
+  for (const v1::KvChunk& chunk : streamed) {
+    ASSERT_TRUE(VerifyChunk(chunk, row).ok());
+    std::string k(chunk.num_tokens() * row, '\0'), v(k.size(), '\0');
+    ASSERT_TRUE(engine->ReadKv("s", chunk.layer(), chunk.first_token(), chunk.num_tokens(),
+                               k.data(), v.data())
+                    .ok());
+    EXPECT_EQ(chunk.k(), k);
+    EXPECT_EQ(chunk.v(), v);
+  }
+  // An unknown request has nothing ready: the exporter waits, never reads.
+  KvExporter gone("nobody", 0, 8, MakeFingerprint(engine->model_config(), DType::kF32), row,
+                  layers);
+  auto none = gone.Next(*engine);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(engine->Abort("s").ok());
+  EXPECT_EQ(engine->kv_cache().pool().num_used(), 0);
+}
+
 TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {
   // smollm2-135m: 3 KV heads x 64 dims: 1536 bytes of K and V per token.
   const int per = TokensPerChunk(3 * 64 * sizeof(float));
