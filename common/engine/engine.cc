@@ -229,6 +229,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     out.push_back(std::move(o));
   }
   const std::vector<ScheduledChunk>& chunks = sched.chunks;
+  last_step_ran_ = !chunks.empty();
   if (chunks.empty()) return out;
 
   batch_.clear();

@@ -136,6 +136,11 @@ class LlmEngine {
   // that a caller can stream them before the next step's forward pass.
   std::vector<RequestOutput> TakeOutputs();
   bool HasWork() const { return !scheduler_->empty() || !pending_outputs_.empty(); }
+  // Whether the last Step() ran the model. A step that ran nothing and
+  // returned nothing had no request it could advance (all of them waiting
+  // for remote KV, or for blocks): the caller waits for news instead of
+  // stepping again at once.
+  bool last_step_ran() const { return last_step_ran_; }
 
   const LlamaConfig& model_config() const { return model_->config(); }
   ModelRunner& runner() { return *runner_; }
@@ -191,6 +196,7 @@ class LlmEngine {
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
+  bool last_step_ran_ = false;
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step
   std::vector<StepRecord> records_;

@@ -53,10 +53,14 @@ void EngineLoop::Run() {
   ready_ = true;
   on_ready_(absl::OkStatus(), engine_.get());
   std::deque<Task> batch;
+  // The last step could advance nothing (every request waits for remote KV
+  // or for blocks): only a task can change that, so wait for one rather
+  // than spin a core that a prefill worker on the same host could use.
+  bool stuck = false;
   while (true) {
     {
       MutexLock lock(&mu_);
-      if (!engine_->HasWork()) {
+      if (!engine_->HasWork() || stuck) {
         // Sleep until a task or stop arrives (bounded, to stay responsive).
         mu_.AwaitWithTimeout(
             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); },
@@ -94,6 +98,7 @@ void EngineLoop::Run() {
     }
     // Observers (the metrics) first: a client that has its tokens finds the
     // step that made them already counted.
+    stuck = !engine_->last_step_ran() && outputs->empty();
     for (auto& observer : observers_) observer(*engine_, *outputs);
     for (const RequestOutput& o : *outputs) Deliver(o);
   }

@@ -262,5 +262,46 @@ TEST(EngineClientTest, QueueLimitAndFailedKvImportFinishTheRequest) {
   OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
 }
 
+// The defect: with every request waiting for remote KV the loop stepped
+// again at once, each step running nothing: a decode worker spun a core for
+// as long as a prompt took to prefill elsewhere (halving the compute of a
+// prefill worker on the same host). Now it waits for a task (<= 50 ms), and
+// the KV's arrival still wakes it at once.
+TEST(EngineClientTest, RequestsWaitingForRemoteKvDoNotSpinTheLoop) {
+  Notification ready;
+  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine*) { ready.Notify(); });
+  ready.WaitForNotification();
+  std::atomic<int> steps{0};
+  OnLoop(loop, [&](LlmEngine&) {
+    loop.AddStepObserver([&](LlmEngine&, const std::vector<RequestOutput>&) { ++steps; });
+  });
+  EngineClient client(&loop);
+  Collected remote;
+  Notification needed;
+  client.Submit(Make("remote", {1, 2, 3}, 3, RequestKind::kRemotePrefill),
+                [&](const RequestOutput& o) {
+                  remote.Callback()(o);
+                  if (o.kv_needed) needed.Notify();
+                });
+  ASSERT_TRUE(needed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  const int before = steps.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // ~10 idle rounds of 50 ms; a spinning loop makes tens of thousands.
+  EXPECT_LT(steps.load() - before, 40);
+  // Its KV arrives: it decodes and finishes.
+  OnLoop(loop, [](LlmEngine& e) {
+    const size_t row = e.kv_cache().slot_bytes();
+    std::string zeros(3 * row, '\0');
+    for (int layer = 0; layer < e.kv_cache().num_layers(); ++layer) {
+      ASSERT_TRUE(e.ImportKv("remote", layer, 0, 3, zeros.data(), zeros.data()).ok());
+    }
+  });
+  client.RemoteKvArrived("remote", 7);
+  ASSERT_TRUE(remote.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  int tokens = 0;
+  for (const RequestOutput& o : remote.Take()) tokens += static_cast<int>(o.new_tokens.size());
+  EXPECT_EQ(tokens, 3);
+}
+
 }  // namespace
 }  // namespace tandem
