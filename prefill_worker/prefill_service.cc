@@ -83,6 +83,17 @@ void PrefillServiceImpl::WatchLeases() {
   }
 }
 
+void PrefillServiceImpl::BeginExport(const std::shared_ptr<Transfer>& t) {
+  if (t->exporting.exchange(true)) return;
+  // Refilled at half the window, so the transport never waits for a copy.
+  t->writer->OnDrained(
+      [this, t] {
+        t->Progress();
+        SendMore(t);
+      },
+      kStreamWindowBytes / 2);
+}
+
 void PrefillServiceImpl::SendMore(const std::shared_ptr<Transfer>& t) {
   if (t->released.load()) return;
   client_.load()->ExportKv(t->exporter,
@@ -93,7 +104,16 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
   if (t.finished || t.released.load()) return;
   StreamWriter<v1::PrefillResponse>& writer = *t.writer;
   if (writer.ended()) return Release(t);  // cancelled or broken: drop the rest
-  while (!t.exporter->done() && writer.buffered_bytes() < kStreamWindowBytes) {
+  // While the prompt is computed the engine thread comes back only between
+  // steps: each visit may queue what one step computed, so the stream never
+  // waits a whole step with KV ready in the cache. After it, the window.
+  EngineClient* client = client_.load();
+  const size_t window =
+      t.prefilled ? kStreamWindowBytes
+                  : std::max(kStreamWindowBytes,
+                             static_cast<size_t>(client->max_num_batched_tokens()) * 2 *
+                                 client->slot_bytes() * client->model_config().num_hidden_layers);
+  while (!t.exporter->done() && writer.buffered_bytes() < window) {
     absl::StatusOr<std::optional<v1::PrefillResponse>> msg = next();
     if (!msg.ok()) {
       t.finished = true;
@@ -168,12 +188,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
   client->Submit(std::move(s), [this, t, num_tokens, start](const RequestOutput& o) {
     if (t->released.load()) return;
     if (!o.finished) {  // a chunk of the prompt is computed: stream its KV now
-      if (!t->exporting.exchange(true)) {
-        t->writer->OnDrained([this, t] {
-          t->Progress();
-          SendMore(t);
-        });
-      }
+      BeginExport(t);
       return SendMore(t);
     }
     if (!o.status.ok() || o.new_tokens.empty()) {
@@ -194,12 +209,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
       MutexLock lock(&leases_mu_);
       leases_.push_back(t);
     }
-    if (!t->exporting.exchange(true)) {
-      t->writer->OnDrained([this, t] {
-        t->Progress();
-        SendMore(t);
-      });
-    }
+    BeginExport(t);
     SendMore(t);
   });
   return writer.get();

@@ -7,8 +7,10 @@
 // before the prompt is computed), per-layer chunks, then the first token.
 //
 // Flow control: chunks are copied out of the cache as the reader takes them,
-// at most kStreamWindowBytes ahead of it, so a slow reader holds cache blocks
-// (back-pressure on new prefills) but never an unbounded copy.
+// at most kStreamWindowBytes ahead of it (while the prompt is computed, at
+// most one step's KV ahead: the engine thread makes chunks only between
+// steps), so a slow reader holds cache blocks (back-pressure on new
+// prefills) but never an unbounded copy.
 // Lease (from the end of the prompt's compute on): a reader that takes
 // nothing for `export_timeout` (a frozen decode
 // worker, a direct caller that stopped reading), whatever its deadline,
@@ -59,11 +61,15 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
 
-  // KV bytes a stream may have copied out and not yet written (~2 chunks).
-  static constexpr size_t kStreamWindowBytes = 2 * kMaxChunkBytes;
+  // KV bytes a stream may have copied out and not yet written (4 chunks;
+  // 2, 4 and 8 measured alike with refills at half the window).
+  static constexpr size_t kStreamWindowBytes = 4 * kMaxChunkBytes;
 
  private:
   struct Transfer;
+  // Once per request, when its first KV is ready: refills from the stream's
+  // writer as the reader takes chunks.
+  void BeginExport(const std::shared_ptr<Transfer>& transfer);
   // Asks the engine thread to make the chunks that fit the stream's window
   // (any thread), then the first token once the KV is out.
   void SendMore(const std::shared_ptr<Transfer>& transfer);

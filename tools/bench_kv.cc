@@ -1,7 +1,20 @@
-// `tandem bench kv`: goodput of the prefill worker's KV stream over loopback
-// next to a raw TCP socket moving the same bytes in the same chunk sizes.
+// `tandem bench kv`: what the KV hand-off costs.
+//  1. Goodput of one request's KV stream (first chunk to last message) next
+//     to a raw TCP socket moving the same bytes in the same chunk sizes over
+//     the same link, in the same run. The prompt is in the prefill worker's
+//     prefix cache, so the stream is not waiting for compute.
+//  2. The TTFT overhead of disaggregation, per prompt length: the pair's TTFT
+//     (a decode worker fed by the prefill worker) minus an aggregated decode
+//     worker's TTFT on the same cores, split into the prefill worker's compute
+//     and what follows it (the stream's tail, import and hand-off).
+// The link: loopback, or (--link=veth, root and iproute2 needed) a veth pair
+// into a network namespace the benchmark makes, its egress shaped by a token
+// bucket (tc tbf) to --link-rate; the prefill worker and the raw sender run
+// inside it, the readers outside.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -10,12 +23,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/flags.h"
+#include "common/serving/prometheus_scrape.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -26,41 +42,105 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 int Fail(const std::string& message) {
   std::cerr << "tandem bench kv: " << message << std::endl;
   return 2;
 }
 
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+// Two free TCP ports on `ip`, in the calling thread's network namespace
+// (both bound at once, so they differ).
+std::pair<int, int> FreePorts(const std::string& ip) {
+  int ports[2] = {0, 0};
+  int fds[2];
+  for (int i = 0; i < 2; ++i) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
+    bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr), &len);
+    ports[i] = ntohs(addr.sin_port);
+  }
+  close(fds[0]);
+  close(fds[1]);
+  return {ports[0], ports[1]};
 }
 
-// Seconds for the receiver to get `total` bytes sent in `chunk`-byte writes
-// over a loopback TCP connection (first byte to last byte).
-double RawSocketSeconds(size_t total, size_t chunk) {
+// The link the KV crosses: loopback, or a shaped veth pair into a namespace.
+class Link {
+ public:
+  ~Link() {
+    if (!ns_.empty()) Run("ip netns del " + ns_);
+    if (ns_fd_ >= 0) close(ns_fd_);
+  }
+  // Loopback: both ends 127.0.0.1.
+  void Loopback() { far_ip_ = near_ip_ = "127.0.0.1"; }
+  // A namespace joined to this one by a veth pair, each side's egress shaped
+  // to `rate` (tc's syntax: 10gbit). Needs root and iproute2.
+  bool Veth(const std::string& rate) {
+    ns_ = absl::StrCat("tandem-kv-", getpid());
+    const std::string near = absl::StrCat("tkv", getpid() % 100000, "a");
+    const std::string far = absl::StrCat("tkv", getpid() % 100000, "b");
+    near_ip_ = "10.213.0.1";
+    far_ip_ = "10.213.0.2";
+    // tbf's burst must hold at least one timer tick of the rate.
+    const std::string shape = " root tbf rate " + rate + " burst 4mb latency 50ms";
+    const bool ok =
+        Run("ip netns add " + ns_) &&
+        Run("ip link add " + near + " type veth peer name " + far + " netns " + ns_) &&
+        Run("ip addr add " + near_ip_ + "/24 dev " + near) && Run("ip link set " + near + " up") &&
+        Run("ip -n " + ns_ + " addr add " + far_ip_ + "/24 dev " + far) &&
+        Run("ip -n " + ns_ + " link set " + far + " up") &&
+        Run("ip -n " + ns_ + " link set lo up") && Run("tc qdisc add dev " + near + shape) &&
+        Run("ip netns exec " + ns_ + " tc qdisc add dev " + far + shape);
+    if (!ok) return false;
+    ns_fd_ = open(("/var/run/netns/" + ns_).c_str(), O_RDONLY | O_CLOEXEC);
+    return ns_fd_ >= 0;
+  }
+  // Moves the calling thread (or a child before exec) to the far side.
+  bool EnterFar() const { return ns_fd_ < 0 || setns(ns_fd_, CLONE_NEWNET) == 0; }
+  const std::string& near_ip() const { return near_ip_; }
+  const std::string& far_ip() const { return far_ip_; }
+  std::string name() const { return ns_.empty() ? "loopback" : "veth into netns " + ns_; }
+
+ private:
+  static bool Run(const std::string& command) {
+    if (std::system((command + " >/dev/null 2>&1").c_str()) == 0) return true;
+    std::cerr << "tandem bench kv: failed: " << command << std::endl;
+    return false;
+  }
+  std::string ns_;
+  int ns_fd_ = -1;
+  std::string near_ip_;
+  std::string far_ip_;
+};
+
+// Seconds for a reader on the near side to get `total` bytes that a sender
+// on the far side writes in `chunk`-byte writes (first byte to last byte).
+double RawSocketSeconds(const Link& link, size_t total, size_t chunk) {
   int listener = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, link.near_ip().c_str(), &addr.sin_addr);
   bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
   getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
   listen(listener, 1);
   std::thread sender([&] {
+    if (!link.EnterFar()) return;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     std::vector<char> buf(chunk, 'k');
     for (size_t sent = 0; sent < total;) {
-      const size_t n = std::min(chunk, total - sent);
-      const ssize_t w = write(fd, buf.data(), n);
+      const ssize_t w = write(fd, buf.data(), std::min(chunk, total - sent));
       if (w <= 0) break;
       sent += static_cast<size_t>(w);
     }
@@ -76,11 +156,137 @@ double RawSocketSeconds(size_t total, size_t chunk) {
     if (got == 0) first = Clock::now();
     got += static_cast<size_t>(r);
   }
-  const double secs = std::chrono::duration<double>(Clock::now() - first).count();
+  const double secs = Seconds(Clock::now() - first);
   sender.join();
   close(conn);
   close(listener);
   return secs;
+}
+
+// A worker process, stopped (SIGTERM) with the benchmark.
+struct Worker {
+  pid_t pid = -1;
+  std::string address;
+  std::string metrics_host;
+  int metrics_port = 0;
+  ~Worker() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  double Metric(const std::string& name) const {
+    return MetricValue(HttpGet(metrics_host, metrics_port, "/metrics"), name).value_or(0.0);
+  }
+};
+
+// Starts `binary` listening on `ip` (inside the far namespace when `far`)
+// and waits until it is SERVING.
+bool StartWorker(const std::string& binary, const std::string& ip, const Link& link, bool far,
+                 std::vector<std::string> flags, Worker* w) {
+  std::pair<int, int> ports;
+  std::thread([&] { ports = far && link.EnterFar() ? FreePorts(ip) : FreePorts(ip); }).join();
+  w->address = absl::StrCat(ip, ":", ports.first);
+  w->metrics_host = ip;
+  w->metrics_port = ports.second;
+  flags.insert(flags.begin(), {binary, "--grpc-address=" + w->address,
+                               absl::StrCat("--metrics-address=", ip, ":", w->metrics_port)});
+  w->pid = fork();
+  if (w->pid == 0) {
+    if (far && !link.EnterFar()) _exit(126);
+    std::vector<char*> argv;
+    for (std::string& a : flags) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    freopen("/dev/null", "w", stderr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  auto channel = grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (auto end = Clock::now() + std::chrono::seconds(180); Clock::now() < end;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    grpc::health::v1::HealthCheckResponse r;
+    if (health->Check(&ctx, {}, &r).ok() &&
+        r.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// A prompt of `n` tokens no earlier prompt of this run shares a block with.
+std::vector<int32_t> FreshPrompt(int n) {
+  static int32_t salt = 0;
+  ++salt;
+  std::vector<int32_t> p(n);
+  for (int t = 0; t < n; ++t) p[t] = 3 + (t * 7 + salt * 131) % 4000;
+  p[0] = 3 + salt % 4000;
+  return p;
+}
+
+struct StreamResult {
+  bool ok = false;
+  int layers = 1;
+  size_t bytes = 0;
+  size_t max_chunk = 0;
+  double transfer_s = 0;  // first chunk to the last message
+};
+
+StreamResult PrefillStream(v1::Prefill::Stub* stub, const std::vector<int32_t>& prompt,
+                           const std::string& id) {
+  v1::PrefillRequest req;
+  req.set_request_id(id);
+  req.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  req.mutable_sampling()->set_max_tokens(1);
+  grpc::ClientContext ctx;
+  auto reader = stub->Prefill(&ctx, req);
+  v1::PrefillResponse msg;
+  StreamResult r;
+  Clock::time_point first;
+  bool done = false;
+  while (reader->Read(&msg)) {
+    if (msg.has_header()) r.layers = static_cast<int>(msg.header().fingerprint().num_layers());
+    if (msg.has_chunk()) {
+      if (r.bytes == 0) first = Clock::now();
+      const size_t n = msg.chunk().k().size() + msg.chunk().v().size();
+      r.bytes += n;
+      r.max_chunk = std::max(r.max_chunk, n);
+    }
+    done = done || msg.has_done();
+  }
+  r.transfer_s = Seconds(Clock::now() - first);
+  r.ok = reader->Finish().ok() && done;
+  return r;
+}
+
+// Seconds to the first response of a one-token Generate; nullopt on error.
+std::optional<double> Ttft(const std::string& address, const std::vector<int32_t>& prompt,
+                           const std::string& id) {
+  auto stub = v1::Decode::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.set_request_id(id);
+  req.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  req.mutable_sampling()->set_max_tokens(1);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  const Clock::time_point start = Clock::now();
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  std::optional<double> first;
+  while (reader->Read(&msg)) {
+    if (!first.has_value()) first = Seconds(Clock::now() - start);
+  }
+  if (!reader->Finish().ok()) return std::nullopt;
+  return first;
+}
+
+std::string SiblingBinary(const std::string& name) {
+  char self[4096] = {};
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string path = n > 0 ? std::string(self, n) : "";
+  return path.substr(0, path.rfind('/') + 1) + name;
 }
 
 }  // namespace
@@ -88,98 +294,113 @@ double RawSocketSeconds(size_t total, size_t chunk) {
 int RunKvBench(const std::vector<std::string>& args) {
   FlagSet flags("tandem bench kv");
   std::string model = "synthetic:smollm2-135m";
-  int prompt_tokens = 2048;
+  std::string prompt_tokens = "512,2048";
+  int goodput_tokens = 2048;
   int iters = 3;
-  std::string prefill_binary;
-  flags.Add("model", &model, "model of the prefill worker (its KV shape)");
-  flags.Add("prompt-tokens", &prompt_tokens, "prompt length whose KV is transferred");
-  flags.Add("iters", &iters, "transfers measured (median reported)");
-  flags.Add("prefill-binary", &prefill_binary, "prefill_worker to start (default: next to tandem)");
+  int budget = 512;
+  std::string link_kind = "loopback";
+  std::string link_rate = "10gbit";
+  std::string prefill_binary = SiblingBinary("prefill_worker");
+  std::string decode_binary = SiblingBinary("decode_worker");
+  flags.Add("model", &model, "model of all workers (its KV shape)");
+  flags.Add("prompt-tokens", &prompt_tokens, "prompt lengths whose TTFT overhead is measured");
+  flags.Add("goodput-tokens", &goodput_tokens, "prompt length of the goodput measurement");
+  flags.Add("iters", &iters, "measurements per figure (median reported)");
+  flags.Add("max-num-batched-tokens", &budget,
+            "every worker's token budget per step (the prefill worker's default: 512)");
+  flags.Add("link", &link_kind, "loopback, or veth (a shaped veth pair into a namespace; root)");
+  flags.Add("link-rate", &link_rate, "the veth link's rate, in tc's syntax");
+  flags.Add("prefill-binary", &prefill_binary, "prefill_worker to start");
+  flags.Add("decode-binary", &decode_binary, "decode_worker to start");
   if (auto code = ParseCommandLine(&flags, args)) return *code;
-  if (prefill_binary.empty()) {
-    char self[4096] = {};
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    std::string dir = n > 0 ? std::string(self, n) : "";
-    prefill_binary = dir.substr(0, dir.rfind('/')) + "/prefill_worker";
+  auto lengths = ParseIntList(prompt_tokens, "--prompt-tokens");
+  if (!lengths.ok()) return Fail(std::string(lengths.status().message()));
+  int longest = goodput_tokens;
+  for (int n : *lengths) longest = std::max(longest, n);
+
+  Link link;
+  if (link_kind == "veth") {
+    if (!link.Veth(link_rate)) return Fail("could not make the veth link (root and iproute2?)");
+  } else if (link_kind == "loopback") {
+    link.Loopback();
+  } else {
+    return Fail("--link: '" + link_kind + "' is neither loopback nor veth");
   }
-  const int port = FreeLoopbackPort();
-  const std::string address = absl::StrCat("127.0.0.1:", port);
-  std::vector<std::string> argv = {
-      prefill_binary, "--grpc-address=" + address,
-      absl::StrCat("--metrics-address=127.0.0.1:", FreeLoopbackPort()), "--model=" + model,
-      "--cudagraph-mode=NONE", absl::StrCat("--max-num-batched-tokens=", prompt_tokens),
-      absl::StrCat("--max-model-len=", prompt_tokens + 16), "--max-num-seqs=1"};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> c;
-    for (auto& a : argv) c.push_back(a.data());
-    c.push_back(nullptr);
-    freopen("/dev/null", "w", stderr);
-    execv(c[0], c.data());
-    _exit(127);
-  }
-  auto stop = [pid] {
-    kill(pid, SIGTERM);
-    waitpid(pid, nullptr, 0);
+  const std::vector<std::string> engine = {
+      "--model=" + model,
+      absl::StrCat("--max-num-batched-tokens=", budget),
+      absl::StrCat("--max-model-len=", longest + 16),
+      "--max-num-seqs=1",
+      "--kv-cache-mb=1536",
   };
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  auto health = grpc::health::v1::Health::NewStub(channel);
-  bool serving = false;
-  for (auto end = Clock::now() + std::chrono::seconds(120); Clock::now() < end && !serving;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    grpc::health::v1::HealthCheckResponse r;
-    serving = health->Check(&ctx, {}, &r).ok() &&
-              r.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!serving) {
-    stop();
+  Worker prefill, pair, aggregated;
+  if (!StartWorker(prefill_binary, link.far_ip(), link, /*far=*/true, engine, &prefill)) {
     return Fail("the prefill worker did not become SERVING: " + prefill_binary);
   }
-  auto stub = v1::Prefill::NewStub(channel);
-  std::vector<double> grpc_gbps;
-  size_t kv_bytes = 0, max_chunk = 0;
-  for (int i = 0; i < iters; ++i) {
-    v1::PrefillRequest req;
-    req.set_request_id(absl::StrCat("bench-kv-", i));
-    for (int t = 0; t < prompt_tokens; ++t) req.add_prompt_token_ids(3 + t % 100);
-    req.mutable_sampling()->set_max_tokens(1);
-    grpc::ClientContext ctx;
-    auto reader = stub->Prefill(&ctx, req);
-    v1::PrefillResponse msg;
-    Clock::time_point start;
-    size_t bytes = 0;
-    bool done = false;
-    while (reader->Read(&msg)) {
-      if (msg.has_header()) start = Clock::now();
-      if (msg.has_chunk()) {
-        const size_t n = msg.chunk().k().size() + msg.chunk().v().size();
-        bytes += n;
-        max_chunk = std::max(max_chunk, n);
-      }
-      if (msg.has_done()) done = true;
-    }
-    const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-    grpc::Status st = reader->Finish();
-    if (!st.ok() || !done) {
-      stop();
-      return Fail("prefill stream failed: " + st.error_message());
-    }
-    kv_bytes = bytes;
-    grpc_gbps.push_back(bytes / secs / 1e9);
+  std::vector<std::string> decode_flags = engine;
+  decode_flags.push_back("--http-address=");  // two decode workers: no OpenAI port
+  std::vector<std::string> pair_flags = decode_flags;
+  pair_flags.push_back("--prefill-address=" + prefill.address);
+  pair_flags.push_back("--prefill-fallback=none");
+  if (!StartWorker(decode_binary, link.near_ip(), link, false, pair_flags, &pair) ||
+      !StartWorker(decode_binary, link.near_ip(), link, false, decode_flags, &aggregated)) {
+    return Fail("a decode worker did not become SERVING: " + decode_binary);
   }
-  stop();
-  std::vector<double> raw_gbps;
-  for (int i = 0; i < iters; ++i) raw_gbps.push_back(kv_bytes / RawSocketSeconds(kv_bytes, max_chunk) / 1e9);
-  std::sort(grpc_gbps.begin(), grpc_gbps.end());
-  std::sort(raw_gbps.begin(), raw_gbps.end());
-  const double g = grpc_gbps[grpc_gbps.size() / 2], r = raw_gbps[raw_gbps.size() / 2];
-  std::printf("model %s | %d prompt tokens | %.1f MiB of KV in chunks of <= %.2f MiB | median of %d\n",
-              model.c_str(), prompt_tokens, kv_bytes / 1048576.0, max_chunk / 1048576.0, iters);
-  std::printf("prefill stream (gRPC)  %7.3f GB/s\n", g);
-  std::printf("raw TCP socket         %7.3f GB/s\n", r);
-  std::printf("ratio                  %7.2f\n", g / r);
+  std::printf("link: %s%s | model %s | token budget %d per step\n", link.name().c_str(),
+              link_kind == "veth" ? (" at " + link_rate).c_str() : "", model.c_str(), budget);
+
+  // 1. Goodput: the same prompt twice, timed the second time (cached).
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(8 << 20);
+  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
+      prefill.address, grpc::InsecureChannelCredentials(), channel_args));
+  std::vector<double> grpc_gbps, raw_gbps;
+  size_t kv_bytes = 0, max_chunk = 0;
+  int layers = 1;
+  for (int i = 0; i < iters; ++i) {
+    const std::vector<int32_t> prompt = FreshPrompt(goodput_tokens);
+    StreamResult warm = PrefillStream(stub.get(), prompt, absl::StrCat("warm-", i));
+    StreamResult timed = PrefillStream(stub.get(), prompt, absl::StrCat("timed-", i));
+    if (!warm.ok || !timed.ok) return Fail("a prefill stream failed");
+    kv_bytes = timed.bytes;
+    layers = std::max(1, timed.layers);
+    max_chunk = timed.max_chunk;
+    grpc_gbps.push_back(timed.bytes / timed.transfer_s / 1e9);
+  }
+  for (int i = 0; i < iters; ++i) {
+    raw_gbps.push_back(kv_bytes / RawSocketSeconds(link, kv_bytes, max_chunk) / 1e9);
+  }
+  const double g = Median(grpc_gbps), r = Median(raw_gbps);
+  std::printf("\ngoodput: %d cached prompt tokens, %.1f MiB of KV in chunks of <= %.2f MiB, "
+              "median of %d\n", goodput_tokens, kv_bytes / 1048576.0, max_chunk / 1048576.0, iters);
+  std::printf("  prefill stream (gRPC)  %7.3f GB/s\n", g);
+  std::printf("  raw TCP socket         %7.3f GB/s\n", r);
+  std::printf("  ratio                  %7.2f\n", g / r);
+
+  // 2. TTFT overhead, fresh prompts (no prefix-cache hit anywhere).
+  std::printf("\nTTFT, ms (median of %d; one-token requests, fresh prompts)\n", iters);
+  std::printf("%8s %10s %10s %10s %8s %12s %12s %12s\n", "tokens", "aggregated", "pair",
+              "overhead", "of agg", "P compute", "after comp", "1 layer KV");
+  for (int n : *lengths) {
+    std::vector<double> agg, dis, compute;
+    for (int i = 0; i < iters; ++i) {
+      auto a = Ttft(aggregated.address, FreshPrompt(n), absl::StrCat("agg-", n, "-", i));
+      const double before = prefill.Metric("tandem_prefill_compute_seconds_sum");
+      auto d = Ttft(pair.address, FreshPrompt(n), absl::StrCat("pair-", n, "-", i));
+      const double after = prefill.Metric("tandem_prefill_compute_seconds_sum");
+      if (!a.has_value() || !d.has_value()) return Fail(absl::StrCat("a request of ", n, " tokens failed"));
+      agg.push_back(*a);
+      dis.push_back(*d);
+      compute.push_back(after - before);
+    }
+    const double ta = Median(agg), td = Median(dis), tc = Median(compute);
+    const double kv = static_cast<double>(kv_bytes) / goodput_tokens * n;
+    std::printf("%8d %10.1f %10.1f %10.1f %7.1f%% %12.1f %12.1f %12.1f\n", n, ta * 1e3, td * 1e3,
+                (td - ta) * 1e3, 100.0 * (td - ta) / ta, tc * 1e3, (td - tc) * 1e3,
+                kv / layers / (r * 1e9) * 1e3);
+  }
+  std::printf("(after comp: the pair's TTFT less the prefill worker's compute: the KV stream's\n"
+              " tail, import and hand-off; 1 layer KV: one layer's KV at the raw TCP rate)\n");
   return 0;
 }
 

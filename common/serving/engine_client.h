@@ -67,6 +67,8 @@ class EngineClient {
   // Start-up facts, immutable once the engine is ready.
   const LlamaConfig& model_config() const { return loop_->model_config(); }
   int max_model_len() const { return loop_->max_model_len(); }
+  // Tokens of one step: the most a prefill chunk computes at once.
+  int max_num_batched_tokens() const { return loop_->max_num_batched_tokens(); }
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int block_size() const { return block_size_; }

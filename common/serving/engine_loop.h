@@ -61,6 +61,7 @@ class EngineLoop {
   const LlamaConfig& model_config() const { return engine_->model_config(); }
   const KvCache& kv_cache() const { return engine_->kv_cache(); }
   int max_model_len() const { return engine_->max_model_len(); }
+  int max_num_batched_tokens() const { return config_.runner.max_num_batched_tokens; }
 
  private:
   void Run();

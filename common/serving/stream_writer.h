@@ -82,11 +82,14 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     return buffered_bytes_;
   }
 
-  // Runs `fn` (on a gRPC thread) each time a write completes and leaves
-  // nothing queued: a producer that sends as the reader takes refills here.
-  void OnDrained(std::function<void()> fn) {
+  // Runs `fn` (on a gRPC thread) each time a write completes and leaves at
+  // most `low_water` bytes queued: a producer that sends as the reader takes
+  // refills here (above zero, before the transport runs dry).
+  void OnDrained(std::function<void()> fn, size_t low_water = 0) {
     MutexLock lock(&mu_);
-    if (!done_) on_drained_ = std::move(fn);
+    if (done_) return;
+    on_drained_ = std::move(fn);
+    low_water_ = low_water;
   }
 
   // Runs `fn` (on a gRPC thread) with the final status once the last message
@@ -159,7 +162,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
         buffered_bytes_ = 0;
         ended_ = true;
         if (!final_.has_value()) final_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
-      } else if (queue_.empty() && !ended_) {
+      } else if ((queue_.empty() || buffered_bytes_ <= low_water_) && !ended_) {
         drained = on_drained_;
       }
     }
@@ -208,6 +211,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
   std::function<void()> on_drained_ ABSL_GUARDED_BY(mu_);
   std::function<void(const grpc::Status&)> on_finished_ ABSL_GUARDED_BY(mu_);
   size_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t low_water_ ABSL_GUARDED_BY(mu_) = 0;
   // Set in Create(), then read-only.
   std::function<void(const grpc::Status&)> on_finish_;
   std::chrono::system_clock::time_point deadline_;

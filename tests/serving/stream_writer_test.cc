@@ -2,6 +2,8 @@
 // final status, and nothing kept alive after gRPC is done with the call.
 #include "common/serving/stream_writer.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -25,16 +27,38 @@ class FakeDecode final : public v1::Decode::CallbackService {
     auto held = std::make_shared<int>(0);
     held_ = held;
     writer->OnCancelled([writer, held] { writer->End(grpc::Status::CANCELLED); });
+    // max_tokens > 0: refills are asked for at that many bytes still queued;
+    // the stream ends once they are all written.
+    const size_t low_water = request->sampling().max_tokens();
+    if (low_water > 0) {
+      StreamWriter<v1::GenerateResponse>* w = writer.get();
+      writer->OnDrained(
+          [this, w] {
+            const size_t queued = w->buffered_bytes();
+            {
+              MutexLock lock(&mu_);
+              drained_at_.push_back(queued);
+            }
+            if (queued == 0 && all_sent_.load()) w->End(grpc::Status::OK);
+          },
+          low_water);
+    }
     const int n = static_cast<int>(request->prompt_token_ids_size());
     for (int i = 0; i < n; ++i) {
       v1::GenerateResponse m;
       m.add_token_ids(i);
+      m.set_text(std::string(1000, 'x'));
       writer->Send(std::move(m));
     }
-    writer->End(grpc::Status::OK);
+    all_sent_ = true;
+    // Ends here unless a write is still to complete (its callback ends it).
+    if (low_water == 0 || writer->buffered_bytes() == 0) writer->End(grpc::Status::OK);
     return writer.get();
   }
   std::weak_ptr<int> held_;
+  std::atomic<bool> all_sent_{false};
+  Mutex mu_;
+  std::vector<size_t> drained_at_ ABSL_GUARDED_BY(mu_);  // bytes queued at each refill call
 };
 
 class StreamWriterTest : public ::testing::Test {
@@ -77,6 +101,27 @@ TEST_F(StreamWriterTest, SendsInOrderThenStatus) {
   while (reader->Read(&m)) EXPECT_EQ(m.token_ids(0), expected++);
   EXPECT_EQ(expected, 5);
   EXPECT_TRUE(reader->Finish().ok());
+}
+
+// A producer is called back before the queue runs dry: as soon as a write
+// leaves no more than the low-water mark queued, and never above it.
+TEST_F(StreamWriterTest, DrainedFiresAtTheLowWaterMark) {
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  for (int i = 0; i < 8; ++i) req.add_prompt_token_ids(i);
+  req.mutable_sampling()->set_max_tokens(3500);  // three and a half messages
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse m;
+  int n = 0;
+  while (reader->Read(&m)) ++n;
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(n, 8);
+  MutexLock lock(&service_.mu_);
+  ASSERT_FALSE(service_.drained_at_.empty());
+  // Called with messages still queued (8 queued in a row, 1 written at a time).
+  EXPECT_TRUE(std::any_of(service_.drained_at_.begin(), service_.drained_at_.end(),
+                          [](size_t queued) { return queued > 0; }));
+  for (size_t queued : service_.drained_at_) EXPECT_LE(queued, 3500u);
 }
 
 // Regression: the writer kept its OnCancelled callback after the call ended,
