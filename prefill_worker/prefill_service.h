@@ -61,9 +61,9 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
       grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
 
-  // KV bytes a stream may have copied out and not yet written (4 chunks;
+  // KV bytes a stream may have copied out and not yet written (2 chunks;
   // 2, 4 and 8 measured alike with refills at half the window).
-  static constexpr size_t kStreamWindowBytes = 4 * kMaxChunkBytes;
+  static constexpr size_t kStreamWindowBytes = 2 * kMaxChunkBytes;
 
  private:
   struct Transfer;

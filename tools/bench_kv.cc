@@ -216,13 +216,15 @@ bool StartWorker(const std::string& binary, const std::string& ip, const Link& l
   return false;
 }
 
-// A prompt of `n` tokens no earlier prompt of this run shares a block with.
+// A prompt of `n` tokens no earlier prompt of this run shares a block with
+// (ids below 500: inside every vocabulary, the synthetic models' included).
 std::vector<int32_t> FreshPrompt(int n) {
   static int32_t salt = 0;
   ++salt;
   std::vector<int32_t> p(n);
-  for (int t = 0; t < n; ++t) p[t] = 3 + (t * 7 + salt * 131) % 4000;
-  p[0] = 3 + salt % 4000;
+  for (int t = 0; t < n; ++t) p[t] = 3 + (t * 7 + salt * 131) % 490;
+  p[0] = 3 + salt % 490;
+  if (n > 1) p[1] = 3 + salt / 490 % 490;
   return p;
 }
 
