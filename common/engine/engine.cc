@@ -429,8 +429,8 @@ absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t fir
 }
 
 int64_t LlmEngine::KvReadyTokens(const std::string& id) const {
-  auto it = requests_.find(id);
-  return it == requests_.end() ? 0 : it->second->num_computed;
+  const Request* r = Find(id);
+  return r == nullptr ? 0 : r->num_computed;
 }
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
