@@ -110,8 +110,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     }
     const DType weights = q8 ? DType::kQ8_0 : dtype;
     backend->device = CreateCpuDevice();
-    backend->ops =
-        CreateCpuOps(backend->device.get(), options.threads, weights, dtype, keep_blocks);
+    auto ops = CreateCpuOps(backend->device.get(), options.threads, weights, dtype, keep_blocks);
+    if (!ops.ok()) return ops.status();
+    backend->ops = std::move(*ops);
     return backend;
   }
   auto create = LoadCudaModule();

@@ -17,6 +17,8 @@
 
 #include <memory>
 
+#include "absl/status/statusor.h"
+
 #include "common/backend/device.h"
 #include "common/backend/tensor.h"
 #include "common/graph/attention_support.h"
@@ -125,9 +127,13 @@ class Ops {
 // threads (<= 0: every CPU this process may use); activations in f32, matmul
 // weights in `weight_dtype` (kF32, kBF16 or kQ8_0) unless `keep_file_blocks`
 // keeps a file's own block types, the KV cache in `kv_dtype` (kF32 or kBF16).
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads,
-                                  DType weight_dtype = DType::kF32,
-                                  DType kv_dtype = DType::kF32, bool keep_file_blocks = false);
+// The kernels run on the best Highway target the CPU supports, or on the one
+// TANDEM_CPU_TARGET names (benchmarks); InvalidArgument for a target the CPU
+// cannot run.
+absl::StatusOr<std::unique_ptr<Ops>> CreateCpuOps(Device* cpu_device, int threads,
+                                                  DType weight_dtype = DType::kF32,
+                                                  DType kv_dtype = DType::kF32,
+                                                  bool keep_file_blocks = false);
 
 }  // namespace tandem
 

@@ -142,8 +142,12 @@ class CpuOpsTest : public ::testing::TestWithParam<int> {
   std::mt19937 rng_{42};
 };
 
+// On every Highway target this CPU runs (the ops choose by target: tiles or
+// OpenBLAS's sgemm for prefill-sized products).
 TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
+  for (const std::string& target : cpu::Targets())
   for (auto [big_n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 19}, {64, 576}, {100, 33}}) {
+    ASSERT_TRUE(cpu::UseTarget(target));
     for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 16, 31, 32, 33, 70}) {
       Tensor x = Random({n, k}), w = Random({big_n, k});
       Tensor out = arena_->Allocate(DType::kF32, {n, big_n}).value();
@@ -161,10 +165,11 @@ TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
         }
       }
       ExpectNear(out.f32(), want, scale, 1e-6,
-                 "matmul n=" + std::to_string(n) + " N=" + std::to_string(big_n) +
+                 target + " matmul n=" + std::to_string(n) + " N=" + std::to_string(big_n) +
                      " K=" + std::to_string(k));
     }
   }
+  ASSERT_TRUE(cpu::UseTarget(""));
 }
 
 // Narrow weights (q8_0 by --weight-dtype, bf16 by --dtype): the small-batch
@@ -223,8 +228,7 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
         }
         // The portable kernels multiply block types by x rounded to int16
         // per 32 elements (each off by at most its block's max|x| / 65534).
-        const bool int16_x = IsBlockType(tc.dt) && !cpu::HasAvx512() &&
-                             n <= cpu::kSmallMatmulMaxRows;
+        const bool int16_x = IsBlockType(tc.dt) && n <= cpu::BlocksIntegerMaxRows();
         std::vector<double> want(n * big_n), scale(n * big_n), slack(n * big_n);
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < big_n; ++j) {
@@ -271,22 +275,23 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
             std::string::npos);
 }
 
-// bf16 rounding: the AVX512-BF16 conversion (where the CPU has it) gives the
-// portable loop's bits, ties to even included, at every length (vector tails).
-TEST(CpuKernelsTest, Bf16ConversionEqualsThePortableRounding) {
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> d(-1e4f, 1e4f);
-  for (int n : {1, 15, 16, 17, 100}) {
-    std::vector<float> x(n);
-    for (int i = 0; i < n; ++i) x[i] = d(rng);
-    x[0] = 1.f + 1.f / 256;  // halfway between two bf16: rounds to even (1.0)
-    std::vector<uint16_t> fast(n), portable(n);
-    cpu::ToBf16(x.data(), fast.data(), n);
-    ConvertFromF32(x.data(), DType::kBF16, portable.data(), n);
-    EXPECT_EQ(fast, portable) << n;
-    EXPECT_EQ(fast[0], 0x3f80) << n;
-  }
-  std::printf("AVX512-BF16: %s\n", cpu::HasAvx512Bf16() ? "yes" : "no (portable path)");
+// TANDEM_CPU_TARGET picks the Highway target by name; a name the CPU cannot
+// run is refused, naming the value and the choices.
+TEST(CpuBackendTest, CpuTargetIsChosenByTheEnvironment) {
+  const std::vector<std::string> targets = cpu::Targets();
+  BackendOptions o;
+  setenv("TANDEM_CPU_TARGET", targets.back().c_str(), 1);
+  ASSERT_TRUE(CreateBackend(o).ok());
+  EXPECT_EQ(cpu::Target(), targets.back());
+  setenv("TANDEM_CPU_TARGET", "NO_SUCH_TARGET", 1);
+  const absl::Status bad = CreateBackend(o).status();
+  unsetenv("TANDEM_CPU_TARGET");
+  ASSERT_TRUE(cpu::UseTarget(""));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("TANDEM_CPU_TARGET=NO_SUCH_TARGET is not a target this CPU runs (one "
+                               "of: " + targets.front()),
+            std::string::npos)
+      << bad;
 }
 
 TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
@@ -356,10 +361,13 @@ TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
 
 // With an f32 cache and with a bf16 one (--dtype=bf16 on the CPU): the new
 // tokens' k and v are rounded to bf16 in their slots, and attention reads the
-// cache as it is stored.
+// cache as it is stored. On every Highway target this CPU runs (prefill
+// chunks' products by the tiles or by OpenBLAS's sgemm, as the target says).
 TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
+  for (const std::string& target : cpu::Targets())
   for (DType kv : {DType::kF32, DType::kBF16})
   for (int hd : {24, 64, 128}) {
+    ASSERT_TRUE(cpu::UseTarget(target));
     BackendOptions o;
     o.threads = GetParam();
     o.dtype = std::string(DTypeName(kv));
@@ -448,8 +456,10 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
       }
     }
     ExpectNear(out.f32(), want, ones, 1e-5,
-               "attention hd=" + std::to_string(hd) + " kv " + std::string(DTypeName(kv)));
+               target + " attention hd=" + std::to_string(hd) + " kv " +
+                   std::string(DTypeName(kv)));
   }
+  ASSERT_TRUE(cpu::UseTarget(""));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuOpsTest, ::testing::Values(1, 2, 3),

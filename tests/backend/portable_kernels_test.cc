@@ -9,102 +9,260 @@
 
 #include "common/backend/tensor.h"
 #include "common/kernels/cpu/cpu_kernels.h"
-#include "common/kernels/cpu/hwy_kernels.h"
 #include "gtest/gtest.h"
-#include "hwy/targets.h"
 
 namespace tandem {
 namespace {
 
-// The Highway kernels on every target compiled in that this CPU runs
-// (x86: SSE4, AVX2 and, where present, AVX-512 ones; Arm: NEON, SVE, SVE2;
-// scalar/EMU128 too): widening equals ConvertToF32 and the small matmul equals widened
-// weights times x, for every narrow weight type; a row's product is the same
-// bits whatever the number of rows beside it (a verification step of 1 + k
-// tokens gives plain decoding's logits).
+// Runs fn once per Highway target compiled in that this CPU runs (x86: SSE4,
+// AVX2 and, where present, AVX-512 ones; Arm: NEON, SVE, SVE2; EMU128 or
+// scalar too), with the kernels switched to it; then back to the best.
+template <typename Fn>
+void OnEveryTarget(Fn fn) {
+  const std::vector<std::string> targets = cpu::Targets();
+  ASSERT_FALSE(targets.empty());
+  std::string names;
+  for (const std::string& target : targets) {
+    ASSERT_TRUE(cpu::UseTarget(target)) << target;
+    SCOPED_TRACE(target);
+    EXPECT_EQ(cpu::Target(), target);
+    fn();
+    names += (names.empty() ? "" : " ") + target;
+  }
+  ASSERT_TRUE(cpu::UseTarget(""));
+  ::testing::Test::RecordProperty("targets", names);
+}
+
+TEST(PortableKernelsTest, TargetsAreChosenByName) {
+  const std::vector<std::string> targets = cpu::Targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(cpu::Target(), targets.front());  // the best one by default
+  std::string lower = targets.back();
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  ASSERT_TRUE(cpu::UseTarget(lower));
+  EXPECT_EQ(cpu::Target(), targets.back());
+  EXPECT_FALSE(cpu::UseTarget("NO_SUCH_TARGET"));
+  EXPECT_EQ(cpu::Target(), targets.back());  // unchanged
+  ASSERT_TRUE(cpu::UseTarget(""));
+  EXPECT_EQ(cpu::Target(), targets.front());
+}
+
+// Widening equals ConvertToF32, and the matmuls equal widened weights times
+// x for every weight type, at row counts that fill register tiles, leave
+// remainders and cross a block of 64 rows, and lengths with a tail past the
+// vectors; a row's product is the same bits whatever the number of rows
+// beside it (a verification step of 1 + k tokens gives plain decoding's
+// logits).
 TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  const int64_t rows = 7, k = 96, n = 6;
-  std::vector<float> w(rows * k), x(n * k);
-  for (float& v : w) v = uni(rng);
-  for (float& v : x) v = uni(rng);
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    EXPECT_STREQ(cpu::PortableTarget(), hwy::TargetName(target));
+  const int64_t rows = 7, max_n = 70;
+  OnEveryTarget([&] {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-      SCOPED_TRACE(std::string(DTypeName(dt)));
-      std::vector<uint8_t> stored(DTypeBytes(dt, rows * k));
-      ConvertFromF32(w.data(), dt, stored.data(), rows * k);
-      std::vector<float> want(rows * k), got(rows * k);
-      ConvertToF32(stored.data(), dt, want.data(), rows * k);
-      cpu::WidenRow(dt, stored.data(), rows * k, got.data());
-      for (int64_t i = 0; i < rows * k; ++i) {
-        ASSERT_NEAR(got[i], want[i], 1e-6f * std::max(1.f, std::fabs(want[i]))) << i;
-      }
-      // Columns [2, 6) of out[m, rows] = x * w^T, out rows 8 apart; one row
-      // of x (decode), three, and six (four at a time, then two).
-      std::vector<std::vector<float>> alone(n);  // each row of x on its own
-      for (int64_t r = 0; r < n; ++r) {
-        alone[r].assign(8, -1.f);
-        std::vector<float> row(cpu::SmallMatmulScratchFloats(1, k));
-        cpu::SmallMatmulWiden(dt, x.data() + r * k, k, 1, stored.data(), k, 2, 6,
-                              alone[r].data(), 8, row.data());
-      }
-      for (int64_t m : {int64_t{1}, int64_t{3}, n}) {
-        std::vector<float> out(m * 8, -1.f), row(cpu::SmallMatmulScratchFloats(m, k));
-        cpu::SmallMatmulWiden(dt, x.data(), k, m, stored.data(), k, 2, 6, out.data(), 8, row.data());
-        for (int64_t r = 0; r < m; ++r) {
-          for (int64_t j = 0; j < 8; ++j) {
-            if (j < 2 || j >= 6) {
-              EXPECT_EQ(out[r * 8 + j], -1.f);  // outside the slice: untouched
-              continue;
-            }
-            // Block types multiply x rounded to int16 per 32 elements: each
-            // element off by at most its block's max|x| / 65534.
-            double ref = 0, bound = 1e-4;
-            for (int64_t i = 0; i < k; ++i) {
-              ref += double{x[r * k + i]} * want[j * k + i];
-              if (IsBlockType(dt)) {
-                float amax = 0.f;
-                for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {
-                  amax = std::max(amax, std::fabs(x[r * k + e]));
+      for (int64_t k : {int64_t{96}, int64_t{37}}) {
+        if (IsBlockType(dt) && k % 32 != 0) continue;
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " k=" + std::to_string(k));
+        std::vector<float> w(rows * k), x(max_n * k);
+        for (float& v : w) v = uni(rng);
+        for (float& v : x) v = uni(rng);
+        std::vector<uint8_t> stored(DTypeBytes(dt, rows * k));
+        ConvertFromF32(w.data(), dt, stored.data(), rows * k);
+        std::vector<float> want(rows * k), got(rows * k);
+        ConvertToF32(stored.data(), dt, want.data(), rows * k);
+        cpu::WidenRow(dt, stored.data(), rows * k, got.data());
+        for (int64_t i = 0; i < rows * k; ++i) {
+          ASSERT_NEAR(got[i], want[i], 1e-6f * std::max(1.f, std::fabs(want[i]))) << i;
+        }
+        // Columns [1, 6) of out[m, 8] = x * w^T.
+        const auto matmul = [&](int64_t m, float* out) {
+          std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(m, k));
+          switch (dt) {
+            case DType::kF32:
+              return cpu::MatmulF32(x.data(), k, m, w.data(), k, 1, 6, out, 8);
+            case DType::kBF16:
+              return cpu::MatmulBf16(x.data(), k, m, reinterpret_cast<uint16_t*>(stored.data()),
+                                     k, 1, 6, out, 8);
+            default:
+              return cpu::MatmulBlocks(dt, x.data(), k, m, stored.data(), k, 1, 6, out, 8,
+                                       scratch.data());
+          }
+        };
+        std::vector<float> alone(8 * max_n, -1.f);  // each row of x on its own
+        for (int64_t r = 0; r < max_n; ++r) {
+          std::vector<float> one(8, -1.f);
+          const float* xr = x.data() + r * k;
+          std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(1, k));
+          if (dt == DType::kF32) cpu::MatmulF32(xr, k, 1, w.data(), k, 1, 6, one.data(), 8);
+          if (dt == DType::kBF16) {
+            cpu::MatmulBf16(xr, k, 1, reinterpret_cast<uint16_t*>(stored.data()), k, 1, 6,
+                            one.data(), 8);
+          }
+          if (IsBlockType(dt)) {
+            cpu::MatmulBlocks(dt, xr, k, 1, stored.data(), k, 1, 6, one.data(), 8,
+                              scratch.data());
+          }
+          std::copy(one.begin(), one.end(), alone.begin() + r * 8);
+        }
+        for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{8}, int64_t{9}, int64_t{32}, max_n}) {
+          if (IsBlockType(dt) && m > cpu::kSmallMatmulMaxRows) continue;
+          std::vector<float> out(m * 8, -1.f);
+          matmul(m, out.data());
+          for (int64_t r = 0; r < m; ++r) {
+            for (int64_t j = 0; j < 8; ++j) {
+              if (j < 1 || j >= 6) {
+                ASSERT_EQ(out[r * 8 + j], -1.f);  // outside the slice: untouched
+                continue;
+              }
+              // Block types multiply x rounded to int16 per 32 elements:
+              // each element off by at most its block's max|x| / 65534.
+              double ref = 0, bound = 1e-4;
+              for (int64_t i = 0; i < k; ++i) {
+                ref += double{x[r * k + i]} * want[j * k + i];
+                if (IsBlockType(dt)) {
+                  float amax = 0.f;
+                  for (int64_t e = i / 32 * 32; e < i / 32 * 32 + 32; ++e) {
+                    amax = std::max(amax, std::fabs(x[r * k + e]));
+                  }
+                  bound += std::fabs(want[j * k + i]) * amax / 65534.0;
                 }
-                bound += std::fabs(want[j * k + i]) * amax / 65534.0;
+              }
+              ASSERT_NEAR(out[r * 8 + j], ref, bound) << r << "," << j;
+              if (!IsBlockType(dt) || m <= cpu::BlocksIntegerMaxRows()) {
+                ASSERT_EQ(out[r * 8 + j], alone[r * 8 + j]) << m << " rows: " << r << "," << j;
               }
             }
-            EXPECT_NEAR(out[r * 8 + j], ref, bound) << r << "," << j;
-            EXPECT_EQ(out[r * 8 + j], alone[r][j]) << m << " rows: " << r << "," << j;
           }
         }
       }
     }
     // A length with a tail past the vectors.
+    std::vector<float> a(37), b(37);
+    for (float& v : a) v = uni(rng);
+    for (float& v : b) v = uni(rng);
     double ref = 0;
-    for (int64_t i = 0; i < 37; ++i) ref += double{x[i]} * w[i];
-    EXPECT_NEAR(cpu::DotF32(x.data(), w.data(), 37), ref, 1e-5);
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  std::string names;
-  for (int64_t target : targets) names += std::string(names.empty() ? "" : " ") + hwy::TargetName(target);
-  ::testing::Test::RecordProperty("targets", names);
+    for (int64_t i = 0; i < 37; ++i) ref += double{a[i]} * b[i];
+    EXPECT_NEAR(cpu::Dot(a.data(), b.data(), 37), ref, 1e-5);
+  });
 }
 
+// Attention's kernels against double-precision definitions on every target,
+// for head sizes of whole vectors and not (64, 128, 80, 6) and contexts with
+// tails: the scores over K transposed, the weighted sum of V rows, and the
+// decode form reading f32 or bf16 rows in place at scattered offsets.
+TEST(PortableKernelsTest, AttentionKernelsMatchTheirDefinitionsOnEveryTarget) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  OnEveryTarget([&] {
+    for (int hd : {64, 128, 80, 6}) {
+      for (int64_t ctx : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{67}}) {
+        SCOPED_TRACE("hd=" + std::to_string(hd) + " ctx=" + std::to_string(ctx));
+        const int64_t rows = 5, ldq = hd + 3, ldkt = ctx + 2, lds = ctx + 1;
+        const float scale = 0.125f;
+        std::vector<float> q(rows * ldq), kt(hd * ldkt), s(rows * lds, 9.f);
+        for (float& v : q) v = uni(rng);
+        for (float& v : kt) v = uni(rng);
+        cpu::AttentionScores(q.data(), ldq, rows, kt.data(), ldkt, ctx, hd, scale, s.data(), lds);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t j = 0; j < ctx; ++j) {
+            double ref = 0;
+            for (int d = 0; d < hd; ++d) ref += double{q[r * ldq + d]} * kt[d * ldkt + j];
+            ASSERT_NEAR(s[r * lds + j], scale * ref, 1e-5) << r << "," << j;
+          }
+          ASSERT_EQ(s[r * lds + ctx], 9.f);  // past ctx: untouched
+        }
+        // out = p * v.
+        const int64_t ldo = hd + 2;
+        std::vector<float> p(rows * ctx), v(ctx * hd), out(rows * ldo, 9.f);
+        for (float& e : p) e = uni(rng);
+        for (float& e : v) e = uni(rng);
+        cpu::AttentionPv(p.data(), ctx, rows, v.data(), ctx, hd, out.data(), ldo);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int d = 0; d < hd; ++d) {
+            double ref = 0;
+            for (int64_t j = 0; j < ctx; ++j) ref += double{p[r * ctx + j]} * v[j * hd + d];
+            ASSERT_NEAR(out[r * ldo + d], ref, 1e-5) << r << "," << d;
+          }
+          ASSERT_EQ(out[r * ldo + hd], 9.f);
+        }
+        // Decode: 3 query heads over keys at scattered, reversed offsets of
+        // a cache whose rows are 2 heads wide (this head's rows at + hd).
+        const int heads = 3;
+        const int64_t row = 2 * hd;
+        std::vector<float> cache_k(ctx * row), cache_v(ctx * row), qd(heads * hd);
+        for (float& e : cache_k) e = uni(rng);
+        for (float& e : cache_v) e = uni(rng);
+        for (float& e : qd) e = uni(rng);
+        std::vector<int64_t> off(ctx);
+        for (int64_t j = 0; j < ctx; ++j) off[j] = (ctx - 1 - j) * row;
+        std::vector<uint16_t> kb(cache_k.size()), vb(cache_v.size());
+        ConvertFromF32(cache_k.data(), DType::kBF16, kb.data(), kb.size());
+        ConvertFromF32(cache_v.data(), DType::kBF16, vb.data(), vb.size());
+        for (bool bf16 : {false, true}) {
+          SCOPED_TRACE(bf16 ? "bf16 cache" : "f32 cache");
+          std::vector<float> kf(cache_k), vf(cache_v);
+          if (bf16) {
+            ConvertToF32(kb.data(), DType::kBF16, kf.data(), kf.size());
+            ConvertToF32(vb.data(), DType::kBF16, vf.data(), vf.size());
+          }
+          std::vector<float> scratch(heads * ctx), od(heads * hd + 1, 9.f);
+          if (bf16) {
+            cpu::AttentionDecode(qd.data(), heads, hd, kb.data() + hd, vb.data() + hd, off.data(),
+                                 ctx, scale, scratch.data(), od.data());
+          } else {
+            cpu::AttentionDecode(qd.data(), heads, hd, cache_k.data() + hd, cache_v.data() + hd,
+                                 off.data(), ctx, scale, scratch.data(), od.data());
+          }
+          for (int h = 0; h < heads; ++h) {
+            std::vector<double> w(ctx);
+            double max = -HUGE_VAL, total = 0;
+            for (int64_t j = 0; j < ctx; ++j) {
+              double dot = 0;
+              for (int d = 0; d < hd; ++d) dot += double{qd[h * hd + d]} * kf[off[j] + hd + d];
+              w[j] = scale * dot;
+              max = std::max(max, w[j]);
+            }
+            for (double& e : w) total += (e = std::exp(e - max));
+            for (int d = 0; d < hd; ++d) {
+              double ref = 0;
+              for (int64_t j = 0; j < ctx; ++j) ref += w[j] / total * vf[off[j] + hd + d];
+              ASSERT_NEAR(od[h * hd + d], ref, 1e-5) << h << "," << d;
+            }
+          }
+          EXPECT_EQ(od[heads * hd], 9.f);
+        }
+      }
+    }
+  });
+}
 
-// The row-wise kernels on every target, at lengths with a masked tail
-// (and cpu_kernels.h's entry points, which use them without AVX-512):
+// bf16 rounding on every target: tensor.cc's bits, ties to even and NaNs
+// included, at every length (vector tails); nothing past n written.
+TEST(PortableKernelsTest, Bf16RoundingEqualsTheScalarConversionOnEveryTarget) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> d(-1e4f, 1e4f);
+  OnEveryTarget([&] {
+    for (int n : {1, 3, 15, 16, 17, 100}) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i) x[i] = d(rng);
+      x[0] = 1.f + 1.f / 256;  // halfway between two bf16: rounds to even (1.0)
+      if (n > 2) x[2] = std::nanf("");
+      std::vector<uint16_t> fast(n + 1, 7), scalar(n);
+      cpu::ToBf16(x.data(), fast.data(), n);
+      ConvertFromF32(x.data(), DType::kBF16, scalar.data(), n);
+      EXPECT_EQ(std::vector<uint16_t>(fast.begin(), fast.begin() + n), scalar) << n;
+      EXPECT_EQ(fast[0], 0x3f80) << n;
+      EXPECT_EQ(fast[n], 7) << n;
+    }
+  });
+}
+
+// The row-wise kernels on every target, at lengths with a masked tail:
 // softmax, SiLU x up and RMSNorm (with and without the residual add) against
 // double-precision definitions; lanes past n are never written.
 TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uni(-4.f, 4.f);
-  const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
+  OnEveryTarget([&] {
     for (int64_t n : {1, 7, 16, 37, 576}) {
       SCOPED_TRACE(n);
       std::vector<float> x(n + 1), gate(n), up(n), w(n), base(n), add(n);
@@ -119,7 +277,7 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
       if (n > 1) x[3 % n] = -HUGE_VALF;  // a masked score
       const float guard = x[n];
       std::vector<float> soft(x);
-      cpu::SoftmaxPortable(soft.data(), n);
+      cpu::Softmax(soft.data(), n);
       double max = -HUGE_VAL, total = 0;
       for (int64_t i = 0; i < n; ++i) max = std::max(max, double{x[i]});
       for (int64_t i = 0; i < n; ++i) total += std::exp(x[i] - max);
@@ -129,7 +287,7 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
       EXPECT_EQ(soft[n], guard);
 
       std::vector<float> out(n + 1, 7.f);
-      cpu::SiluMulPortable(gate.data(), up.data(), out.data(), n);
+      cpu::SiluMul(gate.data(), up.data(), out.data(), n);
       for (int64_t i = 0; i < n; ++i) {
         const double g = gate[i], want = g / (1.0 + std::exp(-g)) * up[i];
         ASSERT_NEAR(out[i], want, 1e-6 * (1 + std::fabs(want))) << i;
@@ -138,7 +296,7 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
 
       for (bool residual : {false, true}) {
         std::vector<float> sum(n + 1, 7.f), normed(n + 1, 7.f);
-        cpu::RmsNormRowPortable(base.data(), residual ? add.data() : nullptr,
+        cpu::RmsNormRow(base.data(), residual ? add.data() : nullptr,
                                 residual ? sum.data() : nullptr, w.data(), 1e-5f, n,
                                 normed.data());
         double ss = 0;
@@ -158,10 +316,12 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
         EXPECT_EQ(sum[n], 7.f);
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
-  // The entry points the CPU backend calls (AVX-512 where present, else the
-  // above): the same definitions.
+    // exp within 1 ulp.
+    for (float e = -80.f; e < 80.f; e += 0.37f) {
+      ASSERT_NEAR(cpu::ExpForTest(e), std::exp(e), 1.2e-7f * std::exp(e)) << e;
+    }
+  });
+  // On the best target, the same definitions.
   std::vector<float> x = {1.f, 2.f, 3.f, -1.f, 0.5f};
   cpu::Softmax(x.data(), static_cast<int64_t>(x.size()));
   double sum = 0;

@@ -17,7 +17,7 @@ using M = CudaGraphMode;
 // A synthetic model, its cache and a runner, on the CPU.
 struct Rig {
   std::unique_ptr<Device> device = CreateCpuDevice();
-  std::unique_ptr<Ops> ops = CreateCpuOps(device.get(), 1);
+  std::unique_ptr<Ops> ops = CreateCpuOps(device.get(), 1).value();
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<ModelRunner> runner;
@@ -197,7 +197,7 @@ TEST(ModelRunnerTest, StepLimitsAreErrors) {
 
 TEST(ModelRunnerTest, UnsupportedModeFailsAtStartup) {
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1);
+  auto ops = CreateCpuOps(device.get(), 1).value();
   auto model = LlamaModel::Load("synthetic", ops.get()).value();
   auto kv = KvCache::Create(device.get(), DType::kF32, 4, 16, 16, 2, 16).value();
   RunnerConfig rc;

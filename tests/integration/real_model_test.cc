@@ -211,10 +211,9 @@ TEST(RealModelTest, GgufBlocksAreKeptAsStored) {
 INSTANTIATE_TEST_SUITE_P(
     Cpu, RealModelNarrowTest,
     // Measured on SmolLM2 (whose f32 weights are its Q4_1 file's, which
-    // Q8_0 cannot represent exactly): the file's own blocks (gguf) 1e-6
-    // (the same weights, summed in another order) with the AVX-512 kernels,
-    // 6e-5 with the portable ones (decode rounds x to int16 per block for
-    // integer block dots: 2^-16 of a block's largest element), bf16 6e-3-1.7e-2 (a
+    // Q8_0 cannot represent exactly): the file's own blocks (gguf) 6e-5
+    // (decode rounds x to int16 per block for integer block dots: 2^-16 of
+    // a block's largest element), bf16 6e-3-1.7e-2 (a
     // prefill's dot products round activations to bf16 too; CUDA's bf16
     // limit is the same 5e-2), q8_0 2-5.4e-2.
     ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 2e-4},

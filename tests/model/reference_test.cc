@@ -37,7 +37,7 @@ void CheckAgainstReference(const std::string& fixture, const std::string& spec,
   nlohmann::json ref = nlohmann::json::parse(in);
 
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, expect.keep_file_blocks);
+  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, expect.keep_file_blocks).value();
   auto model = LlamaModel::Load(spec, ops.get());
   ASSERT_TRUE(model.ok()) << model.status();
   const LlamaConfig& config = (*model)->config();
@@ -183,7 +183,7 @@ std::string WriteFixtureAsGguf() {
 std::vector<float> PromptLogits(const std::string& spec, bool keep_file_blocks,
                                 std::string* weight_dtypes = nullptr) {
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, keep_file_blocks);
+  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, keep_file_blocks).value();
   auto model = LlamaModel::Load(spec, ops.get());
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return {};

@@ -98,7 +98,7 @@ TEST(SafetensorsTest, ModelLoadNamesMissingTensor) {
   ASSERT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(),
                                   {{"unrelated", {{1}, {0.f}}}}).ok());
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1);
+  auto ops = CreateCpuOps(device.get(), 1).value();
   auto model = LlamaModel::Load(dir.string(), ops.get());
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("model.embed_tokens.weight"), std::string::npos)
@@ -219,7 +219,7 @@ TEST(SafetensorsTest, ModelLoadRefusesTensorsItDoesNotUse) {
   tensors["model.layers.0.self_attn.q_proj.bias"] = {{64}, std::vector<float>(64, 0.f)};
   ASSERT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(), tensors).ok());
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1);
+  auto ops = CreateCpuOps(device.get(), 1).value();
   auto model = LlamaModel::Load(dir.string(), ops.get());
   ASSERT_FALSE(model.ok());
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
@@ -230,7 +230,7 @@ TEST(SafetensorsTest, ModelLoadRefusesTensorsItDoesNotUse) {
 
 TEST(SyntheticModelTest, SameNameSameWeights) {
   auto device = CreateCpuDevice();
-  auto ops = CreateCpuOps(device.get(), 1);
+  auto ops = CreateCpuOps(device.get(), 1).value();
   auto a = LlamaModel::Load("synthetic", ops.get());
   auto b = LlamaModel::Load("synthetic", ops.get());
   ASSERT_TRUE(a.ok() && b.ok());

@@ -1,100 +1,104 @@
-// Hand-written CPU kernels for the shapes OpenBLAS handles badly, chosen at
-// run time by what the CPU supports (AVX-512F here; elsewhere the callers keep
-// OpenBLAS and the portable loops).
+// The CPU backend's kernels. One portable source (hwy_kernels.cc, Google
+// Highway): each kernel is compiled for every target Highway has for the
+// architecture (x86: SSE4, AVX2, AVX-512 and its Ice Lake variant; Arm: NEON,
+// SVE, SVE2; a scalar target everywhere) and the best one the running CPU
+// supports is chosen at the first call. Every kernel works on every target.
+// One measured specialization sits beside them (cpu_kernels_x86.cc):
+// AVX512-BF16's vdpbf16ps for prefill over bf16 weights.
 //
-// Why not OpenBLAS for these: sgemm packs the whole weight matrix before
-// multiplying, which for a decode step of 1-32 rows costs more than the
-// multiply itself (62% of a batch-1 decode profile); a row-streaming kernel
-// reads each weight once per step for every row of the batch. Attention dot
-// products of one head (64-128 floats) are too short for any BLAS call.
+// Why not OpenBLAS for the matmuls: sgemm packs the whole weight matrix
+// before multiplying, which for a decode step of 1-32 rows costs more than
+// the multiply itself (62% of a batch-1 decode profile); a row-streaming
+// kernel reads each weight once per step for every row of the batch; and
+// attention's products of one head (64-128 floats) are too short for any
+// BLAS call. Prefill figures against sgemm: docs/backends.md.
 #ifndef TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_
 #define TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "common/backend/tensor.h"
 
 namespace tandem::cpu {
 
-// Whether the AVX-512 kernels below may run on this CPU (F, DQ, BW, VL), and
-// whether it also converts to bf16 in hardware (AVX512-BF16).
-bool HasAvx512();
-bool HasAvx512Bf16();
+// The Highway target the kernels run on, e.g. "AVX3" (AVX-512) or "AVX2"
+// (start-up log); the targets this CPU can run, best first.
+const char* Target();
+std::vector<std::string> Targets();
+// Runs the kernels on the named target from now on (one of Targets(), any
+// case; "" restores the best): for benchmarks and tests of a target other
+// than the CPU's best (TANDEM_CPU_TARGET). False (nothing changed) for a
+// name this CPU cannot run. Not thread-safe: call it before kernels run.
+bool UseTarget(std::string_view name);
 
-// The largest row count SmallMatmul is used for (above it, sgemm's packing
-// pays for itself).
+// The largest row count MatmulBlocks serves (above it weights are widened
+// and multiplied as f32).
 constexpr int64_t kSmallMatmulMaxRows = 32;
 
-// out[i, j] = dot(x[i, :K], w[j, :K]) for i < n, j in [j_begin, j_end);
-// x rows `ldx` apart, out rows `ldo` apart. AVX-512 only.
-void SmallMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
-                 int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+// out[i, j] = dot(x[i, :K], w[j, :K]) for i < n, j in [j0, j1); x rows `ldx`
+// apart, out rows `ldo` apart. Register tiles of rows of x by 4 weight rows,
+// in blocks of 64 rows of x: each weight row is read once per block (once
+// per decode step). A row's result is the same bits whatever n is (a
+// verification step of 1 + k tokens gives plain decoding's logits).
+void MatmulF32(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K, int64_t j0,
+               int64_t j1, float* out, int64_t ldo);
+// As MatmulF32 with bf16 weights (the high 16 bits of an f32, widened in
+// registers, exactly, as they stream: half the f32 bytes).
+void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K, int64_t j0,
+                int64_t j1, float* out, int64_t ldo);
 
-// As SmallMatmul, with bf16 weights (the high 16 bits of an f32; widened in
-// registers, exactly, as they stream: half the f32 bytes). AVX-512 only.
-// Not AVX512-BF16's dot product: that would round x to bf16 too, and a
-// decode step waits on the weight stream, not on the FMAs.
-void SmallMatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
-                     int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+// As MatmulF32 with weights of a block type (Q8_0, Q4_0, Q4_1: rows of K / 32
+// blocks), n <= kSmallMatmulMaxRows: each block multiplied in registers, as
+// integers, by x's rows rounded to int16 per 32-element block (relative
+// error 2^-16 of a block's largest element), up to four rows of x at once.
+// Up to BlocksIntegerMaxRows() rows (8 on AVX-512 targets, 32 elsewhere: the
+// faster way on each, measured) a row's result is the same bits whatever n is
+// (speculative verification steps give plain decoding's logits); above, each
+// group of 4 weight rows is widened once to f32 and multiplied by the f32
+// tiles (x not rounded).
+// `scratch`: MatmulBlocksScratchFloats(n, K) floats.
+void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
+                  int64_t K, int64_t j0, int64_t j1, float* out, int64_t ldo, float* scratch);
+int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k);
+int64_t BlocksIntegerMaxRows();
 
-// out[i, j] = dot(bf16(x[i, :K]), w[j, :K]) with AVX512-BF16's vdpbf16ps
-// (HasAvx512Bf16() only): x rounded to bf16 as it is loaded, f32
-// accumulation; twice the products per instruction of the f32 FMA kernels.
-// For prefill-sized n with bf16 weights (--dtype=bf16), where the multiply,
-// not the weight stream, is the cost.
-// As SmallMatmul, for prefill-sized n: the same 4 x 4 register tiles over
-// blocks of 64 rows of x. Against OpenBLAS 0.3.21's sgemm as this project's
-// machines run it (OPENBLAS_CORETYPE=Haswell: AVX2 kernels) a 512-token
-// SmolLM2 prefill took 705 against 1060 ms at one thread and 386 against
-// 557 ms at two: no packing, and AVX-512. AVX-512 only.
-void LargeMatmul(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K,
-                 int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
-void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
-                  int64_t j_begin, int64_t j_end, float* out, int64_t ldo);
+// dst[0, n) = src's first n elements as f32. `dtype`: f32, bf16, Q8_0, Q4_0
+// or Q4_1 (n a multiple of 32 for the block types). Equal to ConvertToF32.
+void WidenRow(DType dtype, const void* src, int64_t n, float* dst);
 
-// As SmallMatmul, with weights of a block type (DType::kQ8_0, kQ4_0 or
-// kQ4_1: rows of K / 32 blocks, K a multiple of 32), widened in registers as
-// they stream: a decode step reads a quarter (q8_0) or a sixth (q4) of the
-// f32 bytes. For more than 8 rows of x, 4 weight rows at a time are widened
-// once into `scratch` (at least 4 * K floats, else the register path is
-// kept) and multiplied as f32. AVX-512 only.
-void SmallMatmulBlocks(DType type, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
-                       int64_t K, int64_t j_begin, int64_t j_end, float* out, int64_t ldo,
-                       float* scratch = nullptr, int64_t scratch_floats = 0);
-
-// dot(a, b) over n elements (AVX-512 when available, else scalar).
+// sum over i < n of a[i] * b[i] (f32 accumulation in lanes, then summed).
 float Dot(const float* a, const float* b, int64_t n);
-// out = bf16(x), rounding to nearest even (AVX512-BF16 where the CPU has
-// it, else ConvertFromF32's loop; the same bits either way).
+
+// out = bf16(x), rounding to nearest even: ConvertFromF32's bits.
 void ToBf16(const float* x, uint16_t* out, int64_t n);
 
 // Attention's first product: s[r, j] = scale * dot(q[r, :hd], k[j, :hd]) for
-// r < rows, j < ctx, with K given transposed (kt[d * ldkt + j]: 16 keys per
-// vector, so each q[r, d] is broadcast against them and no dot product
-// needs a reduction; q rows `ldq` apart, s rows `lds` apart). Any hd. False
-// (nothing written) without AVX-512. Against OpenBLAS's sgemm on the
-// untransposed rows (it packs both sides of every K = hd product) a
-// 4096-token SmolLM2 prefill at two threads took 4.41 against 5.07 s, its
-// attention 48% of the ops' time against 53%.
-bool AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
+// r < rows, j < ctx, with K given transposed (kt[d * ldkt + j]: a vector of
+// keys per dimension, so each q[r, d] is broadcast against them and no dot
+// product needs a reduction; q rows `ldq` apart, s rows `lds` apart). Against
+// OpenBLAS's sgemm on the untransposed rows (it packs both sides of every
+// K = hd product) a 4096-token SmolLM2 prefill at two threads took 4.41
+// against 5.07 s.
+void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
                      int64_t ctx, int hd, float scale, float* s, int64_t lds);
 
 // Attention's second product: out[r, :hd] = sum_j p[r, j] * v[j, :hd] for
 // r < rows, j < ctx (p rows `ldp` apart, v contiguous rows of hd, out rows
-// `ldo` apart), in AVX-512 outer-product tiles. False (nothing written)
-// where it has no kernel: no AVX-512, or hd other than 64 and 128.
-bool AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
+// `ldo` apart), in outer-product tiles.
+void AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo);
 
 // Attention of one query token's heads of one KV group (rows heads, q and
 // out rows hd apart) over ctx keys read in place from the cache: key j's K
 // and V rows start at k + off[j] and v + off[j] (f32 or bf16 bits). `s`:
 // scratch of rows * ctx floats. Nothing is gathered: for decode the copy
-// cost as much as the products. False (nothing written) without AVX-512 or
-// for hd other than 64 and 128.
-bool AttentionDecode(const float* q, int rows, int hd, const float* k, const float* v,
+// cost as much as the products.
+void AttentionDecode(const float* q, int rows, int hd, const float* k, const float* v,
                      const int64_t* off, int64_t ctx, float scale, float* s, float* out);
-bool AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const uint16_t* v,
+void AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const uint16_t* v,
                      const int64_t* off, int64_t ctx, float scale, float* s, float* out);
 
 // RMSNorm of one row: out = y / rms(y) * w, y = base[:n], or with `add`
@@ -108,10 +112,25 @@ void Softmax(float* x, int64_t n);
 // out[i] = silu(gate[i]) * up[i] for i < n.
 void SiluMul(const float* gate, const float* up, float* out, int64_t n);
 
-// exp(x) as the AVX-512 kernels compute it (a degree-6 polynomial on
-// [-ln2/2, ln2/2] and an exact power of two: within 2 ulp of expf), exposed
-// for tests; the scalar fallback is std::exp.
+// exp(x) as the kernels compute it (Highway's, within 1 ulp of expf),
+// exposed for tests.
 float ExpForTest(float x);
+
+// The AVX512-BF16 specialization (cpu_kernels_x86.cc): whether it runs here
+// (x86 with AVX512-BF16, the kernels on an AVX-512 target), and
+// out[i, j] = dot(bf16(x[i, :K]), w[j, :K]) with vdpbf16ps: x rounded to
+// bf16 as it is loaded, f32 accumulation, twice the products per
+// instruction of the f32 FMA tiles. For prefill-sized n with bf16 weights
+// (--dtype=bf16), where the multiply, not the weight stream, is the cost
+// (SmolLM2 512-token prefill: 1217 / 632 ms widening for sgemm, 640 / 340 ms
+// this way, at 1 / 2 threads). Decode keeps MatmulBf16: a decode step waits
+// on the weight stream, and rounding x would change its logits.
+bool HasAvx512Bf16();
+void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
+                  int64_t j0, int64_t j1, float* out, int64_t ldo);
+
+// Whether the kernels run on an AVX-512 target (for HasAvx512Bf16).
+bool TargetHasAvx512();
 
 }  // namespace tandem::cpu
 

@@ -1,22 +1,24 @@
 // CPU implementation of Ops: each op is a closure over its tensors, launched
 // on the CpuStream (run now, or recorded while capturing). Every op splits its
 // work over one ThreadPool (--threads), in eager steps and graph replays
-// alike: matmuls by output columns (each thread's slice through the AVX-512
-// kernels of cpu_kernels.h, or OpenBLAS at one thread on a CPU without
-// AVX-512), attention by (request, KV head, query tile) for prefill chunks
-// and by (token, KV head) for the rest, the row-wise ops by rows.
+// alike: matmuls by output columns (each thread's slice through the kernels of
+// cpu_kernels.h, on the Highway target the CPU runs best), attention by
+// (request, KV head, query tile) for prefill chunks and by (token, KV head)
+// for the rest, the row-wise ops by rows.
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/backend/cpu/cpu_stream.h"
 #include "common/base/logging.h"
 #include "common/base/thread_pool.h"
 #include "common/kernels/cpu/cpu_kernels.h"
-#include "common/kernels/cpu/hwy_kernels.h"
 #include "common/kernels/ops.h"
 
 namespace tandem {
@@ -38,15 +40,18 @@ class CpuOps : public Ops {
     // Parallelism is the pool's: each thread's sgemm runs on that thread.
     openblas_set_num_threads(1);
     if (weight_dtype_ != DType::kF32 || keep_file_blocks_) {
-      // Per-thread rows of widened weights for the sgemm path, allocated
+      // Per-thread rows of widened weights for prefill, allocated
       // here so that no step allocates.
       scratch_.assign(pool_->num_threads(), std::vector<float>(kScratchFloats));
     }
     TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
-                     << (cpu::HasAvx512() ? std::string("AVX-512 kernels")
-                                          : std::string("portable kernels (Highway ") +
-                                                cpu::PortableTarget() + ")")
-                     << " + OpenBLAS sgemm (" << openblas_get_corename() << " kernels), weights "
+                     << "Highway kernels on " << cpu::Target()
+                     << (cpu::HasAvx512Bf16() ? " (+ AVX512-BF16 prefill over bf16)" : "")
+                     << (cpu::TargetHasAvx512()
+                             ? std::string()
+                             : std::string(", prefill by OpenBLAS sgemm (") +
+                                   openblas_get_corename() + " kernels)")
+                     << ", weights "
                      << DTypeName(weight_dtype_) << ", KV "
                      << DTypeName(kv_dtype_) << ", activations f32"
                      << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are, other block "
@@ -153,76 +158,54 @@ class CpuOps : public Ops {
     const float* a = x.f32();
     float* c = out.f32();
     ThreadPool* pool = pool_.get();
-    const bool avx512 = cpu::HasAvx512();
-    const bool small = avx512 && n <= cpu::kSmallMatmulMaxRows;
-    if (w.dtype != DType::kF32) {
-      const DType wt = w.dtype;
-      TANDEM_CHECK(wt == DType::kBF16 || (IsBlockType(wt) && k % kBlockElems == 0))
-          << DTypeName(wt) << " weights " << w.ShapeString();
-      const uint8_t* b = w.as<uint8_t>();
-      const size_t row_bytes = DTypeBytes(wt, k);
-      std::vector<std::vector<float>>* scratch = &scratch_;
-      stream_->Launch("matmul", [=] {
-        if (n == 0) return;
-        pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
-          float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
-          if (small && IsBlockType(wt)) {
-            return cpu::SmallMatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows,
-                                          kScratchFloats);
-          }
-          if (small) {
-            return cpu::SmallMatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1,
-                                        c, big_n);
-          }
-          if (!avx512 && n <= cpu::kSmallMatmulMaxRows &&
-              cpu::SmallMatmulScratchFloats(n, k) <= kScratchFloats) {
-            // Without AVX-512: the portable kernels (block types multiplied
-            // as integers in registers, bf16 rows widened once and
-            // multiplied by every row of x while in L1).
-            return cpu::SmallMatmulWiden(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
-          }
-          if (wt == DType::kBF16 && cpu::HasAvx512Bf16()) {
-            // Prefill over bf16 weights: bf16 dot products, x rounded to
-            // bf16 (SmolLM2 512-token prefill: 1217 / 632 ms widening for
-            // sgemm, 640 / 340 ms this way, at 1 / 2 threads).
-            return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
-                                     big_n);
-          }
-          // Prefill: widen this slice's weight rows a chunk at a time into
-          // the thread's scratch, and multiply each chunk as f32.
-          const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
-          for (int64_t j = j0; j < j1; j += chunk) {
-            const int64_t m = std::min(chunk, j1 - j);
-            cpu::WidenRow(wt, b + j * row_bytes, m * k, rows);
-            if (avx512) {
-              cpu::LargeMatmul(a, k, n, rows, k, 0, m, c + j, big_n);
-            } else {
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, a, k, rows, k,
-                          0.f, c + j, big_n);
-            }
-          }
-        });
-      });
-      return;
-    }
-    const float* b = w.f32();
+    const DType wt = w.dtype;
+    TANDEM_CHECK(wt == DType::kF32 || wt == DType::kBF16 ||
+                 (IsBlockType(wt) && k % kBlockElems == 0))
+        << DTypeName(wt) << " weights " << w.ShapeString();
+    const uint8_t* b = w.as<uint8_t>();
+    const size_t row_bytes = DTypeBytes(wt, k);
+    const bool small = n <= cpu::kSmallMatmulMaxRows;
+    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::HasAvx512Bf16();
+    // Prefill-sized f32 products: the register tiles on AVX-512 targets,
+    // OpenBLAS's sgemm below them. SmolLM2 512-token f32 prefill on a 2-vCPU
+    // Zen 5, 2 threads: AVX-512 tiles 324 GFLOP/s, 1.35x the sgemm probe;
+    // the same tiles on the AVX2 target (2 x 4: 16 registers) 158 GFLOP/s,
+    // 0.66x sgemm's 240 (which packs its operands for its cache blocking).
+    const bool sgemm = !small && !cpu::TargetHasAvx512();
+    const auto multiply = [sgemm](const float* x, int64_t rows, const float* wf, int64_t kk,
+                                  int64_t j0, int64_t j1, float* o, int64_t ldo) {
+      if (!sgemm) return cpu::MatmulF32(x, kk, rows, wf, kk, j0, j1, o, ldo);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, kk, 1.f, x, kk,
+                  wf + j0 * kk, kk, 0.f, o + j0, ldo);
+    };
+    std::vector<std::vector<float>>* scratch = &scratch_;
     stream_->Launch("matmul", [=] {
       if (n == 0) return;
       // Slices of output columns, 16 at least (64 bytes of each output row).
       pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
-        if (small) {
-          cpu::SmallMatmul(a, k, n, b, k, j0, j1, c, big_n);
-        } else if (!avx512 && n <= cpu::kSmallMatmulMaxRows) {
-          // Without AVX-512: the portable kernel, streaming each weight row
-          // once for every row of x; sgemm would pack the whole weight slice
-          // first (SmolLM2 f32 decode on a 2-vCPU EPYC: 8 tok/s through sgemm).
-          cpu::SmallMatmulWiden(DType::kF32, a, k, n, reinterpret_cast<const uint8_t*>(b), k, j0,
-                                j1, c, big_n, nullptr);
-        } else if (avx512) {
-          cpu::LargeMatmul(a, k, n, b, k, j0, j1, c, big_n);
-        } else {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, j1 - j0, k, 1.f, a, k,
-                      b + j0 * k, k, 0.f, c + j0, big_n);
+        if (wt == DType::kF32) {
+          return multiply(a, n, reinterpret_cast<const float*>(b), k, j0, j1, c, big_n);
+        }
+        if (wt == DType::kBF16 && !dp_bf16 && !sgemm) {
+          return cpu::MatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
+                                 big_n);
+        }
+        if (dp_bf16) {
+          return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
+                                   big_n);
+        }
+        float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
+        if (small && cpu::MatmulBlocksScratchFloats(n, k) <= kScratchFloats) {
+          // Decode: blocks multiplied as integers in registers.
+          return cpu::MatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
+        }
+        // Prefill: widen this slice's weight rows a chunk at a time into
+        // the thread's scratch, and multiply each chunk as f32.
+        const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
+        for (int64_t j = j0; j < j1; j += chunk) {
+          const int64_t m = std::min(chunk, j1 - j);
+          cpu::WidenRow(wt, b + j * row_bytes, m * k, rows);
+          multiply(a, n, rows, k, 0, m, c + j, big_n);
         }
       });
     });
@@ -336,7 +319,7 @@ class CpuOps : public Ops {
       // KV head, tile of queries), for each query head of the group, scores
       // and outputs as two products over the request's K and V, widened
       // once per thread and extended tile by tile.
-      const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, cpu::HasAvx512()};
+      const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, !cpu::TargetHasAvx512()};
       // A (request, KV head)'s tiles go first, last, second, second to
       // last...: the later tiles see longer contexts, and in this order any
       // contiguous run of them (a thread's share) holds as much work as the
@@ -378,10 +361,8 @@ class CpuOps : public Ops {
       // 2b. The other tokens (decodes, short chunks): per (token, KV head),
       // the group's query heads as the rows of one product.
       pool->ParallelFor(real * nkv, 4, [&](int64_t item_begin, int64_t item_end) {
-        thread_local ContextKv kv;
         thread_local std::vector<float> scores;
         thread_local std::vector<int64_t> offsets;  // of request r's rows in the cache
-        kv.r = -1;
         int32_t r = 0, offsets_r = -1;
         for (int64_t item = item_begin; item < item_end; ++item) {
           const int32_t t = static_cast<int32_t>(item / nkv);
@@ -404,17 +385,15 @@ class CpuOps : public Ops {
             scores.resize(int64_t{group} * ctx);
           }
           const int64_t head = int64_t{kvh} * hd;
-          const bool done =
-              kv_dt == DType::kBF16
-                  ? cpu::AttentionDecode(q, group, hd, reinterpret_cast<const uint16_t*>(kc) + head,
-                                         reinterpret_cast<const uint16_t*>(vc) + head,
-                                         offsets.data(), ctx, scale, scores.data(), oh)
-                  : cpu::AttentionDecode(q, group, hd, reinterpret_cast<const float*>(kc) + head,
-                                         reinterpret_cast<const float*>(vc) + head,
-                                         offsets.data(), ctx, scale, scores.data(), oh);
-          if (done) continue;
-          view.Extend(&kv, r, kvh, tables + r * table_width, seq_lens[r], ctx);
-          view.Attend(kv, q, hd, group, ctx, ctx, 0, scale, &scores, oh, hd);
+          if (kv_dt == DType::kBF16) {
+            cpu::AttentionDecode(q, group, hd, reinterpret_cast<const uint16_t*>(kc) + head,
+                                 reinterpret_cast<const uint16_t*>(vc) + head, offsets.data(), ctx,
+                                 scale, scores.data(), oh);
+          } else {
+            cpu::AttentionDecode(q, group, hd, reinterpret_cast<const float*>(kc) + head,
+                                 reinterpret_cast<const float*>(vc) + head, offsets.data(), ctx,
+                                 scale, scores.data(), oh);
+          }
         }
       });
     });
@@ -434,8 +413,8 @@ class CpuOps : public Ops {
   };
 
   // One request's K and V rows for one KV head, widened to f32: K transposed
-  // (k[d * ld + j], 16 keys per vector) where cpu::AttentionScores runs, else
-  // rows of hd like V. Kept by a thread across the query tiles it runs in
+  // (k[d * ld + j], as cpu::AttentionScores reads it) or, for sgemm, rows of
+  // hd like V. Kept by a thread across the query tiles it runs in
   // one step, which see ever longer prefixes of the same context.
   struct ContextKv {
     int32_t r = -1;
@@ -452,7 +431,13 @@ class CpuOps : public Ops {
     DType dt;
     int64_t es, bs, kv_row;
     int hd;
-    bool transposed;
+    // The two products by OpenBLAS's sgemm, not the Highway tiles: below
+    // AVX-512 targets, where it measured faster (SmolLM2 2048-token f32
+    // prefill on a 2-vCPU Zen 5 running the AVX2 target, 2 threads:
+    // attention 31% of 2976 ms by sgemm, 44% of 3410 ms by the 2 x 4 tiles,
+    // whose loads of K then outnumber their FMAs). On AVX-512 the tiles win
+    // (4096 tokens: 4.41 against 5.07 s).
+    bool sgemm;
 
     // Makes `c` hold rows [0, ctx) of request r's context for kv head kvh
     // (its block table `table`, `seq_len` tokens in all).
@@ -473,7 +458,7 @@ class CpuOps : public Ops {
       for (int32_t j = c->have; j < ctx; ++j) {
         const int64_t at = ((int64_t{table[j / bs]} * bs + j % bs) * kv_row + kvh * hd) * es;
         ConvertToF32(vc + at, dt, &c->v[int64_t{j} * hd], hd);
-        if (!transposed) {
+        if (sgemm) {
           ConvertToF32(kc + at, dt, &c->k[int64_t{j} * hd], hd);
           continue;
         }
@@ -493,10 +478,11 @@ class CpuOps : public Ops {
         scores->resize(int64_t{rows} * ctx);
       }
       float* s = scores->data();
-      if (!transposed || !cpu::AttentionScores(q, ldq, rows, c.k.data(), c.ld, ctx, hd, scale, s,
-                                               ctx)) {
+      if (sgemm) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, ldq,
                     c.k.data(), hd, 0.f, s, ctx);
+      } else {
+        cpu::AttentionScores(q, ldq, rows, c.k.data(), c.ld, ctx, hd, scale, s, ctx);
       }
       for (int32_t i = 0; i < rows; ++i) {
         float* srow = s + int64_t{i} * ctx;
@@ -504,9 +490,11 @@ class CpuOps : public Ops {
         cpu::Softmax(srow, visible);
         std::fill(srow + visible, srow + ctx, 0.f);
       }
-      if (!cpu::AttentionPv(s, ctx, rows, c.v.data(), ctx, hd, out, ldo)) {
+      if (sgemm) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f, s, ctx,
                     c.v.data(), hd, 0.f, out, ldo);
+      } else {
+        cpu::AttentionPv(s, ctx, rows, c.v.data(), ctx, hd, out, ldo);
       }
     }
   };
@@ -534,8 +522,17 @@ class CpuOps : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> CreateCpuOps(Device* cpu_device, int threads, DType weight_dtype,
-                                  DType kv_dtype, bool keep_file_blocks) {
+absl::StatusOr<std::unique_ptr<Ops>> CreateCpuOps(Device* cpu_device, int threads,
+                                                  DType weight_dtype, DType kv_dtype,
+                                                  bool keep_file_blocks) {
+  // TANDEM_CPU_TARGET runs the kernels on another Highway target than the
+  // CPU's best (benchmarks of e.g. AVX2 on an AVX-512 machine).
+  if (const char* target = std::getenv("TANDEM_CPU_TARGET");
+      target != nullptr && !cpu::UseTarget(target)) {
+    return absl::InvalidArgumentError(absl::StrCat("TANDEM_CPU_TARGET=", target,
+                                                   " is not a target this CPU runs (one of: ",
+                                                   absl::StrJoin(cpu::Targets(), ", "), ")"));
+  }
   return std::make_unique<CpuOps>(cpu_device, threads, weight_dtype, kv_dtype, keep_file_blocks);
 }
 
