@@ -89,13 +89,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     if (!parsed.ok()) return parsed.status();
     dtype = *parsed;
   }
-  if (options.weight_dtype != "auto" && options.weight_dtype != "q8_0" &&
-      options.weight_dtype != "gguf") {
+  if (options.weight_dtype != "auto" && options.weight_dtype != "dense" &&
+      options.weight_dtype != "q8_0" && options.weight_dtype != "gguf") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "weight_dtype must be auto, q8_0 or gguf, got '", options.weight_dtype, "'"));
+        "weight_dtype must be auto, dense, q8_0 or gguf, got '", options.weight_dtype, "'"));
   }
   const bool q8 = options.weight_dtype == "q8_0";
-  const bool keep_blocks = options.weight_dtype == "gguf";
+  // A file runs as stored by default: widening a Q4 GGUF to f32 would make
+  // every decode step stream 6x its bytes.
+  const bool keep_blocks =
+      options.weight_dtype == "gguf" || (cpu && options.weight_dtype == "auto");
   if ((q8 || keep_blocks) && !cpu) {
     return absl::InvalidArgumentError(absl::StrCat("weight_dtype=", options.weight_dtype,
                                                    " is implemented on device=cpu only; use "

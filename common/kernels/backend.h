@@ -29,9 +29,11 @@ struct BackendOptions {
   // f32 | bf16 | f16 | auto (f32 on cpu, bf16 on cuda).
   std::string dtype = "auto";
   int threads = 0;  // cpu: threads of every op (0: every CPU this process may use)
-  // Matmul weights: auto (the storage dtype), q8_0 (cpu, weight-only 8-bit) or
-  // gguf (cpu: a GGUF's Q4_0, Q4_1 and Q8_0 tensors kept as they are, the
-  // others in the storage dtype).
+  // Matmul weights: auto (cpu: a GGUF's quantized tensors kept in their blocks,
+  // Q4_0, Q4_1 and Q8_0 as stored, the other block types as Q8_0, the rest in
+  // the storage dtype; cuda: the storage dtype), dense (every matmul weight in
+  // the storage dtype: a GGUF's blocks widened), q8_0 (cpu, weight-only 8-bit)
+  // or gguf (the old name of auto's cpu behaviour).
   std::string weight_dtype = "auto";
 };
 

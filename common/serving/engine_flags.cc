@@ -14,9 +14,10 @@ void EngineFlags::Register(FlagSet* f) {
          "storage dtype of weights, activations and KV: auto (cpu: f32, cuda: bf16), f32, "
          "bf16 or f16 (cuda); cpu bf16 keeps weights and KV in bf16, activations in f32");
   f->Add("weight-dtype", &weight_dtype,
-         "matmul weights: auto (the storage dtype), q8_0 (cpu: 8-bit weights, f32 "
-         "activations, KV in --dtype) or gguf (cpu: a GGUF's Q4_0/Q4_1/Q8_0 tensors as stored, "
-         "its Q5_x and K-quant ones as Q8_0)");
+         "matmul weights: auto (cpu: a GGUF's Q4_0/Q4_1/Q8_0 tensors as stored, its Q5_x and "
+         "K-quant ones as Q8_0, the rest in --dtype; cuda: --dtype), dense (every matmul "
+         "weight in --dtype, a GGUF's blocks widened), q8_0 (cpu: 8-bit weights, f32 "
+         "activations, KV in --dtype) or gguf (the old name of auto on the cpu)");
   f->Add("cudagraph-mode", &cudagraph_mode,
          "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE");
   f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");

@@ -158,7 +158,9 @@ TEST_P(RealModelNarrowTest, LogitsTrackF32AndGreedyStaysWithTransformers) {
   for (size_t i = 0; i < 2; ++i) {
     const auto prompt = cases[i]["prompt_ids"].get<std::vector<int32_t>>();
     const int32_t next = cases[i]["output_ids"][0];
-    const std::vector<float> want = PrefillAndDecodeLogits(EngineConfig(), prompt, next);
+    EngineConfig f32;
+    f32.backend.weight_dtype = "dense";  // the file's blocks widened to f32
+    const std::vector<float> want = PrefillAndDecodeLogits(f32, prompt, next);
     const std::vector<float> got = PrefillAndDecodeLogits(config, prompt, next);
     ASSERT_EQ(got.size(), want.size());
     double err = 0, norm = 0;
@@ -192,17 +194,20 @@ TEST_P(RealModelNarrowTest, LogitsTrackF32AndGreedyStaysWithTransformers) {
   EXPECT_GE(identical, 3) << nc.name;  // half the prompts: every token
 }
 
-// --weight-dtype=gguf keeps the file's blocks: SmolLM2's layers are Q4_1, its
-// (tied) embedding Q8_0, read as stored: the weight arena is the file's size.
+// A file runs as stored by default (--weight-dtype=auto, and its old name
+// gguf): SmolLM2's layers are Q4_1, its (tied) embedding Q8_0, read as stored:
+// the weight arena is the file's size. --weight-dtype=dense widens them.
 TEST(RealModelTest, GgufBlocksAreKeptAsStored) {
   EngineConfig config;
   config.model = ModelPath();
-  config.backend.weight_dtype = "gguf";
   config.num_kv_blocks = 16;
-  auto engine = LlmEngine::Create(config);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  EXPECT_EQ((*engine)->runner().model().WeightDTypes(), "q4_1 x120, q8_0 x1");
-  config.backend.weight_dtype = "auto";
+  for (const char* kept : {"auto", "gguf"}) {
+    config.backend.weight_dtype = kept;
+    auto engine = LlmEngine::Create(config);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->runner().model().WeightDTypes(), "q4_1 x120, q8_0 x1") << kept;
+  }
+  config.backend.weight_dtype = "dense";
   auto f32 = LlmEngine::Create(config);
   ASSERT_TRUE(f32.ok()) << f32.status();
   EXPECT_EQ((*f32)->runner().model().WeightDTypes(), "f32 x121");
@@ -217,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
     // prefill's dot products round activations to bf16 too; CUDA's bf16
     // limit is the same 5e-2), q8_0 2-5.4e-2.
     ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 2e-4},
-                      NarrowCase{"bf16", "bf16", "auto", 5e-2},
+                      NarrowCase{"bf16", "bf16", "dense", 5e-2},
                       NarrowCase{"q8_0", "auto", "q8_0", 1e-1},
                       NarrowCase{"q8_0_kv_bf16", "bf16", "q8_0", 1e-1}),
     [](const auto& info) { return std::string(info.param.name); });
