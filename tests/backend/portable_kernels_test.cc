@@ -257,7 +257,8 @@ TEST(PortableKernelsTest, Bf16RoundingEqualsTheScalarConversionOnEveryTarget) {
 }
 
 // The row-wise kernels on every target, at lengths with a masked tail:
-// softmax, SiLU x up and RMSNorm (with and without the residual add) against
+// softmax, SiLU x up, RMSNorm (with and without the residual add), RoPE and
+// the bias add against
 // double-precision definitions; lanes past n are never written.
 TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
   std::mt19937 rng(5);
@@ -315,6 +316,34 @@ TEST(PortableKernelsTest, RowKernelsMatchTheirDefinitionsOnEveryTarget) {
         EXPECT_EQ(normed[n], 7.f);
         EXPECT_EQ(sum[n], 7.f);
       }
+    }
+    // RoPE of 3 heads (head sizes of whole vectors and not) and a bias add.
+    for (int hd : {64, 6, 128}) {
+      const int heads = 3, half = hd / 2;
+      std::vector<float> row(heads * hd + 1), cos(half), sin(half);
+      for (float& v : row) v = uni(rng);
+      for (int f = 0; f < half; ++f) {
+        const float angle = uni(rng) * 3.f;
+        cos[f] = std::cos(angle);
+        sin[f] = std::sin(angle);
+      }
+      const std::vector<float> before = row;
+      cpu::RopeRow(row.data(), heads, hd, cos.data(), sin.data());
+      for (int h = 0; h < heads; ++h) {
+        for (int f = 0; f < half; ++f) {
+          const double a = before[h * hd + f], b = before[h * hd + f + half];
+          ASSERT_NEAR(row[h * hd + f], a * cos[f] - b * sin[f], 1e-6) << hd << " " << h << " " << f;
+          ASSERT_NEAR(row[h * hd + f + half], b * cos[f] + a * sin[f], 1e-6) << hd << " " << f;
+        }
+      }
+      EXPECT_EQ(row[heads * hd], before[heads * hd]);
+    }
+    for (int64_t n : {1, 7, 16, 37}) {
+      std::vector<float> x(n + 1, 1.5f), b(n);
+      for (int64_t i = 0; i < n; ++i) b[i] = static_cast<float>(i);
+      cpu::AddRow(x.data(), b.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i], 1.5f + i);
+      EXPECT_EQ(x[n], 1.5f);
     }
     // exp within 1 ulp.
     for (float e = -80.f; e < 80.f; e += 0.37f) {

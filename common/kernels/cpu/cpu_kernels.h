@@ -107,6 +107,13 @@ void AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const 
 void RmsNormRow(const float* base, const float* add, float* sum, const float* w, float eps,
                 int64_t n, float* out);
 
+// RoPE of one token's row of `heads` heads (hd floats apart, hd even): for
+// f < hd / 2, (x[f], x[f + hd / 2]) rotated by the angle whose cosine and
+// sine are cos[f] and sin[f].
+void RopeRow(float* x, int heads, int hd, const float* cos, const float* sin);
+// x[:n] += b[:n] (a bias).
+void AddRow(float* x, const float* b, int64_t n);
+
 // x[:n] = softmax(x[:n]), in place.
 void Softmax(float* x, int64_t n);
 // out[i] = silu(gate[i]) * up[i] for i < n.

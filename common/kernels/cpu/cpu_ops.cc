@@ -77,11 +77,20 @@ class CpuOps : public Ops {
     const void* t = table.data;
     const DType dt = table.dtype;
     const size_t row_bytes = DTypeBytes(dt, h);
+    // The types cpu::WidenRow takes in vectors; others (f16) one by one.
+    const bool widen = dt == DType::kF32 || dt == DType::kBF16 ||
+                       ((dt == DType::kQ8_0 || dt == DType::kQ4_0 || dt == DType::kQ4_1) &&
+                        h % kBlockElems == 0);
     float* o = out.f32();
     stream_->Launch("embedding", [=] {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t row = std::min<int64_t>(std::max<int32_t>(id[i], 0), vocab - 1);
-        ConvertToF32(static_cast<const char*>(t) + row * row_bytes, dt, o + i * h, h);
+        const char* src = static_cast<const char*>(t) + row * row_bytes;
+        if (widen) {
+          cpu::WidenRow(dt, src, h, o + i * h);
+        } else {
+          ConvertToF32(src, dt, o + i * h, h);
+        }
       }
     });
   }
@@ -132,19 +141,17 @@ class CpuOps : public Ops {
     ThreadPool* pool = pool_.get();
     stream_->Launch("rope", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
+        thread_local std::vector<float> cos, sin;
+        cos.resize(half);
+        sin.resize(half);
         for (int64_t i = begin; i < end; ++i) {
           const float p = static_cast<float>(pos[i]);
-          float* r = base + i * row;
           for (int f = 0; f < half; ++f) {
             const float angle = p * freq[f];
-            const float c = std::cos(angle), s = std::sin(angle);
-            for (int h = 0; h < heads; ++h) {
-              float* x = r + h * hd;
-              const float a = x[f], b = x[f + half];
-              x[f] = a * c - b * s;
-              x[f + half] = b * c + a * s;
-            }
+            cos[f] = std::cos(angle);
+            sin[f] = std::sin(angle);
           }
+          cpu::RopeRow(base + i * row, heads, hd, cos.data(), sin.data());
         }
       });
     });
@@ -219,10 +226,7 @@ class CpuOps : public Ops {
     ThreadPool* pool = pool_.get();
     stream_->Launch("bias", [=] {
       pool->ParallelFor(n, kMinRows, [=](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          float* row = xs + i * width;
-          for (int64_t j = 0; j < width; ++j) row[j] += b[j];
-        }
+        for (int64_t i = begin; i < end; ++i) cpu::AddRow(xs + i * width, b, width);
       });
     });
   }

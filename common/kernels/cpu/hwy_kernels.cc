@@ -167,6 +167,48 @@ void SoftmaxImpl(float* x, int64_t n) {
   if (full < n) TailStore(hn::Mul(TailLoad(tail, d, x + full), inv), tail, d, x + full);
 }
 
+// Rotates each of `heads` heads (hd floats apart) of one token's row: for
+// f < hd / 2, (x[f], x[f + hd/2]) by the angle whose cos and sin are given.
+void RopeRowImpl(float* x, int heads, int hd, const float* cos, const float* sin) {
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t half = hd / 2, full = half - half % N;
+  const auto rotate = [&](auto a, auto b, auto c, auto s, auto store) {
+    store(hn::MulSub(a, c, hn::Mul(b, s)), hn::MulAdd(b, c, hn::Mul(a, s)));
+  };
+  for (int h = 0; h < heads; ++h) {
+    float* lo = x + int64_t{h} * hd;
+    float* hi = lo + half;
+    for (int64_t f = 0; f < full; f += N) {
+      rotate(hn::LoadU(d, lo + f), hn::LoadU(d, hi + f), hn::LoadU(d, cos + f),
+             hn::LoadU(d, sin + f), [&](auto u, auto v) {
+               hn::StoreU(u, d, lo + f);
+               hn::StoreU(v, d, hi + f);
+             });
+    }
+    if (full < half) {
+      const auto m = hn::FirstN(d, static_cast<size_t>(half - full));
+      rotate(TailLoad(m, d, lo + full), TailLoad(m, d, hi + full), TailLoad(m, d, cos + full),
+             TailLoad(m, d, sin + full), [&](auto u, auto v) {
+               TailStore(u, m, d, lo + full);
+               TailStore(v, m, d, hi + full);
+             });
+    }
+  }
+}
+
+// x[:n] += b[:n].
+void AddRowImpl(float* x, const float* b, int64_t n) {
+  const DV d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(d, x + i), hn::LoadU(d, b + i)), d, x + i);
+  if (i < n) {
+    const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
+    TailStore(hn::Add(TailLoad(m, d, x + i), TailLoad(m, d, b + i)), m, d, x + i);
+  }
+}
+
 // silu(g) * u = g * u / (1 + exp(-g)); exp's argument capped at 88 (exp(88)
 // is finite, and g * u / exp(88) is 0 to f32 precision anyway).
 void SiluMulImpl(const float* gate, const float* up, float* out, int64_t n) {
@@ -891,6 +933,8 @@ HWY_EXPORT(AttentionPvImpl);
 HWY_EXPORT(AttentionDecodeF32Impl);
 HWY_EXPORT(AttentionDecodeBf16Impl);
 HWY_EXPORT(SoftmaxImpl);
+HWY_EXPORT(RopeRowImpl);
+HWY_EXPORT(AddRowImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(RmsNormRowImpl);
 HWY_EXPORT(ToBf16Impl);
@@ -949,6 +993,12 @@ void AttentionDecode(const float* q, int rows, int hd, const uint16_t* k, const 
 }
 
 void Softmax(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(SoftmaxImpl)(x, n); }
+
+void RopeRow(float* x, int heads, int hd, const float* cos, const float* sin) {
+  HWY_DYNAMIC_DISPATCH(RopeRowImpl)(x, heads, hd, cos, sin);
+}
+
+void AddRow(float* x, const float* b, int64_t n) { HWY_DYNAMIC_DISPATCH(AddRowImpl)(x, b, n); }
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, out, n);
