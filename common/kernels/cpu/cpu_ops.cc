@@ -302,6 +302,7 @@ class CpuOps : public Ops {
     const float scale = shape.scale;
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
+    const bool sgemm = !cpu::TargetHasAvx512();  // see KvView::sgemm
     // The op's own list of query tiles, reused by every run (eager or replay).
     stream_->Launch("attention", [=, tiles = std::vector<QueryTile>()]() mutable {
       const int64_t kv_row = static_cast<int64_t>(nkv) * hd;
@@ -323,7 +324,7 @@ class CpuOps : public Ops {
       // KV head, tile of queries), for each query head of the group, scores
       // and outputs as two products over the request's K and V, widened
       // once per thread and extended tile by tile.
-      const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, !cpu::TargetHasAvx512()};
+      const KvView view{kc, vc, kv_dt, es, bs, kv_row, hd, sgemm};
       // A (request, KV head)'s tiles go first, last, second, second to
       // last...: the later tiles see longer contexts, and in this order any
       // contiguous run of them (a thread's share) holds as much work as the
