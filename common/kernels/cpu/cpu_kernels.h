@@ -139,6 +139,22 @@ void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int
 // Whether the kernels run on an AVX-512 target (for HasAvx512Bf16).
 bool TargetHasAvx512();
 
+// The blocking of the matmul kernels: fn(i0, rows, j, c) for blocks of 64
+// rows of x [i0, i0 + rows), within each the weight rows [j0, j1) 4 at a time
+// (c = 4, weight rows j..j+3) then one by one (c = 1): a block of x stays in
+// L2 while the weight rows pass (a decode batch is one block: each weight row
+// is read once per step).
+template <typename Fn>
+inline void ForEachTileGroup(int64_t n, int64_t j0, int64_t j1, Fn fn) {
+  constexpr int64_t kRowBlock = 64;
+  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int64_t rows = n - i0 < kRowBlock ? n - i0 : kRowBlock;
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) fn(i0, rows, j, 4);
+    for (; j < j1; ++j) fn(i0, rows, j, 1);
+  }
+}
+
 }  // namespace tandem::cpu
 
 #endif  // TANDEM_COMMON_KERNELS_CPU_CPU_KERNELS_H_

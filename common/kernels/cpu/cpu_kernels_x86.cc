@@ -6,8 +6,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-
-#include <algorithm>
 #endif
 
 #include "common/base/logging.h"
@@ -129,19 +127,14 @@ bool HasAvx512Bf16() {
   return cpu && TargetHasAvx512();
 }
 
-// Blocks of 64 rows of x stay in L2 while the weight rows pass, 4 at a time
-// (then 1).
 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
                   int64_t j0, int64_t j1, float* out, int64_t ldo) {
-  constexpr int64_t kRowBlock = 64;
-  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, n - i0);
+  ForEachTileGroup(n, j0, j1, [&](int64_t i0, int64_t rows, int64_t j, int c) {
     const float* xb = x + i0 * ldx;
-    float* ob = out + i0 * ldo;
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) RowsDpBf16<4>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
-    for (; j < j1; ++j) RowsDpBf16<1>(xb, ldx, rows, w + j * K, K, ob + j, ldo);
-  }
+    float* ob = out + i0 * ldo + j;
+    if (c == 4) return RowsDpBf16<4>(xb, ldx, rows, w + j * K, K, ob, ldo);
+    RowsDpBf16<1>(xb, ldx, rows, w + j * K, K, ob, ldo);
+  });
 }
 
 #else  // !__x86_64__

@@ -526,6 +526,14 @@ HWY_INLINE void StoreSums4(hn::Vec<DV> v0, hn::Vec<DV> v1, hn::Vec<DV> v2, hn::V
 #endif
 }
 
+// The 16 accumulators a<r><c> of an R x C tile (R, C <= 4), zero: separate
+// variables, not an array, because Highway's scalable vectors (SVE) cannot be
+// array elements; the unused ones cost nothing.
+#define TANDEM_TILE_ACCUMULATORS(d)                                                           \
+  auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, \
+       a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, \
+       a33 = a00
+
 // One k-step of an R x C tile: C weight vectors (rows K apart, from element
 // k) times R vectors of x (rows ldx apart), into a<r><c>.
 #define TANDEM_TILE_ROW(r, XP)                                           \
@@ -552,18 +560,14 @@ HWY_INLINE void StoreSums4(hn::Vec<DV> v0, hn::Vec<DV> v1, hn::Vec<DV> v2, hn::V
 // bf16 bits), accumulated in registers: each weight vector is loaded once
 // per k-step for all R rows, each x vector once for all C weight rows. With
 // `next` (the following C weight rows), prefetches one cache line of each
-// per line consumed, so they arrive while this tile computes. Separate
-// variables, not arrays: Highway's scalable vectors (SVE) cannot be array
-// elements.
+// per line consumed, so they arrive while this tile computes.
 template <int R, int C, typename W>
 HWY_INLINE void Tile(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo,
                      const W* next) {
   static_assert(R >= 1 && R <= 4 && C >= 1 && C <= 4);
   const DV d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-       a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00,
-       a33 = a00;
+  TANDEM_TILE_ACCUMULATORS(d);
   constexpr int64_t kLine = 64 / sizeof(W);  // weights per cache line
   int64_t k = 0;
   for (; k + N <= K; k += N) {
@@ -610,25 +614,18 @@ HWY_INLINE void Columns(const float* x, int64_t ldx, int64_t n, const W* w, int6
   for (; i < n; ++i) Tile<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo, i == 0 ? next : nullptr);
 }
 
-// out[i, j] = x_i . w_j for i < n, j in [j0, j1). Blocks of 64 rows of x
-// stay in L2 while the weight rows pass 4 at a time (a decode batch is one
-// block: each weight row is read once per step). Against OpenBLAS 0.3.21's
-// sgemm (which packs both sides first) see docs/backends.md.
+// out[i, j] = x_i . w_j for i < n, j in [j0, j1), tile group by tile group
+// (ForEachTileGroup); each group of 4 weight rows prefetches the next.
 template <typename W>
 HWY_INLINE void MatmulTiles(const float* x, int64_t ldx, int64_t n, const W* w, int64_t K,
                             int64_t j0, int64_t j1, float* out, int64_t ldo) {
-  constexpr int64_t kRowBlock = 64;
-  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
-    const int64_t rows = std::min(kRowBlock, n - i0);
+  ForEachTileGroup(n, j0, j1, [&](int64_t i0, int64_t rows, int64_t j, int c) {
     const float* xb = x + i0 * ldx;
-    float* ob = out + i0 * ldo;
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-      const W* next = j + 8 <= j1 ? w + (j + 4) * K : nullptr;
-      Columns<4>(xb, ldx, rows, w + j * K, K, ob + j, ldo, next);
-    }
-    for (; j < j1; ++j) Columns<1>(xb, ldx, rows, w + j * K, K, ob + j, ldo, static_cast<const W*>(nullptr));
-  }
+    float* ob = out + i0 * ldo + j;
+    if (c == 1) return Columns<1>(xb, ldx, rows, w + j * K, K, ob, ldo, static_cast<const W*>(nullptr));
+    const W* next = j + 8 <= j1 ? w + (j + 4) * K : nullptr;
+    Columns<4>(xb, ldx, rows, w + j * K, K, ob, ldo, next);
+  });
 }
 
 void MatmulF32Impl(const float* x, int64_t ldx, int64_t n, const float* w, int64_t K, int64_t j0,
@@ -693,9 +690,7 @@ HWY_INLINE void BroadcastTile(const float* a, int64_t lda, int64_t inner, Rows r
   static_assert(R >= 1 && R <= 4 && C >= 1 && C <= 4);
   const DV d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto a00 = hn::Zero(d), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
-       a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00,
-       a33 = a00;
+  TANDEM_TILE_ACCUMULATORS(d);
   const bool partial = last < static_cast<size_t>(N);
   const auto load = [&](const auto* p, int c) {
     return c == C - 1 && partial ? LoadWeightsN(d, p + c * N, last) : LoadWeights(d, p + c * N);
@@ -721,6 +716,7 @@ HWY_INLINE void BroadcastTile(const float* a, int64_t lda, int64_t inner, Rows r
 #undef TANDEM_BCAST_STORE
 #undef TANDEM_BCAST_STORE_ROW
 #undef TANDEM_TILE_ROW
+#undef TANDEM_TILE_ACCUMULATORS
 
 // One column group (C vectors from `col`, the last of `last` lanes) over all
 // rows: kTileRows at a time, then one by one.
