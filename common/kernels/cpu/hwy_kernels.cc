@@ -330,7 +330,7 @@ HWY_INLINE void QuantizeBlocksI16(const float* x, int64_t blocks, int16_t* q, fl
 template <DType kType, int R>
 HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* xsums,
                               const uint8_t* src, int64_t blocks, float* out, int64_t ldo) {
-  static_assert(R >= 1 && R <= 4);
+  static_assert(R >= 1 && R <= 8);
   const DQ dq;
   const DS ds;
   const DSF dsf;
@@ -338,28 +338,40 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   constexpr size_t kBytes = kBlockBytes<kType>;
   const int64_t stride = 32 * blocks;  // between rows' quants
   const int16_t* q0 = xq;
-  const int16_t* q1 = xq + (R > 1 ? stride : 0);
+  const int16_t* q1 = xq + (R > 1 ? 1 * stride : 0);
   const int16_t* q2 = xq + (R > 2 ? 2 * stride : 0);
   const int16_t* q3 = xq + (R > 3 ? 3 * stride : 0);
-  auto acc0 = hn::Zero(dsf), acc1 = hn::Zero(dsf), acc2 = hn::Zero(dsf), acc3 = hn::Zero(dsf);
-  float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f;  // Q4_1's minimum terms
+  const int16_t* q4 = xq + (R > 4 ? 4 * stride : 0);
+  const int16_t* q5 = xq + (R > 5 ? 5 * stride : 0);
+  const int16_t* q6 = xq + (R > 6 ? 6 * stride : 0);
+  const int16_t* q7 = xq + (R > 7 ? 7 * stride : 0);
+  auto acc0 = hn::Zero(dsf), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0, acc6 = acc0, acc7 = acc0;
+  float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f, min4 = 0.f, min5 = 0.f, min6 = 0.f, min7 = 0.f;  // Q4_1's minimum terms
   // Sums of the products of w (elements [i, i + N)) with each row's x there.
   // sum1: the odd products on targets whose widening multiply keeps them
   // apart (RearrangeToOddPlusEven adds them back).
-#define TANDEM_MUL_ROWS(w, o)                                                 \
-  do {                                                                        \
-    s0 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q0 + (o)), s0, t0); \
-    if constexpr (R > 1)                                                      \
+#define TANDEM_MUL_ROWS(w, o)                                                   \
+  do {                                                                          \
+    s0 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q0 + (o)), s0, t0);  \
+    if constexpr (R > 1)                                                       \
       s1 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q1 + (o)), s1, t1); \
-    if constexpr (R > 2)                                                      \
+    if constexpr (R > 2)                                                       \
       s2 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q2 + (o)), s2, t2); \
-    if constexpr (R > 3)                                                      \
+    if constexpr (R > 3)                                                       \
       s3 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q3 + (o)), s3, t3); \
+    if constexpr (R > 4)                                                       \
+      s4 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q4 + (o)), s4, t4); \
+    if constexpr (R > 5)                                                       \
+      s5 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q5 + (o)), s5, t5); \
+    if constexpr (R > 6)                                                       \
+      s6 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q6 + (o)), s6, t6); \
+    if constexpr (R > 7)                                                       \
+      s7 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q7 + (o)), s7, t7); \
   } while (0)
   for (int64_t b = 0; b < blocks; ++b, src += kBytes) {
     const int64_t o = b * 32;
-    auto s0 = hn::Zero(ds), s1 = hn::Zero(ds), s2 = hn::Zero(ds), s3 = hn::Zero(ds);
-    auto t0 = hn::Zero(ds), t1 = hn::Zero(ds), t2 = hn::Zero(ds), t3 = hn::Zero(ds);
+    auto s0 = hn::Zero(ds), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+    auto t0 = s0, t1 = s0, t2 = s0, t3 = s0, t4 = s0, t5 = s0, t6 = s0, t7 = s0;
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
@@ -396,26 +408,48 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       if constexpr (kType == DType::kQ4_1) {
         const float m = BlockScale(src + 2);
         min0 += m * xsums[b];
-        if constexpr (R > 1) min1 += m * xsums[blocks + b];
+        if constexpr (R > 1) min1 += m * xsums[1 * blocks + b];
         if constexpr (R > 2) min2 += m * xsums[2 * blocks + b];
         if constexpr (R > 3) min3 += m * xsums[3 * blocks + b];
+        if constexpr (R > 4) min4 += m * xsums[4 * blocks + b];
+        if constexpr (R > 5) min5 += m * xsums[5 * blocks + b];
+        if constexpr (R > 6) min6 += m * xsums[6 * blocks + b];
+        if constexpr (R > 7) min7 += m * xsums[7 * blocks + b];
       }
     }
     const float d = BlockScale(src);
     const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
     acc0 = hn::MulAdd(sum(s0, t0), hn::Set(dsf, d * xs[b]), acc0);
-    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), hn::Set(dsf, d * xs[blocks + b]), acc1);
+    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), hn::Set(dsf, d * xs[1 * blocks + b]), acc1);
     if constexpr (R > 2) acc2 = hn::MulAdd(sum(s2, t2), hn::Set(dsf, d * xs[2 * blocks + b]), acc2);
     if constexpr (R > 3) acc3 = hn::MulAdd(sum(s3, t3), hn::Set(dsf, d * xs[3 * blocks + b]), acc3);
+    if constexpr (R > 4) acc4 = hn::MulAdd(sum(s4, t4), hn::Set(dsf, d * xs[4 * blocks + b]), acc4);
+    if constexpr (R > 5) acc5 = hn::MulAdd(sum(s5, t5), hn::Set(dsf, d * xs[5 * blocks + b]), acc5);
+    if constexpr (R > 6) acc6 = hn::MulAdd(sum(s6, t6), hn::Set(dsf, d * xs[6 * blocks + b]), acc6);
+    if constexpr (R > 7) acc7 = hn::MulAdd(sum(s7, t7), hn::Set(dsf, d * xs[7 * blocks + b]), acc7);
   }
 #undef TANDEM_MUL_ROWS
   out[0] = hn::GetLane(hn::SumOfLanes(dsf, acc0)) + min0;
-  if constexpr (R > 1) out[ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) + min1;
+  if constexpr (R > 1) out[1 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) + min1;
   if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc2)) + min2;
   if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc3)) + min3;
+  if constexpr (R > 4) out[4 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc4)) + min4;
+  if constexpr (R > 5) out[5 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc5)) + min5;
+  if constexpr (R > 6) out[6 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc6)) + min6;
+  if constexpr (R > 7) out[7 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc7)) + min7;
 }
 
-// Weight rows [j0, j1) of blocks times the n rows of a, four rows at a time.
+// Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
+// registers on x86 (the 8 rows' sums and accumulators fit), 4 elsewhere. A
+// verification step of 1 + 4 tokens then reads and decodes each block once,
+// not twice.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int64_t kBlockRows = 8;
+#else
+constexpr int64_t kBlockRows = 4;
+#endif
+
+// Weight rows [j0, j1) of blocks times the n rows of a, kBlockRows at a time.
 // scratch: x's int16 quants (n * k / 2 floats' room), then its block scales
 // and sums (n * k / 32 floats each).
 template <DType kType>
@@ -433,12 +467,16 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
   }
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
-    for (int64_t r = 0; r < n; r += 4) {
+    for (int64_t r = 0; r < n; r += kBlockRows) {
       const int16_t* q = xq + r * k;
       const float* s = xs + r * blocks;
       const float* m = sums + r * blocks;
       float* out = c + r * ldc + j;
-      switch (std::min<int64_t>(4, n - r)) {
+      switch (std::min<int64_t>(kBlockRows, n - r)) {
+        case 8: DotBlocksRows<kType, kBlockRows == 8 ? 8 : 1>(q, s, m, src, blocks, out, ldc); break;
+        case 7: DotBlocksRows<kType, kBlockRows == 8 ? 7 : 1>(q, s, m, src, blocks, out, ldc); break;
+        case 6: DotBlocksRows<kType, kBlockRows == 8 ? 6 : 1>(q, s, m, src, blocks, out, ldc); break;
+        case 5: DotBlocksRows<kType, kBlockRows == 8 ? 5 : 1>(q, s, m, src, blocks, out, ldc); break;
         case 4: DotBlocksRows<kType, 4>(q, s, m, src, blocks, out, ldc); break;
         case 3: DotBlocksRows<kType, 3>(q, s, m, src, blocks, out, ldc); break;
         case 2: DotBlocksRows<kType, 2>(q, s, m, src, blocks, out, ldc); break;
