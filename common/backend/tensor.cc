@@ -137,16 +137,26 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
   TANDEM_CHECK(false) << "no f32 conversion to " << DTypeName(dtype);
 }
 
+namespace {
+uint16_t LoadU16(const void* base, int64_t i) {
+  uint16_t v;
+  std::memcpy(&v, static_cast<const char*>(base) + 2 * i, 2);
+  return v;
+}
+}  // namespace
+
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n) {
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, sizeof(float) * n);
       return;
+    // 16-bit elements read byte-wise: a file's tensor data need not be
+    // 2-byte aligned (a GGUF's general.alignment may be odd).
     case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(static_cast<const uint16_t*>(src)[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(LoadU16(src, i));
       return;
     case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(static_cast<const uint16_t*>(src)[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(LoadU16(src, i));
       return;
     case DType::kQ8_0: {
       const auto* in = static_cast<const uint8_t*>(src);
