@@ -67,6 +67,24 @@ float F16ToF32(uint16_t h) {
   return FromBits(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
+namespace {
+
+// A corrupt file may hold NaN weights; the quantizers take them as 0 (the
+// block's scale stays that of its other values).
+void FiniteOrZeroBlock(const float* src, float* x) {
+  for (int i = 0; i < kBlockElems; ++i) x[i] = std::isnan(src[i]) ? 0.f : src[i];
+}
+
+// `v` truncated to an integer level in [lo, hi]. Converting a float out of
+// int range (an infinite weight makes the products inf or NaN) is undefined
+// behaviour, so the clamp comes first; NaN gives lo.
+int Level(float v, int lo, int hi) {
+  if (!(v >= static_cast<float>(lo))) return lo;
+  return v <= static_cast<float>(hi) ? static_cast<int>(v) : hi;
+}
+
+}  // namespace
+
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
   switch (dtype) {
     case DType::kF32:
@@ -82,7 +100,8 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
       auto* out = static_cast<uint8_t*>(dst);
       const int64_t blocks = WholeBlocks(dtype, n);
       for (int64_t b = 0; b < blocks; ++b, out += kQ8BlockBytes) {
-        const float* x = src + b * kBlockElems;
+        float x[kBlockElems];
+        FiniteOrZeroBlock(src + b * kBlockElems, x);
         float amax = 0.f;
         for (int i = 0; i < kBlockElems; ++i) amax = std::max(amax, std::fabs(x[i]));
         // As GGML: the f16 scale, and the values rounded against the scale
@@ -92,7 +111,7 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
         const uint16_t dh = ToF16(d);
         std::memcpy(out, &dh, 2);
         for (int i = 0; i < kBlockElems; ++i) {
-          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(x[i] * id)));
+          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(Level(std::nearbyint(x[i] * id), -127, 127)));
         }
       }
       return;
@@ -103,7 +122,8 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
       auto* out = static_cast<uint8_t*>(dst);
       const int64_t blocks = WholeBlocks(dtype, n);
       for (int64_t b = 0; b < blocks; ++b, out += BlockBytes(dtype)) {
-        const float* x = src + b * kBlockElems;
+        float x[kBlockElems];
+        FiniteOrZeroBlock(src + b * kBlockElems, x);
         float d, m = 0.f;
         if (q4_1) {  // GGML quantize_row_q4_1_ref: [min, max] over 15 steps
           float lo = x[0], hi = x[0];
@@ -124,8 +144,8 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
         uint8_t* q = out + (q4_1 ? 4 : 2);
         for (int j = 0; j < kBlockElems / 2; ++j) {
           const float bias = q4_1 ? 0.5f : 8.5f;
-          const int lo = std::min(15, static_cast<int>((x[j] - m) * id + bias));
-          const int hi = std::min(15, static_cast<int>((x[j + 16] - m) * id + bias));
+          const int lo = Level((x[j] - m) * id + bias, 0, 15);
+          const int hi = Level((x[j + 16] - m) * id + bias, 0, 15);
           q[j] = static_cast<uint8_t>(lo | (hi << 4));
         }
       }

@@ -108,6 +108,31 @@ TEST(DTypeTest, SixteenBitTensorsAtOddAddressesWiden) {
   }
 }
 
+// A corrupt file's non-finite weights quantize without undefined behaviour
+// (a float-to-int conversion of NaN or of a value out of range is; UBSan in
+// the sanitizer run, the GGUF fuzzer found it): a NaN element becomes the
+// block's zero, its finite neighbours keep their values.
+TEST(DTypeTest, NonFiniteValuesQuantizeToDefinedBlocks) {
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    std::vector<float> in(32);
+    for (int i = 0; i < 32; ++i) in[i] = static_cast<float>(i % 8) - 4.f;
+    in[5] = std::nanf("");
+    std::vector<uint8_t> blocks(BlockBytes(dt));
+    ConvertFromF32(in.data(), dt, blocks.data(), 32);
+    std::vector<float> back(32);
+    ConvertToF32(blocks.data(), dt, back.data(), 32);
+    for (int i = 0; i < 32; ++i) {
+      if (i != 5) EXPECT_NEAR(back[i], in[i], 0.6f) << DTypeName(dt) << " " << i;
+    }
+    EXPECT_NEAR(back[5], 0.f, 0.6f) << DTypeName(dt);
+
+    in[7] = INFINITY;  // the block's scale is infinite: defined, if useless
+    in[9] = -INFINITY;
+    ConvertFromF32(in.data(), dt, blocks.data(), 32);
+    ConvertToF32(blocks.data(), dt, back.data(), 32);
+  }
+}
+
 TEST(DTypeTest, F16CoversNormalsSubnormalsAndOverflow) {
   const std::vector<float> in = {1.0f,     -2.0f,    65504.0f, 65520.0f /* rounds to inf */,
                                  6.1035156e-05f /* smallest normal */,
