@@ -221,7 +221,10 @@ INSTANTIATE_TEST_SUITE_P(
     // a block's largest element), bf16 6e-3-1.7e-2 (a
     // prefill's dot products round activations to bf16 too; CUDA's bf16
     // limit is the same 5e-2), q8_0 2-5.4e-2.
-    ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 2e-4},
+    // gguf_blocks: the file's own blocks against them widened to f32, so only
+    // decode's rounding of x to int16 (one scale per row, 2^-16 of the row's
+    // largest element) moves the logits: 2.5e-4 on these prompts.
+    ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 5e-4},
                       NarrowCase{"bf16", "bf16", "dense", 5e-2},
                       NarrowCase{"q8_0", "auto", "q8_0", 1e-1},
                       NarrowCase{"q8_0_kv_bf16", "bf16", "q8_0", 1e-1}),

@@ -284,13 +284,18 @@ HWY_INLINE void BlockSums(const float* x, int64_t blocks, float* sums) {
 }
 
 // The block dot products below multiply integers: the weights' quants
-// (0..15 or -127..127) by x rounded to int16 per 32-element block
+// (0..15 or -127..127) by x rounded to int16 with one scale per row
 // (x ~= scale * q, scale = max|x| / 32767), 16-bit pairs multiplied and
 // summed into int32 lanes (vpmaddwd on x86, smlal on Arm). Against widening
 // each quant to f32 for an FMA this halves the instructions per weight, and
 // the weight stream is what a decode step waits on once the arithmetic keeps
 // up. x's rounding error is at most max|x| / 65534 per element, 2^-16 of the
-// block's largest: far below the weights' own 4- or 8-bit quantization.
+// row's largest: far below the weights' own 4- or 8-bit quantization, and
+// finer than bf16's 2^-8 relative step unless the row's largest is 256 times
+// the element. One scale per row, not per block: a block then costs each row
+// a multiply-add, a conversion and a multiply-add by the block's scale, where
+// a scale per block and row cost two instructions more (SmolLM2 Q4_1, 1 + 4
+// token verification step, see docs/benchmarks.md).
 // x's and the weights' int16 lanes: a whole block per vector on AVX-512 (one
 // multiply-add per block and row instead of two: SmolLM2 Q8_0 decode at
 // batch 1 and 5, see docs/backends.md); at most 16 on SVE, whose vector
@@ -303,25 +308,24 @@ using DQ = hn::CappedTag<int16_t, 32>;
 using DS = hn::Repartition<int32_t, DQ>;     // sums of adjacent products
 using DSF = hn::Rebind<float, DS>;           // those sums as f32
 
-HWY_INLINE void QuantizeBlocksI16(const float* x, int64_t blocks, int16_t* q, float* scales) {
+HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float* scale) {
   const DF df;
   const hn::Rebind<int16_t, DF> dh;
   const size_t N = hn::Lanes(df);
-  for (int64_t b = 0; b < blocks; ++b, x += 32, q += 32) {
-    auto m = hn::Zero(df);
-    for (size_t i = 0; i < 32; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
-    scales[b] = amax / 32767.f;
-    const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
-    for (size_t i = 0; i < 32; i += N) {
-      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + i);
-    }
+  const int64_t k = 32 * blocks;
+  auto m = hn::Zero(df);
+  for (int64_t i = 0; i < k; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+  const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+  *scale = amax / 32767.f;
+  const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
+  for (int64_t i = 0; i < k; i += N) {
+    hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + i);
   }
 }
 
 // out[r * ldo] = x_r . (one weight row of blocks) for the R (1..4) rows
-// x_r (int16 quants xq + r * 32 * blocks, scales xs + r * blocks, f32 block
-// sums xsums + r * blocks for Q4_1's minimum): each block's quants are
+// x_r (int16 quants xq + r * 32 * blocks, scales xs[r], f32 block sums
+// xsums + r * blocks for Q4_1's minimum): each block's quants are
 // loaded once and multiplied by every row, so a step of 1 + k tokens
 // (speculative verification) or a small decode batch reads and decodes the
 // weights once. A row's arithmetic is the same whatever R is, so its result
@@ -417,26 +421,28 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
         if constexpr (R > 7) min7 += m * xsums[7 * blocks + b];
       }
     }
-    const float d = BlockScale(src);
+    // The block's scale, shared by the rows: x's scale is one per row and
+    // multiplies the sum once, after the blocks.
+    const auto d = hn::Set(dsf, BlockScale(src));
     const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
-    acc0 = hn::MulAdd(sum(s0, t0), hn::Set(dsf, d * xs[b]), acc0);
-    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), hn::Set(dsf, d * xs[1 * blocks + b]), acc1);
-    if constexpr (R > 2) acc2 = hn::MulAdd(sum(s2, t2), hn::Set(dsf, d * xs[2 * blocks + b]), acc2);
-    if constexpr (R > 3) acc3 = hn::MulAdd(sum(s3, t3), hn::Set(dsf, d * xs[3 * blocks + b]), acc3);
-    if constexpr (R > 4) acc4 = hn::MulAdd(sum(s4, t4), hn::Set(dsf, d * xs[4 * blocks + b]), acc4);
-    if constexpr (R > 5) acc5 = hn::MulAdd(sum(s5, t5), hn::Set(dsf, d * xs[5 * blocks + b]), acc5);
-    if constexpr (R > 6) acc6 = hn::MulAdd(sum(s6, t6), hn::Set(dsf, d * xs[6 * blocks + b]), acc6);
-    if constexpr (R > 7) acc7 = hn::MulAdd(sum(s7, t7), hn::Set(dsf, d * xs[7 * blocks + b]), acc7);
+    acc0 = hn::MulAdd(sum(s0, t0), d, acc0);
+    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), d, acc1);
+    if constexpr (R > 2) acc2 = hn::MulAdd(sum(s2, t2), d, acc2);
+    if constexpr (R > 3) acc3 = hn::MulAdd(sum(s3, t3), d, acc3);
+    if constexpr (R > 4) acc4 = hn::MulAdd(sum(s4, t4), d, acc4);
+    if constexpr (R > 5) acc5 = hn::MulAdd(sum(s5, t5), d, acc5);
+    if constexpr (R > 6) acc6 = hn::MulAdd(sum(s6, t6), d, acc6);
+    if constexpr (R > 7) acc7 = hn::MulAdd(sum(s7, t7), d, acc7);
   }
 #undef TANDEM_MUL_ROWS
-  out[0] = hn::GetLane(hn::SumOfLanes(dsf, acc0)) + min0;
-  if constexpr (R > 1) out[1 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) + min1;
-  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc2)) + min2;
-  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc3)) + min3;
-  if constexpr (R > 4) out[4 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc4)) + min4;
-  if constexpr (R > 5) out[5 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc5)) + min5;
-  if constexpr (R > 6) out[6 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc6)) + min6;
-  if constexpr (R > 7) out[7 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc7)) + min7;
+  out[0] = hn::GetLane(hn::SumOfLanes(dsf, acc0)) * xs[0] + min0;
+  if constexpr (R > 1) out[1 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) * xs[1] + min1;
+  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc2)) * xs[2] + min2;
+  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc3)) * xs[3] + min3;
+  if constexpr (R > 4) out[4 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc4)) * xs[4] + min4;
+  if constexpr (R > 5) out[5 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc5)) * xs[5] + min5;
+  if constexpr (R > 6) out[6 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc6)) * xs[6] + min6;
+  if constexpr (R > 7) out[7 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc7)) * xs[7] + min7;
 }
 
 // Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
@@ -450,8 +456,8 @@ constexpr int64_t kBlockRows = 4;
 #endif
 
 // Weight rows [j0, j1) of blocks times the n rows of a, kBlockRows at a time.
-// scratch: x's int16 quants (n * k / 2 floats' room), then its block scales
-// and sums (n * k / 32 floats each).
+// scratch: x's int16 quants (n * k / 2 floats' room), its scale per row (n
+// floats), its block sums (n * k / 32).
 template <DType kType>
 HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
@@ -460,16 +466,16 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
   int16_t* xq = reinterpret_cast<int16_t*>(scratch);
   float* xs = scratch + n * k / 2;
-  float* sums = xs + n * blocks;
+  float* sums = xs + n;
   for (int64_t r = 0; r < n; ++r) {
-    QuantizeBlocksI16(a + r * lda, blocks, xq + r * k, xs + r * blocks);
+    QuantizeRowI16(a + r * lda, blocks, xq + r * k, xs + r);
     if constexpr (kType == DType::kQ4_1) BlockSums(a + r * lda, blocks, sums + r * blocks);
   }
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
     for (int64_t r = 0; r < n; r += kBlockRows) {
       const int16_t* q = xq + r * k;
-      const float* s = xs + r * blocks;
+      const float* s = xs + r;
       const float* m = sums + r * blocks;
       float* out = c + r * ldc + j;
       switch (std::min<int64_t>(kBlockRows, n - r)) {
@@ -950,6 +956,14 @@ void MatmulBlocksImpl(DType dtype, const float* a, int64_t lda, int64_t n, const
 
 const char* TargetImpl() { return hwy::TargetName(HWY_TARGET); }
 
+bool TargetHasAvx512Impl() {
+#if HWY_ARCH_X86
+  return HWY_TARGET <= HWY_AVX3;
+#else
+  return false;
+#endif
+}
+
 }  // namespace tandem::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -974,6 +988,7 @@ HWY_EXPORT(RmsNormRowImpl);
 HWY_EXPORT(ToBf16Impl);
 HWY_EXPORT(ExpImpl);
 HWY_EXPORT(TargetImpl);
+HWY_EXPORT(TargetHasAvx512Impl);
 
 void WidenRow(DType dtype, const void* src, int64_t n, float* dst) {
   HWY_DYNAMIC_DISPATCH(WidenRowImpl)(dtype, src, n, dst);
@@ -1002,8 +1017,9 @@ int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsIm
 
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
   // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float), then
-  // its block scales and sums; above, 4 widened weight rows.
-  return std::max(4 * k, n * k / 2 + 2 * n * (k / 32));
+  // its scale per row and its block sums; above, 4
+  // widened weight rows.
+  return std::max(4 * k, n * k / 2 + n + n * (k / 32));
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
@@ -1084,13 +1100,11 @@ bool UseTarget(std::string_view name) {
   return true;
 }
 
-bool TargetHasAvx512() {
-#if HWY_ARCH_X86
-  return (hwy::SupportedTargets() & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
-#else
-  return false;
-#endif
-}
+// Through the dispatch table, not hwy::SupportedTargets(): Highway 1.0's
+// SupportedTargets() runs CPUID on every call, a trap to the hypervisor in a
+// VM, and the CPU ops ask this once per matmul (3% of a speculative
+// verification step on a 2-vCPU KVM guest).
+bool TargetHasAvx512() { return HWY_DYNAMIC_DISPATCH(TargetHasAvx512Impl)(); }
 
 }  // namespace tandem::cpu
 #endif  // HWY_ONCE
