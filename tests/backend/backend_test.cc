@@ -3,8 +3,13 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -152,6 +157,42 @@ TEST(DTypeTest, F16CoversNormalsSubnormalsAndOverflow) {
   ConvertToF32(out.data(), DType::kF16, back.data(), in.size());
   for (size_t i : {0, 1, 2, 4, 5}) EXPECT_EQ(back[i], in[i]) << i;
   EXPECT_TRUE(std::isinf(back[3]));
+}
+
+// Arenas from 2 MiB up sit on 2 MiB boundaries with the kernel's huge-page
+// advice (VmFlags "hg" in /proc/self/smaps), zeroed like every allocation;
+// small ones do not take the advice.
+TEST(CpuDeviceTest, LargeAllocationsAskForHugePages) {
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "kernel without transparent huge pages";
+  }
+  // The VmFlags of the mapping that holds p.
+  const auto flags_of = [](const void* p) {
+    std::ifstream smaps("/proc/self/smaps");
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    bool inside = false;
+    for (std::string line; std::getline(smaps, line);) {
+      uintptr_t lo = 0, hi = 0;
+      char dash = 0;
+      std::istringstream range(line);
+      if (range >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(' ') != std::string::npos &&
+          std::isxdigit(static_cast<unsigned char>(line[0]))) {
+        inside = lo <= addr && addr < hi;
+      } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+        return line;
+      }
+    }
+    return std::string();
+  };
+  auto device = CreateCpuDevice();
+  auto big = device->Allocate(size_t{5} << 20);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*big) % (size_t{2} << 20), 0u);
+  const auto* bytes = static_cast<const unsigned char*>(*big);
+  for (size_t i = 0; i < (size_t{5} << 20); i += 4093) ASSERT_EQ(bytes[i], 0) << i;
+  const std::string flags = flags_of(*big);
+  ASSERT_FALSE(flags.empty());
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
 }
 
 // The measure pass: the same allocation code on a measuring arena, then on a
