@@ -34,39 +34,130 @@ const Tables& GetTables() {
   return tables;
 }
 
+// Three chains at once. The CRC instruction has a latency of 3 cycles and a
+// throughput of 1, so one dependent chain of 8-byte steps runs at a third of
+// what the unit can do (10.4 GB/s on a Zen 5 core; a KV stream checksums
+// every byte on both workers). The data is cut into three equal spans whose
+// chains run interleaved, then joined: the register after spans A, B, C is
+// Z(Z(a) ^ b) ^ c, where a, b, c are the spans' registers (B's and C's from
+// 0) and Z appends one span's length of zero bytes, a linear map over
+// GF(2) applied by four table lookups (ZeroTable).
+
+constexpr uint32_t kPoly = 0x82F63B78u;  // reflected
+
+// A linear map on the 32-bit register: column i is the image of bit i.
+using Gf2Map = std::array<uint32_t, 32>;
+
+uint32_t Apply(const Gf2Map& m, uint32_t v) {
+  uint32_t r = 0;
+  for (int i = 0; v != 0; ++i, v >>= 1) {
+    if (v & 1u) r ^= m[i];
+  }
+  return r;
+}
+
+Gf2Map Compose(const Gf2Map& outer, const Gf2Map& inner) {
+  Gf2Map r;
+  for (int i = 0; i < 32; ++i) r[i] = Apply(outer, inner[i]);
+  return r;
+}
+
+// Appending `bytes` zero bytes to the register, as four byte-indexed tables.
+struct ZeroTable {
+  std::array<std::array<uint32_t, 256>, 4> t;
+  explicit ZeroTable(size_t bytes) {
+    Gf2Map bit;  // one zero bit: c = (c >> 1) ^ (c & 1 ? kPoly : 0)
+    bit[0] = kPoly;
+    for (int i = 1; i < 32; ++i) bit[i] = 1u << (i - 1);
+    Gf2Map op;  // identity, then bit^(8 * bytes) by squaring
+    for (int i = 0; i < 32; ++i) op[i] = 1u << i;
+    for (size_t n = 8 * bytes; n != 0; n >>= 1) {
+      if (n & 1u) op = Compose(bit, op);
+      bit = Compose(bit, bit);
+    }
+    for (uint32_t b = 0; b < 256; ++b) {
+      for (int k = 0; k < 4; ++k) t[k][b] = Apply(op, b << (8 * k));
+    }
+  }
+  uint32_t operator()(uint32_t c) const {
+    return t[0][c & 0xff] ^ t[1][(c >> 8) & 0xff] ^ t[2][(c >> 16) & 0xff] ^ t[3][c >> 24];
+  }
+};
+
+// Span lengths: long spans for the bulk (the join costs two table shifts per
+// 24 KiB), short ones for what is left.
+constexpr size_t kLongSpan = 8192;
+constexpr size_t kShortSpan = 256;
+
+const ZeroTable& LongZeros() {
+  static const ZeroTable t(kLongSpan);
+  return t;
+}
+const ZeroTable& ShortZeros() {
+  static const ZeroTable t(kShortSpan);
+  return t;
+}
+
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// The register c extended over p[0, size) with Step (one 8-byte step of the
+// CPU's CRC instruction) and Byte (one byte), three chains at a time.
+// Inlined into each target-specific caller so the instructions inline too.
+template <uint64_t (*Step)(uint64_t, uint64_t), uint32_t (*Byte)(uint32_t, uint8_t)>
+__attribute__((always_inline)) inline uint32_t Interleaved(uint32_t c, const uint8_t* p,
+                                                           size_t size) {
+  uint64_t c0 = c;
+  for (const auto& [span, zeros] :
+       {std::pair<size_t, const ZeroTable*>{kLongSpan, &LongZeros()},
+        std::pair<size_t, const ZeroTable*>{kShortSpan, &ShortZeros()}}) {
+    while (size >= 3 * span) {
+      uint64_t c1 = 0, c2 = 0;
+      for (size_t i = 0; i < span; i += 8) {
+        c0 = Step(c0, Load64(p + i));
+        c1 = Step(c1, Load64(p + span + i));
+        c2 = Step(c2, Load64(p + 2 * span + i));
+      }
+      c0 = (*zeros)(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
+      c0 = (*zeros)(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c2);
+      p += 3 * span;
+      size -= 3 * span;
+    }
+  }
+  for (; size >= 8; p += 8, size -= 8) c0 = Step(c0, Load64(p));
+  c = static_cast<uint32_t>(c0);
+  while (size-- > 0) c = Byte(c, *p++);
+  return c;
+}
+
 // The instructions update the register form of the CRC (not inverted), as
-// the table loop does; one dependent chain of 8-byte steps. (Three chains
-// merged by carry-less multiplication would run ~3x faster; one already
-// checksums well above what a socket moves, so the simpler form is kept.)
+// the table loop does.
 #if defined(__x86_64__)
+__attribute__((target("sse4.2"))) inline uint64_t Step(uint64_t c, uint64_t v) {
+  return _mm_crc32_u64(c, v);
+}
+__attribute__((target("sse4.2"))) inline uint32_t Byte(uint32_t c, uint8_t b) {
+  return _mm_crc32_u8(c, b);
+}
 __attribute__((target("sse4.2"))) uint32_t HardwareUpdate(uint32_t c, const uint8_t* p,
                                                           size_t size) {
-  uint64_t c64 = c;
-  while (size >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c64 = _mm_crc32_u64(c64, v);
-    p += 8;
-    size -= 8;
-  }
-  c = static_cast<uint32_t>(c64);
-  while (size-- > 0) c = _mm_crc32_u8(c, *p++);
-  return c;
+  return Interleaved<Step, Byte>(c, p, size);
 }
 bool HasHardware() { return __builtin_cpu_supports("sse4.2"); }
 constexpr const char* kHardwareName = "sse4.2";
 #elif defined(__aarch64__)
+__attribute__((target("+crc"))) inline uint64_t Step(uint64_t c, uint64_t v) {
+  return __crc32cd(static_cast<uint32_t>(c), v);
+}
+__attribute__((target("+crc"))) inline uint32_t Byte(uint32_t c, uint8_t b) {
+  return __crc32cb(c, b);
+}
 __attribute__((target("+crc"))) uint32_t HardwareUpdate(uint32_t c, const uint8_t* p,
                                                         size_t size) {
-  while (size >= 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    c = __crc32cd(c, v);
-    p += 8;
-    size -= 8;
-  }
-  while (size-- > 0) c = __crc32cb(c, *p++);
-  return c;
+  return Interleaved<Step, Byte>(c, p, size);
 }
 bool HasHardware() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 constexpr const char* kHardwareName = "arm-crc";

@@ -46,5 +46,24 @@ TEST(Crc32cTest, InstructionsEqualTablesAtEveryLengthAndOffset) {
   std::cout << "CRC32C by " << Crc32cImplementation() << std::endl;
 }
 
+// Long inputs run as three interleaved chains (spans of 8192 and 256 bytes)
+// joined by zero-appending tables: every length around the spans' multiples,
+// at odd offsets, gives the tables' result.
+TEST(Crc32cTest, InterleavedChainsEqualTablesOnLongInputs) {
+  std::vector<uint8_t> data(3 * 8192 * 2 + 3 * 256 * 3 + 64);
+  uint32_t x = 777;
+  for (uint8_t& b : data) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t base : {size_t{3 * 256}, size_t{3 * 8192}, size_t{3 * 8192 + 3 * 256},
+                      size_t{2 * 3 * 8192 + 2 * 3 * 256}}) {
+    for (size_t n = base - 9; n <= base + 17; ++n) {
+      for (size_t offset : {size_t{0}, size_t{3}}) {
+        const uint8_t* p = data.data() + offset;
+        ASSERT_EQ(Crc32c(0x1234567u, p, n), Crc32cPortable(0x1234567u, p, n))
+            << "offset " << offset << " length " << n;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem
