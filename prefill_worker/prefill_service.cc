@@ -9,11 +9,21 @@
 #include "common/serving/stream_writer.h"
 
 namespace tandem {
+namespace {
+
+// The message's buffer handed to gRPC as it is (freed when sent).
+grpc::ByteBuffer ToByteBuffer(WireMessage msg) {
+  const size_t size = msg.size;
+  grpc::Slice slice(msg.data.release(), size, [](void* p) { delete[] static_cast<char*>(p); });
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+}  // namespace
 
 // One Prefill call: its id and stream (any thread), its export (engine thread).
 struct PrefillServiceImpl::Transfer {
   std::string id;
-  std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer;
+  std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer;
   // Any thread.
   std::atomic<bool> released{false};
   std::atomic<bool> exporting{false};       // the KV began to go out
@@ -102,7 +112,7 @@ void PrefillServiceImpl::SendMore(const std::shared_ptr<Transfer>& t) {
 
 void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) {
   if (t.finished || t.released.load()) return;
-  StreamWriter<v1::PrefillResponse>& writer = *t.writer;
+  StreamWriter<grpc::ByteBuffer>& writer = *t.writer;
   if (writer.ended()) return Release(t);  // cancelled or broken: drop the rest
   // While the prompt is computed the engine thread comes back only between
   // steps: each visit may queue what one step computed, so the stream never
@@ -114,7 +124,7 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
                              static_cast<size_t>(client->max_num_batched_tokens()) * 2 *
                                  client->slot_bytes() * client->model_config().num_hidden_layers);
   while (!t.exporter->done() && writer.buffered_bytes() < window) {
-    absl::StatusOr<std::optional<v1::PrefillResponse>> msg = next();
+    absl::StatusOr<std::optional<WireMessage>> msg = next();
     if (!msg.ok()) {
       t.finished = true;
       if (!t.failure_counted.exchange(true)) metrics_->KvTransferFailure("other");
@@ -123,8 +133,8 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
     }
     if (!msg->has_value()) return;  // more after the engine's next step
     if (t.bytes == 0) t.first_sent = absl::Now();
-    t.bytes += (*msg)->chunk().k().size() + (*msg)->chunk().v().size();
-    writer.Send(**std::move(msg));
+    t.bytes += (*msg)->kv_bytes;
+    writer.Send(ToByteBuffer(**std::move(msg)));
   }
   // More when the reader has taken these, or once the prompt is computed.
   if (!t.exporter->done() || !t.prefilled) return;
@@ -132,15 +142,24 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
   Release(t);  // every chunk is copied out: the blocks may go
   v1::PrefillResponse done;
   done.mutable_done()->set_first_token(t.first_token);
-  writer.Send(std::move(done));
+  writer.Send(ToByteBuffer(WireMessage::Of(done)));
   writer.End(grpc::Status::OK);
 }
 
-grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
-    grpc::CallbackServerContext* context, const v1::PrefillRequest* request) {
-  auto opened = OpenStream<v1::PrefillResponse>(state_, metrics_, context);
-  const std::shared_ptr<StreamWriter<v1::PrefillResponse>> writer = opened.first;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  auto opened = OpenStream<grpc::ByteBuffer>(state_, metrics_, context);
+  const std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer = opened.first;
   if (!opened.second) return writer.get();
+  v1::PrefillRequest parsed;
+  grpc::ByteBuffer copy(*raw);  // shares the slices; Deserialize consumes its buffer
+  if (!grpc::SerializationTraits<v1::PrefillRequest>::Deserialize(&copy, &parsed).ok()) {
+    writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("the request (", raw->Length(),
+                                          " bytes) is not a tandem.v1.PrefillRequest")));
+    return writer.get();
+  }
+  const v1::PrefillRequest* request = &parsed;
   const absl::Time start = absl::Now();
   // Room for the "#prefill.attempt" suffix the decode worker adds to a client's id.
   auto resolved_id = ResolveRequestId(request->request_id(), kMaxRequestIdBytes + 16);
@@ -169,7 +188,7 @@ grpc::ServerWriteReactor<v1::PrefillResponse>* PrefillServiceImpl::Prefill(
                                              client->slot_bytes(),
                                              client->model_config().num_hidden_layers);
   // The header goes out now: the caller knows this worker took the request.
-  writer->Send(t->exporter->Header());
+  writer->Send(ToByteBuffer(WireMessage::Of(t->exporter->Header())));
   writer->OnFinished([this, t](const grpc::Status& s) {
     if (s.ok()) {
       metrics_->KvTransfer(t->bytes, t->bytes == 0 ? 0.0 : absl::ToDoubleSeconds(absl::Now() - t->first_sent));

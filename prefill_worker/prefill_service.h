@@ -49,7 +49,12 @@
 
 namespace tandem {
 
-class PrefillServiceImpl final : public v1::Prefill::CallbackService {
+// The method is registered raw (grpc::ByteBuffer in and out) so that KV
+// chunks go out as the bytes KvExporter encoded, not as protobuf messages
+// serialized once more; callers see the PrefillResponse stream tandem.proto
+// declares.
+class PrefillServiceImpl final
+    : public v1::Prefill::WithRawCallbackMethod_Prefill<v1::Prefill::CallbackService> {
  public:
   // `max_waiting`: requests queued for the engine beyond which new ones get
   // RESOURCE_EXHAUSTED. `export_timeout`: the lease (see above).
@@ -58,8 +63,8 @@ class PrefillServiceImpl final : public v1::Prefill::CallbackService {
   ~PrefillServiceImpl() override;
   void SetEngine(EngineClient* client) { client_ = client; }
 
-  grpc::ServerWriteReactor<v1::PrefillResponse>* Prefill(
-      grpc::CallbackServerContext* context, const v1::PrefillRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Prefill(grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* raw) override;
 
   // KV bytes a stream may have copied out and not yet written (2 chunks;
   // 2, 4 and 8 measured alike with refills at half the window).

@@ -60,7 +60,7 @@ class EngineClient {
   // of a prefill-only request's computed KV (nullopt: none computed since);
   // `fill` takes as many as its reader has room for (check exporter->done()
   // first).
-  using NextChunk = std::function<absl::StatusOr<std::optional<v1::PrefillResponse>>()>;
+  using NextChunk = std::function<absl::StatusOr<std::optional<WireMessage>>()>;
   void ExportKv(std::shared_ptr<KvExporter> exporter,
                 std::function<void(const NextChunk& next)> fill);
 

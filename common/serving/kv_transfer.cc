@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/serving/crc32c.h"
 
@@ -41,7 +42,39 @@ v1::PrefillResponse KvExporter::Header() const {
   return header;
 }
 
-absl::StatusOr<std::optional<v1::PrefillResponse>> KvExporter::Next(const LlmEngine& engine) {
+namespace {
+
+// Protobuf wire format: varints, and tags of (field << 3) | wire type.
+constexpr uint8_t kVarint = 0, kLen = 2, kFixed32 = 5;
+
+size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) v >>= 7, ++n;
+  return n;
+}
+
+char* PutVarint(char* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<char>(v);
+  return p;
+}
+
+char* PutTag(char* p, int field, uint8_t type) { return PutVarint(p, (field << 3) | type); }
+
+}  // namespace
+
+WireMessage WireMessage::Of(const v1::PrefillResponse& msg) {
+  WireMessage w;
+  w.size = msg.ByteSizeLong();
+  w.data.reset(new char[w.size]);  // not zeroed: every byte is written
+  msg.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(w.data.get()));
+  return w;
+}
+
+absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& engine) {
   if (layer_ >= num_layers_) {  // the run is out: start one over the tokens computed since
     const int64_t ready = std::min(engine.KvReadyTokens(id_), num_tokens_);
     if (ready <= run_end_) return std::nullopt;
@@ -51,23 +84,33 @@ absl::StatusOr<std::optional<v1::PrefillResponse>> KvExporter::Next(const LlmEng
     next_ = run_begin_;
   }
   const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
-  v1::PrefillResponse msg;
-  v1::KvChunk* chunk = msg.mutable_chunk();
-  chunk->set_layer(layer_);
-  chunk->set_first_token(static_cast<uint32_t>(next_));
-  chunk->set_num_tokens(static_cast<uint32_t>(n));
-  std::string* k = chunk->mutable_k();
-  std::string* v = chunk->mutable_v();
-  k->resize(n * row_);
-  v->resize(n * row_);
-  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, next_, n, k->data(), v->data()));
-  chunk->set_crc32c(Crc32c(Crc32c(0, k->data(), k->size()), v->data(), v->size()));
+  const size_t rows = static_cast<size_t>(n) * row_;
+  // PrefillResponse { chunk (2) = KvChunk { layer (1), first_token (2),
+  // num_tokens (3), k (4), v (5), crc32c (6) } }.
+  const size_t inner = 1 + VarintBytes(layer_) + 1 + VarintBytes(next_) + 1 + VarintBytes(n) +
+                       2 * (1 + VarintBytes(rows) + rows) + 1 + 4;
+  WireMessage w;
+  w.size = 1 + VarintBytes(inner) + inner;
+  w.kv_bytes = 2 * rows;
+  w.data.reset(new char[w.size]);  // not zeroed: every byte is written
+  char* p = PutVarint(PutTag(w.data.get(), 2, kLen), inner);
+  p = PutVarint(PutTag(p, 1, kVarint), layer_);
+  p = PutVarint(PutTag(p, 2, kVarint), next_);
+  p = PutVarint(PutTag(p, 3, kVarint), n);
+  char* k = PutVarint(PutTag(p, 4, kLen), rows);
+  char* v = PutVarint(PutTag(k + rows, 5, kLen), rows);
+  p = PutTag(v + rows, 6, kFixed32);
+  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, next_, n, k, v));
+  const uint32_t crc = Crc32c(Crc32c(0, k, rows), v, rows);
+  for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(crc >> (8 * i));  // little-endian
+  TANDEM_CHECK(p == w.data.get() + w.size) << "KV chunk encoding: " << p - w.data.get()
+                                           << " bytes written, " << w.size << " sized";
   next_ += n;
   if (next_ >= run_end_) {
     next_ = run_begin_;
     ++layer_;
   }
-  return msg;
+  return w;
 }
 
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
@@ -78,13 +121,15 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
                       engine.kv_cache().slot_bytes(), engine.model_config().num_hidden_layers);
   std::vector<v1::PrefillResponse> out = {exporter.Header()};
   while (!exporter.done()) {
-    ASSIGN_OR_RETURN(std::optional<v1::PrefillResponse> msg, exporter.Next(engine));
+    ASSIGN_OR_RETURN(std::optional<WireMessage> msg, exporter.Next(engine));
     if (!msg.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "request '", id, "' has computed ", engine.KvReadyTokens(id), " of ", num_tokens,
           " tokens"));
     }
-    out.push_back(*std::move(msg));
+    if (!out.emplace_back().ParseFromArray(msg->data.get(), static_cast<int>(msg->size))) {
+      return absl::InternalError("a KV chunk's wire encoding does not parse");
+    }
   }
   return out;
 }

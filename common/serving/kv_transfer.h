@@ -9,6 +9,7 @@
 #define TANDEM_COMMON_SERVING_KV_TRANSFER_H_
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,19 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
 // `slot_bytes`: bytes of one token's K (and of its V) in one layer.
 int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
+// One stream message as its bytes on the wire. A chunk is encoded by hand
+// (tandem.proto's field numbers; any protobuf parser reads it as the
+// PrefillResponse it is) so that its K and V rows go from the cache straight
+// into the buffer gRPC sends: a protobuf message would hold them in `bytes`
+// fields and be copied once more to be serialized.
+struct WireMessage {
+  std::unique_ptr<char[]> data;
+  size_t size = 0;
+  size_t kv_bytes = 0;  // K and V bytes in it
+
+  static WireMessage Of(const v1::PrefillResponse& msg);
+};
+
 // Produces the KV of request `id`'s tokens [first, num_tokens) as a header,
 // then one chunk at a time, so a sender can make chunks as fast as its reader
 // takes them instead of copying the whole KV at once. Chunks go out as the
@@ -46,8 +60,9 @@ class KvExporter {
              size_t slot_bytes, int num_layers);
   v1::PrefillResponse Header() const;
   // The next chunk, or nullopt when its rows are not computed yet (more after
-  // the engine's next step); check done() first.
-  absl::StatusOr<std::optional<v1::PrefillResponse>> Next(const LlmEngine& engine);
+  // the engine's next step); check done() first. Its CRC32C is taken from
+  // the buffer while the rows are still in the core's cache.
+  absl::StatusOr<std::optional<WireMessage>> Next(const LlmEngine& engine);
   bool done() const { return run_end_ >= num_tokens_ && layer_ >= num_layers_; }
 
  private:
@@ -66,8 +81,8 @@ class KvExporter {
   int64_t next_;
 };
 
-// The header and every chunk of tokens [first, num_tokens) at once (tests
-// and benchmarks).
+// The header and every chunk of tokens [first, num_tokens) at once, parsed
+// back from the wire (tests and benchmarks).
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
                                                          int64_t num_tokens, int64_t first = 0);

@@ -23,6 +23,14 @@
 
 namespace tandem {
 
+// A queued message's size on the wire: a protobuf message's serialized
+// size, or a raw stream's bytes.
+template <typename Msg>
+size_t WireBytes(const Msg& msg) {
+  return msg.ByteSizeLong();
+}
+inline size_t WireBytes(const grpc::ByteBuffer& msg) { return msg.Length(); }
+
 template <typename Msg>
 class StreamWriter : public grpc::ServerWriteReactor<Msg> {
  public:
@@ -44,7 +52,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     {
       MutexLock lock(&mu_);
       if (ended_) return;
-      buffered_bytes_ += msg.ByteSizeLong();
+      buffered_bytes_ += WireBytes(msg);
       queue_.push_back(std::move(msg));
     }
     Pump();
@@ -156,7 +164,7 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
     {
       MutexLock lock(&mu_);
       writing_ = false;
-      buffered_bytes_ -= std::min(buffered_bytes_, current_.ByteSizeLong());
+      buffered_bytes_ -= std::min(buffered_bytes_, WireBytes(current_));
       if (!ok) {  // the stream is broken: drop the rest and finish
         queue_.clear();
         buffered_bytes_ = 0;

@@ -133,7 +133,11 @@ TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
       auto msg = exporter.Next(*engine);
       ASSERT_TRUE(msg.ok()) << msg.status();
       if (!msg->has_value()) break;
-      const v1::KvChunk& chunk = (*msg)->chunk();
+      v1::PrefillResponse parsed;  // the hand-made encoding parses as protobuf's
+      ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
+      ASSERT_TRUE(parsed.has_chunk());
+      const v1::KvChunk& chunk = parsed.chunk();
+      EXPECT_EQ((*msg)->kv_bytes, chunk.k().size() + chunk.v().size());
       EXPECT_EQ(chunk.layer(), made % layers);  // layer by layer over the new run
       EXPECT_EQ(chunk.first_token(), step * 16);
       EXPECT_EQ(chunk.first_token() + chunk.num_tokens(), ready_after_step[step]);
