@@ -111,7 +111,8 @@ void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n) {
         const uint16_t dh = ToF16(d);
         std::memcpy(out, &dh, 2);
         for (int i = 0; i < kBlockElems; ++i) {
-          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(Level(std::nearbyint(x[i] * id), -127, 127)));
+          const int level = Level(std::nearbyint(x[i] * id), -127, 127);
+          out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(level));
         }
       }
       return;

@@ -30,8 +30,8 @@ class CpuDevice : public Device {
     // decode step streams every weight once, and with 4 KiB pages it walks
     // 130 thousand of them for SmolLM2 in f32. 2-vCPU Zen 5, f32 SmolLM2,
     // medians of 6-8 interleaved runs: decode 24.4 -> 21.6 ms at 1 thread,
-    // 16.7 -> 15.3 ms at 2, prefill of 16 and 512 tokens 5-12% faster
-    // (docs/benchmarks.md, "Huge pages").
+    // 16.7 -> 15.3 ms at 2, prefill of 16 and 512 tokens 4-12% faster
+    // (docs/benchmarks.md, "Huge pages for the CPU arenas").
     const bool huge = bytes >= kHugePage;
     const size_t align = huge ? kHugePage : 256;
     const size_t rounded = (bytes + align - 1) / align * align;

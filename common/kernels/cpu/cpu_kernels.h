@@ -52,8 +52,8 @@ void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64
 
 // As MatmulF32 with weights of a block type (Q8_0, Q4_0, Q4_1: rows of K / 32
 // blocks), n <= kSmallMatmulMaxRows: each block multiplied in registers, as
-// integers, by x's rows rounded to int16 per 32-element block (relative
-// error 2^-16 of a block's largest element), 8 rows of x per pass over the
+// integers, by x's rows rounded to int16 with one scale per row (relative
+// error 2^-16 of the row's largest element), 8 rows of x per pass over the
 // blocks on AVX-512 targets, 4 elsewhere.
 // Up to BlocksIntegerMaxRows() rows (8 on AVX-512 targets, 32 elsewhere: the
 // faster way on each, measured) a row's result is the same bits whatever n is

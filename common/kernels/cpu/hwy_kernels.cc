@@ -323,7 +323,7 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   }
 }
 
-// out[r * ldo] = x_r . (one weight row of blocks) for the R (1..4) rows
+// out[r * ldo] = x_r . (one weight row of blocks) for the R (1..8) rows
 // x_r (int16 quants xq + r * 32 * blocks, scales xs[r], f32 block sums
 // xsums + r * blocks for Q4_1's minimum): each block's quants are
 // loaded once and multiplied by every row, so a step of 1 + k tokens
@@ -1032,8 +1032,7 @@ int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsIm
 
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
   // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float), then
-  // its scale per row and its block sums; above, 4
-  // widened weight rows.
+  // its scale per row and its block sums; above, 4 widened weight rows.
   return std::max(4 * k, n * k / 2 + n + n * (k / 32));
 }
 
