@@ -2,8 +2,8 @@
 """The official `openai` Python client against the pair's HTTP API.
 
 Starts a prefill and a decode worker (SmolLM2, the GGUF of
-scripts/fetch_model.sh) on free loopback ports, the decode worker with
---http-address, and checks through openai.OpenAI(base_url=.../v1):
+scripts/fetch_model.sh) on loopback ports the kernel picks (pair.py), the
+decode worker with --http-address, and checks through openai.OpenAI(base_url=.../v1):
 /v1/models; chat through the model's own chat template, whole and streamed
 (with usage), equal to each other and to the answer the gRPC test expects;
 completions from token ids equal to `tandem generate --local`; stop strings;
@@ -17,8 +17,6 @@ concurrent streams all complete. Stops both workers with SIGTERM (exit 0).
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,11 +26,7 @@ import urllib.request
 
 import openai
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pair import Pair
 
 
 def http_get(url, timeout=5):
@@ -65,26 +59,14 @@ def expect_error(kind, fn, needle):
 def main():
     bin_dir, model = sys.argv[1], sys.argv[2]
     out = tempfile.mkdtemp(prefix="tandem_openai_")
-    pp, dp, hp, dm = free_port(), free_port(), free_port(), free_port()
-    logs = [open(os.path.join(out, n), "w") for n in ("prefill.log", "decode.log")]
-    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--model={model}",
-                                f"--grpc-address=127.0.0.1:{pp}",
-                                f"--metrics-address=127.0.0.1:{free_port()}"],
-                               stdout=logs[0], stderr=subprocess.STDOUT)
-    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--model={model}",
-                               f"--grpc-address=127.0.0.1:{dp}", f"--metrics-address=127.0.0.1:{dm}",
-                               f"--prefill-address=127.0.0.1:{pp}", f"--http-address=127.0.0.1:{hp}",
-                               "--served-model-name=smollm2"],
-                              stdout=logs[1], stderr=subprocess.STDOUT)
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2"])
+    dm = pair.metrics_port
     passed = 0
     try:
-        base = f"http://127.0.0.1:{hp}"
-        for _ in range(600):  # SERVING: the engine is up and a prefill worker usable
-            if http_get(base + "/health")[0] == 200:
-                break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("the decode worker's /health never answered 200; log in " + out)
+        base = f"http://127.0.0.1:{pair.http_port}"
+        # SERVING: the engine is up and a prefill worker usable.
+        pair.wait(lambda: http_get(base + "/health")[0] == 200,
+                  "the decode worker's /health never answered 200")
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
 
         models = client.models.list().data
@@ -195,10 +177,7 @@ def main():
         passed += 1
         print("openai client: answer", repr(answer), "completion", repr(expected_text))
     finally:
-        codes = []
-        for proc in (decode, prefill):
-            proc.send_signal(signal.SIGTERM)
-            codes.append(proc.wait(timeout=60))
+        codes = pair.stop(timeout=60)
     assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
     print(f"{passed} passed, 0 failed")
 

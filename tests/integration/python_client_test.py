@@ -2,8 +2,8 @@
 """A client not written in C++: Debian's python3-grpcio against the pair.
 
 Stubs are generated from proto/tandem/v1/tandem.proto at test time with
-grpc_tools. Starts a prefill and a decode worker on free loopback ports with
-SmolLM2 (the GGUF of scripts/fetch_model.sh), sends a chat question as text
+grpc_tools. Starts a prefill and a decode worker on loopback ports the kernel
+picks (pair.py) with SmolLM2 (the GGUF of scripts/fetch_model.sh), sends a chat question as text
 and reads the answer as text, streams a greedy generation from token ids and
 checks it against `tandem generate --local` with --cudagraph-mode=NONE,
 checks an INVALID_ARGUMENT, and stops both workers with SIGTERM (exit code 0).
@@ -11,28 +11,11 @@ checks an INVALID_ARGUMENT, and stops both workers with SIGTERM (exit code 0).
     /usr/bin/python3 tests/integration/python_client_test.py BIN_DIR SOURCE_DIR MODEL.gguf
 """
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=30):
-    end = time.time() + timeout
-    while time.time() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
+from pair import Pair
 
 
 def main():
@@ -49,28 +32,14 @@ def main():
     sys.path.insert(0, out)
     from tandem.v1 import tandem_pb2, tandem_pb2_grpc
 
-    pp, dp = free_port(), free_port()
-    logs = [open(os.path.join(out, n), "w") for n in ("prefill.log", "decode.log")]
-    prefill = subprocess.Popen([f"{bin_dir}/prefill_worker", f"--model={model}",
-                                f"--grpc-address=127.0.0.1:{pp}",
-                                f"--metrics-address=127.0.0.1:{free_port()}"],
-                               stdout=logs[0], stderr=subprocess.STDOUT)
-    decode = subprocess.Popen([f"{bin_dir}/decode_worker", f"--model={model}",
-                               f"--grpc-address=127.0.0.1:{dp}",
-                               f"--metrics-address=127.0.0.1:{free_port()}",
-                               f"--prefill-address=127.0.0.1:{pp}", "--http-address=127.0.0.1:0"],
-                              stdout=logs[1], stderr=subprocess.STDOUT)
+    pair = Pair(bin_dir, model, out)
     try:
-        wait_port(pp)
-        wait_port(dp)
-        for port in (pp, dp):  # both SERVING (graphs captured) before traffic
-            for _ in range(600):
-                if subprocess.run([f"{bin_dir}/tandem", "health", f"--address=127.0.0.1:{port}"],
-                                  capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.1)
-            else:
-                raise RuntimeError(f"worker on port {port} never became SERVING")
+        for port in (pair.prefill_port, pair.decode_port):  # both SERVING (graphs captured)
+            pair.wait(lambda: subprocess.run([f"{bin_dir}/tandem", "health",
+                                              f"--address=127.0.0.1:{port}"],
+                                             capture_output=True).returncode == 0,
+                      f"the worker on port {port} never became SERVING")
+        dp = pair.decode_port
         channel = grpc.insecure_channel(f"127.0.0.1:{dp}")
         stub = tandem_pb2_grpc.DecodeStub(channel)
         question = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
@@ -111,10 +80,7 @@ def main():
             assert "prompt_token_ids" in e.details(), e.details()
         print("python client: answer", repr(answer), "tokens", tokens)
     finally:
-        codes = []
-        for proc in (decode, prefill):
-            proc.send_signal(signal.SIGTERM)
-            codes.append(proc.wait(timeout=30))
+        codes = pair.stop(timeout=30)
     assert codes == [0, 0], f"workers exited with {codes}"
     print("1 passed, 0 failed")
 
