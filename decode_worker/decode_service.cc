@@ -58,7 +58,7 @@ void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const gr
   call->writer->End(status);
 }
 
-void DecodeServiceImpl::OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) {
+void DecodeServiceImpl::OnKvChunk(const std::shared_ptr<GenerateCall>& call, ReceivedChunk chunk) {
   if (call->done.load()) return;
   client_.load()->ImportKv(call->id, std::move(chunk));
 }

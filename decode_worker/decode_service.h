@@ -116,7 +116,7 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   const v1::ModelFingerprint& fingerprint() const override { return client_.load()->fingerprint(); }
   size_t slot_bytes() const override { return client_.load()->slot_bytes(); }
   WorkerMetrics* metrics() override { return metrics_; }
-  void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) override;
+  void OnKvChunk(const std::shared_ptr<GenerateCall>& call, ReceivedChunk chunk) override;
   void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) override;
   PrefillPool* pool() override { return pool_.get(); }
   void PrefillFailed(const std::shared_ptr<GenerateCall>& call,

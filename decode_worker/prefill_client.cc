@@ -41,7 +41,8 @@ void PrefillClient::Start() {
         }
         Unhold();
       });
-  endpoint_->stub->async()->Prefill(&context_, &request_, this);
+  endpoint_->stub->PrepareBidiStreamingCall(&context_, kPrefillMethod, grpc::StubOptions(), this);
+  StartWriteLast(&request_, grpc::WriteOptions());
   StartRead(&response_);
   StartCall();
 }
@@ -57,11 +58,27 @@ void PrefillClient::OnReadDone(bool ok) {
     context_.TryCancel();
     return;
   }
-  if (response_.has_header()) {
-    absl::Status s = checker_.Header(response_.header());
-    if (!s.ok()) return Abandon(ToGrpcStatus(s));
-  } else if (response_.has_chunk()) {
-    absl::Status s = checker_.Chunk(response_.chunk());
+  // The slices are shared (reference counted), not copied; they stay alive
+  // with the chunk until the engine thread has imported it.
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  std::vector<absl::string_view> pieces;
+  if (response_.Dump(slices.get()).ok()) {
+    pieces.reserve(slices->size());
+    for (const grpc::Slice& slice : *slices) {
+      pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+  }
+  response_.Clear();
+  absl::StatusOr<ReceivedMessage> msg = ParseReceived(std::move(pieces), std::move(slices));
+  if (!msg.ok()) {
+    host_->metrics()->KvTransferFailure("other");
+    abandoned_ = true;
+    host_->Fail(call_, ToGrpcStatus(msg.status()));
+    context_.TryCancel();
+    return;
+  }
+  if (msg->chunk.has_value()) {
+    absl::Status s = checker_.Chunk(*msg->chunk);
     if (checker_.failure() == KvStreamChecker::Failure::kDataLoss && args_.attempt == 0) {
       host_->metrics()->KvTransferFailure("data_loss");
       TANDEM_LOG(WARNING) << "request " << call_->id << ": " << s.message() << "; retrying once";
@@ -71,8 +88,11 @@ void PrefillClient::OnReadDone(bool ok) {
     }
     if (!s.ok()) return Abandon(ToGrpcStatus(s));
     if (first_kv_ == absl::Time()) first_kv_ = absl::Now();
-    host_->OnKvChunk(call_, std::move(*response_.mutable_chunk()));
-  } else if (response_.has_done()) {
+    host_->OnKvChunk(call_, *std::move(msg->chunk));
+  } else if (msg->message.has_header()) {
+    absl::Status s = checker_.Header(msg->message.header());
+    if (!s.ok()) return Abandon(ToGrpcStatus(s));
+  } else if (msg->message.has_done()) {
     absl::Status s = checker_.Done();
     if (!s.ok()) return Abandon(ToGrpcStatus(s));
     got_done_ = true;
@@ -82,9 +102,8 @@ void PrefillClient::OnReadDone(bool ok) {
     host_->metrics()->KvTransfer(checker_.bytes(), absl::ToDoubleSeconds(now - first));
     host_->metrics()->KvTransferSaved(static_cast<size_t>(args_.num_cached) * 2 *
                                       host_->slot_bytes() * host_->fingerprint().num_layers());
-    host_->OnPrefillToken(call_, response_.done().first_token());
+    host_->OnPrefillToken(call_, msg->message.done().first_token());
   }
-  response_.Clear();
   StartRead(&response_);
 }
 

@@ -4,6 +4,8 @@
 // KvStreamChecker (fingerprint and range, each chunk's size and checksum,
 // every (layer, token) row exactly once) and hands verified chunks to its
 // Host; the sampled token is handed over only once the KV is known complete.
+// Messages arrive as bytes: a chunk's rows are checked and imported from the
+// slices gRPC received them in (ParseReceived), never copied into a message.
 //
 // What ends a stream early, and what follows:
 //  - no first message within the first-message timeout (a frozen or
@@ -40,7 +42,7 @@
 
 namespace tandem {
 
-class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
+class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::ByteBuffer> {
  public:
   // What the client needs from the decode service. Every method may be called
   // from a gRPC thread.
@@ -52,7 +54,7 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
     virtual WorkerMetrics* metrics() = 0;
     virtual PrefillPool* pool() = 0;
     // A verified chunk of the call's KV.
-    virtual void OnKvChunk(const std::shared_ptr<GenerateCall>& call, v1::KvChunk chunk) = 0;
+    virtual void OnKvChunk(const std::shared_ptr<GenerateCall>& call, ReceivedChunk chunk) = 0;
     // The KV is complete; `token` was sampled after the last prefill token.
     virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) = 0;
     // No prefill worker delivered complete KV in time (UNAVAILABLE,
@@ -97,7 +99,7 @@ class PrefillClient : public grpc::ClientReadReactor<v1::PrefillResponse> {
   grpc::ClientContext context_;
   grpc::Alarm first_message_alarm_;
   v1::PrefillRequest request_;
-  v1::PrefillResponse response_;
+  grpc::ByteBuffer response_;
   KvStreamChecker checker_;
   absl::Time started_;
   absl::Time first_kv_;  // the first chunk's arrival

@@ -38,7 +38,7 @@ PrefillPool::PrefillPool(const std::string& address,
     auto e = std::make_unique<Endpoint>();
     e->target = target;
     e->channel = grpc::CreateCustomChannel(target, credentials, args);
-    e->stub = v1::Prefill::NewStub(e->channel);
+    e->stub = std::make_unique<RawPrefillStub>(e->channel);
     endpoints_.push_back(std::move(e));
   }
 }
@@ -83,7 +83,7 @@ absl::StatusOr<PrefillPool::Endpoint*> PrefillPool::Named(const std::string& hos
   auto e = std::make_unique<Endpoint>();
   e->target = host_port;
   e->channel = grpc::CreateCustomChannel(host_port, credentials_, args_);
-  e->stub = v1::Prefill::NewStub(e->channel);
+  e->stub = std::make_unique<RawPrefillStub>(e->channel);
   Endpoint* raw = e.get();
   named_.emplace(host_port, std::move(e));
   return raw;

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/base/mutex.h"
+#include "common/serving/kv_transfer.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -34,7 +35,9 @@ class PrefillPool {
   struct Endpoint {
     std::string target;
     std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::Prefill::Stub> stub;
+    // Prefill called as raw bytes: the response's KV rows stay in gRPC's
+    // slices (ParseReceived).
+    std::unique_ptr<RawPrefillStub> stub;
     std::atomic<int64_t> ejected_until_ns{0};  // absl::ToUnixNanos
   };
 

@@ -1,16 +1,21 @@
 // The KV stream as the decode worker consumes it: length-prefixed
-// PrefillResponse messages fed to the KvStreamChecker the PrefillClient uses
-// (header against the local fingerprint and range, chunk sizes and CRC32C,
-// coverage). Any input must end in a Status, never a crash or UB; and no
-// stream may be accepted at `done` unless an independent count here says
-// every (layer, token) row of the range arrived exactly once.
+// PrefillResponse messages, each split into pieces as gRPC's slices split
+// them, parsed by ParseReceived and fed to the KvStreamChecker the
+// PrefillClient uses (header against the local fingerprint and range, chunk
+// sizes and CRC32C, coverage). Any input must end in a Status, never a crash
+// or UB; ParseReceived must make of every message what protobuf's parser
+// makes of it; and no stream may be accepted at `done` unless an independent
+// count here says every (layer, token) row of the range arrived exactly once.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "common/serving/kv_stream_checker.h"
+#include "common/serving/kv_transfer.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,15 +36,40 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&len, data + pos, 4);
     pos += 4;
     if (len > size - pos) break;
+    const char* bytes = reinterpret_cast<const char*>(data + pos);
     tandem::v1::PrefillResponse msg;
-    const bool parsed = msg.ParseFromArray(data + pos, static_cast<int>(len));
+    const bool parsed = msg.ParseFromArray(bytes, static_cast<int>(len));
+    // Pieces of 1 + len % 5 bytes (at most 16), the rest in one.
+    std::vector<absl::string_view> pieces;
+    size_t at = 0;
+    while (at < len) {
+      const size_t n = pieces.size() < 15 ? std::min<size_t>(1 + len % 5, len - at) : len - at;
+      pieces.emplace_back(bytes + at, n);
+      at += n;
+    }
     pos += len;
+    absl::StatusOr<tandem::ReceivedMessage> received = tandem::ParseReceived(pieces, nullptr);
+    if (received.ok() != parsed) std::abort();  // disagrees with protobuf
     if (!parsed) break;
+    if (received->chunk.has_value()) {
+      const tandem::ReceivedChunk& r = *received->chunk;
+      std::string k, v;
+      for (absl::string_view p : r.k) k.append(p.data(), p.size());
+      for (absl::string_view p : r.v) v.append(p.data(), p.size());
+      if (!msg.has_chunk() || r.layer != msg.chunk().layer() ||
+          r.first_token != msg.chunk().first_token() || r.num_tokens != msg.chunk().num_tokens() ||
+          r.crc32c != msg.chunk().crc32c() || k != msg.chunk().k() || v != msg.chunk().v() ||
+          r.k_bytes != k.size() || r.v_bytes != v.size()) {
+        std::abort();
+      }
+    } else if (received->message.SerializeAsString() != msg.SerializeAsString()) {
+      std::abort();
+    }
     if (msg.has_header()) {
       if (!checker.Header(msg.header()).ok()) break;
     } else if (msg.has_chunk()) {
       const tandem::v1::KvChunk& c = msg.chunk();
-      if (!checker.Chunk(c).ok()) break;
+      if (!checker.Chunk(*received->chunk).ok()) break;
       // Accepted: within the range, and the import copies num_tokens rows.
       if (c.layer() >= 4 || c.first_token() < kFirst ||
           uint64_t{c.first_token()} + c.num_tokens() > kPromptTokens ||

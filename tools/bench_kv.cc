@@ -2,7 +2,10 @@
 //  1. Goodput of one request's KV stream (first chunk to last message) next
 //     to a raw TCP socket moving the same bytes in the same chunk sizes over
 //     the same link, in the same run. The prompt is in the prefill worker's
-//     prefix cache, so the stream is not waiting for compute.
+//     prefix cache, so the stream is not waiting for compute. The stream is
+//     read as the decode worker reads it (bytes, each chunk checksummed), or
+//     also with protobuf messages (--goodput-readers=bytes,protobuf, in
+//     alternating turns).
 //  2. The TTFT overhead of disaggregation, per prompt length: the pair's TTFT
 //     (a decode worker fed by the prefill worker) minus an aggregated decode
 //     worker's TTFT on the same cores, split into the prefill worker's compute
@@ -30,7 +33,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "common/base/flags.h"
+#include "common/serving/kv_transfer.h"
 #include "common/serving/prometheus_scrape.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -236,31 +242,138 @@ struct StreamResult {
   double transfer_s = 0;  // first chunk to the last message
 };
 
-StreamResult PrefillStream(v1::Prefill::Stub* stub, const std::vector<int32_t>& prompt,
-                           const std::string& id) {
+// What one Prefill stream's reader saw, message by message, as the decode
+// worker checks it (each chunk's checksum verified; only the import into a
+// cache is left out).
+class StreamTally {
+ public:
+  // false: stop reading (malformed message or failed checksum).
+  bool Add(const absl::StatusOr<ReceivedMessage>& msg) {
+    if (!msg.ok()) return false;
+    if (msg->chunk.has_value()) {
+      const ReceivedChunk& c = *msg->chunk;
+      if (result_.bytes == 0) first_ = Clock::now();
+      if (!VerifyChunk(c, c.k_bytes / std::max<uint32_t>(1, c.num_tokens)).ok()) return false;
+      result_.bytes += c.k_bytes + c.v_bytes;
+      result_.max_chunk = std::max(result_.max_chunk, c.k_bytes + c.v_bytes);
+    } else if (msg->message.has_header()) {
+      result_.layers = static_cast<int>(msg->message.header().fingerprint().num_layers());
+    } else if (msg->message.has_done()) {
+      done_ = true;
+      last_ = Clock::now();
+    }
+    return true;
+  }
+  StreamResult Result(const grpc::Status& status) const {
+    StreamResult r = result_;
+    r.transfer_s = Seconds(last_ - first_);
+    r.ok = done_ && status.ok();
+    return r;
+  }
+
+ private:
+  StreamResult result_;
+  bool done_ = false;
+  Clock::time_point first_, last_;
+};
+
+// The two ways to read a Prefill stream, both gRPC callback reactors as in
+// the decode worker: "bytes" (its way: each message's bytes parsed where
+// they arrived, ParseReceived) and "protobuf" (each message parsed into a
+// PrefillResponse, its rows copied into the message's strings).
+class BytesRead : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::ByteBuffer> {
+ public:
+  BytesRead(RawPrefillStub* stub, v1::PrefillRequest request) : request_(std::move(request)) {
+    stub->PrepareBidiStreamingCall(&context_, kPrefillMethod, grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&response_);
+    StartCall();
+  }
+  StreamResult Wait() {
+    finished_.WaitForNotification();
+    return tally_.Result(status_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    auto slices = std::make_shared<std::vector<grpc::Slice>>();
+    std::vector<absl::string_view> pieces;
+    if (response_.Dump(slices.get()).ok()) {
+      for (const grpc::Slice& slice : *slices) {
+        pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+    }
+    response_.Clear();
+    if (!tally_.Add(ParseReceived(std::move(pieces), slices))) return context_.TryCancel();
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    finished_.Notify();
+  }
+
+ private:
+  v1::PrefillRequest request_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer response_;
+  StreamTally tally_;
+  grpc::Status status_;
+  absl::Notification finished_;
+};
+
+class ProtobufRead : public grpc::ClientReadReactor<v1::PrefillResponse> {
+ public:
+  ProtobufRead(v1::Prefill::Stub* stub, v1::PrefillRequest request) : request_(std::move(request)) {
+    stub->async()->Prefill(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+  StreamResult Wait() {
+    finished_.WaitForNotification();
+    return tally_.Result(status_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    ReceivedMessage msg;
+    if (response_.has_chunk()) {
+      msg.chunk = ReceivedChunk::Of(std::move(*response_.mutable_chunk()));
+    } else {
+      msg.message = std::move(response_);
+    }
+    response_.Clear();
+    if (!tally_.Add(std::move(msg))) return context_.TryCancel();
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    finished_.Notify();
+  }
+
+ private:
+  v1::PrefillRequest request_;
+  grpc::ClientContext context_;
+  v1::PrefillResponse response_;
+  StreamTally tally_;
+  grpc::Status status_;
+  absl::Notification finished_;
+};
+
+struct PrefillStubs {
+  RawPrefillStub bytes;
+  std::unique_ptr<v1::Prefill::Stub> protobuf;
+};
+
+StreamResult PrefillStream(PrefillStubs& stubs, const std::string& reader,
+                           const std::vector<int32_t>& prompt, const std::string& id) {
   v1::PrefillRequest req;
   req.set_request_id(id);
   req.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
   req.mutable_sampling()->set_max_tokens(1);
-  grpc::ClientContext ctx;
-  auto reader = stub->Prefill(&ctx, req);
-  v1::PrefillResponse msg;
-  StreamResult r;
-  Clock::time_point first;
-  bool done = false;
-  while (reader->Read(&msg)) {
-    if (msg.has_header()) r.layers = static_cast<int>(msg.header().fingerprint().num_layers());
-    if (msg.has_chunk()) {
-      if (r.bytes == 0) first = Clock::now();
-      const size_t n = msg.chunk().k().size() + msg.chunk().v().size();
-      r.bytes += n;
-      r.max_chunk = std::max(r.max_chunk, n);
-    }
-    done = done || msg.has_done();
+  if (reader == "protobuf") {
+    ProtobufRead read(stubs.protobuf.get(), std::move(req));
+    return read.Wait();
   }
-  r.transfer_s = Seconds(Clock::now() - first);
-  r.ok = reader->Finish().ok() && done;
-  return r;
+  BytesRead read(&stubs.bytes, std::move(req));
+  return read.Wait();
 }
 
 // Seconds to the first response of a one-token Generate; nullopt on error.
@@ -298,6 +411,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   std::string model = "synthetic:smollm2-135m";
   std::string prompt_tokens = "512,2048";
   int goodput_tokens = 2048;
+  std::string goodput_readers = "bytes";
   int iters = 3;
   int budget = 512;
   std::string link_kind = "loopback";
@@ -308,6 +422,9 @@ int RunKvBench(const std::vector<std::string>& args) {
   flags.Add("prompt-tokens", &prompt_tokens, "prompt lengths whose TTFT overhead is measured");
   flags.Add("goodput-tokens", &goodput_tokens, "prompt length of the goodput measurement");
   flags.Add("iters", &iters, "measurements per figure (median reported)");
+  flags.Add("goodput-readers", &goodput_readers,
+            "how the goodput's streams are read, in turns: bytes (as the decode worker reads "
+            "them), protobuf (parsed into messages)");
   flags.Add("max-num-batched-tokens", &budget,
             "every worker's token budget per step (the prefill worker's default: 512)");
   flags.Add("link", &link_kind, "loopback, or veth (a shaped veth pair into a namespace; root)");
@@ -319,6 +436,12 @@ int RunKvBench(const std::vector<std::string>& args) {
   if (!lengths.ok()) return Fail(std::string(lengths.status().message()));
   int longest = goodput_tokens;
   for (int n : *lengths) longest = std::max(longest, n);
+  const std::vector<std::string> readers = absl::StrSplit(goodput_readers, ',');
+  for (const std::string& reader : readers) {
+    if (reader != "bytes" && reader != "protobuf") {
+      return Fail("--goodput-readers: '" + reader + "' is neither bytes nor protobuf");
+    }
+  }
 
   Link link;
   if (link_kind == "veth") {
@@ -354,30 +477,43 @@ int RunKvBench(const std::vector<std::string>& args) {
   // 1. Goodput: the same prompt twice, timed the second time (cached).
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(8 << 20);
-  auto stub = v1::Prefill::NewStub(grpc::CreateCustomChannel(
-      prefill.address, grpc::InsecureChannelCredentials(), channel_args));
-  std::vector<double> grpc_gbps, raw_gbps;
+  auto channel = grpc::CreateCustomChannel(prefill.address, grpc::InsecureChannelCredentials(),
+                                          channel_args);
+  PrefillStubs stubs{RawPrefillStub(channel), v1::Prefill::NewStub(channel)};
+  // Each reader times the same cached prompt, in turns whose order flips
+  // every iteration, so a comparison of readers sees the same machine.
+  std::vector<std::vector<double>> grpc_gbps(readers.size());
+  std::vector<double> raw_gbps;
   size_t kv_bytes = 0, max_chunk = 0;
   int layers = 1;
   for (int i = 0; i < iters; ++i) {
     const std::vector<int32_t> prompt = FreshPrompt(goodput_tokens);
-    StreamResult warm = PrefillStream(stub.get(), prompt, absl::StrCat("warm-", i));
-    StreamResult timed = PrefillStream(stub.get(), prompt, absl::StrCat("timed-", i));
-    if (!warm.ok || !timed.ok) return Fail("a prefill stream failed");
-    kv_bytes = timed.bytes;
-    layers = std::max(1, timed.layers);
-    max_chunk = timed.max_chunk;
-    grpc_gbps.push_back(timed.bytes / timed.transfer_s / 1e9);
+    if (!PrefillStream(stubs, readers[0], prompt, absl::StrCat("warm-", i)).ok) {
+      return Fail("a prefill stream failed");
+    }
+    for (size_t j = 0; j < readers.size(); ++j) {
+      const size_t which = i % 2 == 0 ? j : readers.size() - 1 - j;
+      StreamResult timed =
+          PrefillStream(stubs, readers[which], prompt, absl::StrCat("timed-", i, "-", which));
+      if (!timed.ok) return Fail("a prefill stream failed");
+      kv_bytes = timed.bytes;
+      layers = std::max(1, timed.layers);
+      max_chunk = timed.max_chunk;
+      grpc_gbps[which].push_back(timed.bytes / timed.transfer_s / 1e9);
+    }
   }
   for (int i = 0; i < iters; ++i) {
     raw_gbps.push_back(kv_bytes / RawSocketSeconds(link, kv_bytes, max_chunk) / 1e9);
   }
-  const double g = Median(grpc_gbps), r = Median(raw_gbps);
+  const double r = Median(raw_gbps);
   std::printf("\ngoodput: %d cached prompt tokens, %.1f MiB of KV in chunks of <= %.2f MiB, "
               "median of %d\n", goodput_tokens, kv_bytes / 1048576.0, max_chunk / 1048576.0, iters);
-  std::printf("  prefill stream (gRPC)  %7.3f GB/s\n", g);
-  std::printf("  raw TCP socket         %7.3f GB/s\n", r);
-  std::printf("  ratio                  %7.2f\n", g / r);
+  std::printf("  raw TCP socket                   %7.3f GB/s\n", r);
+  for (size_t j = 0; j < readers.size(); ++j) {
+    const double g = Median(grpc_gbps[j]);
+    std::printf("  prefill stream, read as %-8s %7.3f GB/s  ratio %5.2f\n", readers[j].c_str(), g,
+                g / r);
+  }
 
   // 2. TTFT overhead, fresh prompts (no prefix-cache hit anywhere).
   std::printf("\nTTFT, ms (median of %d; one-token requests, fresh prompts)\n", iters);

@@ -35,6 +35,9 @@ class Device {
   // Whether an eager run should precede graph capture (vLLM's warm-up: lazy
   // library and allocator initialisation must not happen inside a capture).
   virtual bool warmup_before_capture() const { return true; }
+  // Whether device memory is host memory (copies are memcpy, cheap however
+  // small).
+  virtual bool host_memory() const { return false; }
 };
 
 // Arena: a bump allocator over one Device allocation, for start-up carving of

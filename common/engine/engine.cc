@@ -339,8 +339,42 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
 }
 
+namespace {
+
+// Reads a byte sequence kept as pieces, front to back.
+class PieceCursor {
+ public:
+  explicit PieceCursor(absl::Span<const absl::string_view> pieces) : pieces_(pieces) {}
+  // Copies the next `bytes` to `dst` on `device`, one copy per piece met.
+  absl::Status CopyTo(Device* device, char* dst, size_t bytes) {
+    while (bytes > 0) {
+      const absl::string_view p = pieces_[i_];
+      const size_t part = std::min(bytes, p.size() - at_);
+      if (part > 0) RETURN_IF_ERROR(device->CopyToDevice(dst, p.data() + at_, part));
+      dst += part;
+      bytes -= part;
+      at_ += part;
+      if (at_ == p.size()) ++i_, at_ = 0;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Span<const absl::string_view> pieces_;
+  size_t i_ = 0, at_ = 0;
+};
+
+size_t TotalSize(absl::Span<const absl::string_view> pieces) {
+  size_t n = 0;
+  for (absl::string_view p : pieces) n += p.size();
+  return n;
+}
+
+}  // namespace
+
 absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first, int64_t count,
-                                 const void* k, const void* v) {
+                                 absl::Span<const absl::string_view> k,
+                                 absl::Span<const absl::string_view> v) {
   Request* r = Find(id);
   if (r == nullptr || r->state != RequestState::kWaitingForRemoteKv) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -352,10 +386,32 @@ absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first
         "KV rows [", first, ", ", first + count, ") for request '", id, "': it expects rows [",
         r->num_computed, ", ", r->num_tokens(), ")"));
   }
-  // With to_cache the host buffers are only read.
-  return CopyKvRows(id, layer, first, count, /*to_cache=*/true,
-                    static_cast<char*>(const_cast<void*>(k)),
-                    static_cast<char*>(const_cast<void*>(v)));
+  const size_t expected = static_cast<size_t>(count) * kv_cache_->slot_bytes();
+  if (TotalSize(k) != expected || TotalSize(v) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV rows [", first, ", ", first + count, ") for request '", id, "': ", TotalSize(k), "+",
+        TotalSize(v), " bytes, expected ", expected, " each"));
+  }
+  // Straight from the pieces (gRPC's slices) into the cache: on the CPU one
+  // memcpy per piece met. A device that pays per copy gets each side staged
+  // into one host buffer first.
+  Device* device = backend_->device.get();
+  std::string staged_k, staged_v;
+  absl::string_view flat_k, flat_v;
+  if (!device->host_memory() && (k.size() > 1 || v.size() > 1)) {
+    for (absl::string_view p : k) staged_k.append(p.data(), p.size());
+    for (absl::string_view p : v) staged_v.append(p.data(), p.size());
+    flat_k = staged_k;
+    flat_v = staged_v;
+    k = absl::MakeConstSpan(&flat_k, 1);
+    v = absl::MakeConstSpan(&flat_v, 1);
+  }
+  PieceCursor from_k(k), from_v(v);
+  return ForEachKvRun(id, layer, first, count,
+                      [&](size_t, char* ck, char* cv, size_t bytes) -> absl::Status {
+                        RETURN_IF_ERROR(from_k.CopyTo(device, ck, bytes));
+                        return from_v.CopyTo(device, cv, bytes);
+                      });
 }
 
 absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_token) {
@@ -392,8 +448,9 @@ absl::Status LlmEngine::ComputeLocally(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t first,
-                                   int64_t count, bool to_cache, char* k, char* v) const {
+absl::Status LlmEngine::ForEachKvRun(
+    const std::string& id, int layer, int64_t first, int64_t count,
+    const std::function<absl::Status(size_t offset, char* k, char* v, size_t bytes)>& copy) const {
   const std::vector<int32_t>* table = kv_cache_->BlockTable(id);
   if (table == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("request '", id, "' holds no KV blocks"));
@@ -407,22 +464,12 @@ absl::Status LlmEngine::CopyKvRows(const std::string& id, int layer, int64_t fir
   }
   const size_t row = kv_cache_->slot_bytes();
   const KvLayer& l = kv_cache_->layer(layer);
-  Device* device = backend_->device.get();
-  // One copy per run of consecutive slots (at most one block).
   for (int64_t i = 0; i < count;) {
     const int64_t slot = kv_cache_->SlotOf(*table, first + i);
     int64_t run = 1;
     while (i + run < count && kv_cache_->SlotOf(*table, first + i + run) == slot + run) ++run;
-    char* ck = static_cast<char*>(l.k.data) + slot * row;
-    char* cv = static_cast<char*>(l.v.data) + slot * row;
-    const size_t bytes = run * row;
-    if (to_cache) {
-      RETURN_IF_ERROR(device->CopyToDevice(ck, k + i * row, bytes));
-      RETURN_IF_ERROR(device->CopyToDevice(cv, v + i * row, bytes));
-    } else {
-      RETURN_IF_ERROR(device->CopyToHost(k + i * row, ck, bytes));
-      RETURN_IF_ERROR(device->CopyToHost(v + i * row, cv, bytes));
-    }
+    RETURN_IF_ERROR(copy(i * row, static_cast<char*>(l.k.data) + slot * row,
+                         static_cast<char*>(l.v.data) + slot * row, run * row));
     i += run;
   }
   return absl::OkStatus();
@@ -435,8 +482,12 @@ int64_t LlmEngine::KvReadyTokens(const std::string& id) const {
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,
                                void* k, void* v) const {
-  return CopyKvRows(id, layer, first, count, /*to_cache=*/false, static_cast<char*>(k),
-                    static_cast<char*>(v));
+  Device* device = backend_->device.get();
+  return ForEachKvRun(id, layer, first, count,
+                      [&](size_t offset, char* ck, char* cv, size_t bytes) -> absl::Status {
+                        RETURN_IF_ERROR(device->CopyToHost(static_cast<char*>(k) + offset, ck, bytes));
+                        return device->CopyToHost(static_cast<char*>(v) + offset, cv, bytes);
+                      });
 }
 
 std::vector<StepRecord> LlmEngine::TakeStepRecords() {

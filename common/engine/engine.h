@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "common/engine/model_runner.h"
 #include "common/engine/request.h"
@@ -107,10 +110,13 @@ class LlmEngine {
   // cache's dtype (kv_cache().slot_bytes() bytes per row).
   //
   // Writes rows [first, first + count) of `layer` into a WAITING_FOR_REMOTE_KV
-  // request's blocks. FAILED_PRECONDITION in another state; INVALID_ARGUMENT
-  // when the range is outside its reserved blocks.
+  // request's blocks, K's and V's from the pieces they arrived in (in order,
+  // count rows each). FAILED_PRECONDITION in another state; INVALID_ARGUMENT
+  // when the range is outside its reserved blocks or the pieces hold another
+  // number of bytes.
   absl::Status ImportKv(const std::string& id, int layer, int64_t first, int64_t count,
-                        const void* k, const void* v);
+                        absl::Span<const absl::string_view> k,
+                        absl::Span<const absl::string_view> v);
   // A WAITING_FOR_REMOTE_KV request's KV is complete and `first_token` was
   // sampled after it elsewhere: it joins the decode batch (or finishes, when
   // that token stops it). The token comes out of TakeOutputs(), or of the
@@ -183,10 +189,13 @@ class LlmEngine {
   // computed length back to the last kept one.
   void AcceptTokens(const ScheduledChunk& c, const float* logits, std::vector<RequestOutput>* out,
                     size_t carried);
-  // Copies KV rows between host buffers and a request's blocks (both ways:
-  // one range check, one slot walk).
-  absl::Status CopyKvRows(const std::string& id, int layer, int64_t first, int64_t count,
-                          bool to_cache, char* k, char* v) const;
+  // Calls copy(offset, cache_k, cache_v, bytes) for each run of consecutive
+  // slots that rows [first, first + count) of `layer` occupy in a request's
+  // blocks (at most one block each), `offset` being the run's first byte in
+  // the rows: one range check and one slot walk for both directions.
+  absl::Status ForEachKvRun(
+      const std::string& id, int layer, int64_t first, int64_t count,
+      const std::function<absl::Status(size_t offset, char* k, char* v, size_t bytes)>& copy) const;
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;

@@ -43,10 +43,10 @@ void EngineClient::Submit(Submission s, OutputCallback cb) {
   });
 }
 
-void EngineClient::ImportKv(const std::string& id, v1::KvChunk chunk) {
+void EngineClient::ImportKv(const std::string& id, ReceivedChunk chunk) {
   loop_->Post([this, id, chunk = std::move(chunk)](LlmEngine& engine) {
-    absl::Status s = engine.ImportKv(id, static_cast<int>(chunk.layer()), chunk.first_token(),
-                                     chunk.num_tokens(), chunk.k().data(), chunk.v().data());
+    absl::Status s = engine.ImportKv(id, static_cast<int>(chunk.layer), chunk.first_token,
+                                     chunk.num_tokens, chunk.k, chunk.v);
     if (!s.ok()) FailOnLoop(engine, id, s);
   });
 }

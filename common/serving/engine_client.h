@@ -47,7 +47,7 @@ class EngineClient {
   void Submit(Submission s, OutputCallback cb);
   // Writes a verified chunk into a WAITING_FOR_REMOTE_KV request's blocks; an
   // error finishes the request with it.
-  void ImportKv(const std::string& id, v1::KvChunk chunk);
+  void ImportKv(const std::string& id, ReceivedChunk chunk);
   // The request's KV is in and `token` was sampled after it.
   void RemoteKvArrived(const std::string& id, int32_t token);
   // Prefill the request here after all (no prefill worker delivered complete

@@ -48,7 +48,7 @@ absl::Status KvStreamChecker::Header(const v1::KvHeader& header) {
   return absl::OkStatus();
 }
 
-absl::Status KvStreamChecker::Chunk(const v1::KvChunk& chunk) {
+absl::Status KvStreamChecker::Chunk(const ReceivedChunk& chunk) {
   if (!got_header_) {
     return Fail(Failure::kMalformed,
                 absl::InvalidArgumentError("KV stream sent a chunk before its header"));
@@ -56,23 +56,23 @@ absl::Status KvStreamChecker::Chunk(const v1::KvChunk& chunk) {
   if (absl::Status s = VerifyChunk(chunk, slot_bytes_); !s.ok()) {
     return Fail(absl::IsDataLoss(s) ? Failure::kDataLoss : Failure::kMalformed, s);
   }
-  const int64_t begin = chunk.first_token();
-  const int64_t end = begin + chunk.num_tokens();
-  if (chunk.layer() >= received_.size() || chunk.num_tokens() == 0 || begin < first_ ||
+  const int64_t begin = chunk.first_token;
+  const int64_t end = begin + chunk.num_tokens;
+  if (chunk.layer >= received_.size() || chunk.num_tokens == 0 || begin < first_ ||
       end > end_) {
     return Fail(Failure::kIncomplete,
                 absl::DataLossError(absl::StrCat(
-                    "KV chunk of layer ", chunk.layer(), " tokens [", begin, ", ", end,
+                    "KV chunk of layer ", chunk.layer, " tokens [", begin, ", ", end,
                     ") is outside the stream's ", received_.size(), " layers and tokens [",
                     first_, ", ", end_, ")")));
   }
-  std::map<int64_t, int64_t>& ranges = received_[chunk.layer()];
+  std::map<int64_t, int64_t>& ranges = received_[chunk.layer];
   auto next = ranges.upper_bound(begin);
   const bool overlaps_prev = next != ranges.begin() && std::prev(next)->second > begin;
   const bool overlaps_next = next != ranges.end() && next->first < end;
   if (overlaps_prev || overlaps_next) {
     return Fail(Failure::kIncomplete,
-                absl::DataLossError(absl::StrCat("KV chunk of layer ", chunk.layer(), " tokens [",
+                absl::DataLossError(absl::StrCat("KV chunk of layer ", chunk.layer, " tokens [",
                                                  begin, ", ", end,
                                                  ") repeats rows the stream already sent")));
   }
@@ -87,7 +87,7 @@ absl::Status KvStreamChecker::Chunk(const v1::KvChunk& chunk) {
   } else {
     ranges.emplace_hint(next, b, e);
   }
-  bytes_ += chunk.k().size() + chunk.v().size();
+  bytes_ += chunk.k_bytes + chunk.v_bytes;
   return absl::OkStatus();
 }
 

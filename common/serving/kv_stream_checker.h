@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/serving/kv_transfer.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
@@ -41,7 +42,7 @@ class KvStreamChecker {
   // range, DATA_LOSS for a checksum or coverage error, INVALID_ARGUMENT for a
   // malformed message.
   absl::Status Header(const v1::KvHeader& header);
-  absl::Status Chunk(const v1::KvChunk& chunk);
+  absl::Status Chunk(const ReceivedChunk& chunk);
   // The stream says it is complete: DATA_LOSS naming the first layer and
   // token range that did not arrive, else OK.
   absl::Status Done();

@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/engine/engine.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
@@ -87,9 +90,47 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
                                                          const std::string& id,
                                                          int64_t num_tokens, int64_t first = 0);
 
+// A KV chunk as the decode worker received it: its fields, and its K and V
+// rows where they arrived: pieces of the received message in order (gRPC's
+// slices), so that the checksum and the import into the cache read them there
+// instead of from a parsed protobuf message's copy.
+struct ReceivedChunk {
+  uint32_t layer = 0;
+  uint32_t first_token = 0;
+  uint32_t num_tokens = 0;
+  uint32_t crc32c = 0;
+  std::vector<absl::string_view> k, v;
+  size_t k_bytes = 0, v_bytes = 0;  // the pieces' sizes summed
+  std::shared_ptr<const void> storage;  // what the pieces point into
+
+  // A parsed message's chunk, owned by the result (tests, other senders).
+  static ReceivedChunk Of(v1::KvChunk chunk);
+};
+
+// One stream message: a header or done in `message`, or a chunk in `chunk`.
+struct ReceivedMessage {
+  v1::PrefillResponse message;
+  std::optional<ReceivedChunk> chunk;
+};
+
+// Parses a PrefillResponse from the pieces it arrived in (`storage` keeps
+// them alive). A chunk in the canonical encoding (one chunk field over the
+// whole message, each of its fields at most once) keeps its rows in the
+// pieces; anything else goes through protobuf's parser, so the result is
+// what protobuf would make of the bytes. INVALID_ARGUMENT when they are not
+// a PrefillResponse.
+absl::StatusOr<ReceivedMessage> ParseReceived(std::vector<absl::string_view> pieces,
+                                              std::shared_ptr<const void> storage);
+
 // Checks a chunk's sizes against `slot_bytes` (INVALID_ARGUMENT) and its
 // checksum (DATA_LOSS).
-absl::Status VerifyChunk(const v1::KvChunk& chunk, size_t slot_bytes);
+absl::Status VerifyChunk(const ReceivedChunk& chunk, size_t slot_bytes);
+
+// Prefill called for its response as bytes (for ParseReceived): the generic
+// stub's bidi call with one request and a half-close is, on the wire, the
+// server-streaming call tandem.v1.Prefill/Prefill is.
+using RawPrefillStub = grpc::TemplatedGenericStub<v1::PrefillRequest, grpc::ByteBuffer>;
+inline constexpr char kPrefillMethod[] = "/tandem.v1.Prefill/Prefill";
 
 }  // namespace tandem
 

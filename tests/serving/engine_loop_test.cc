@@ -256,7 +256,7 @@ TEST(EngineClientTest, QueueLimitAndFailedKvImportFinishTheRequest) {
   v1::KvChunk bad;
   bad.set_layer(99);
   bad.set_num_tokens(1);
-  client.ImportKv("remote", bad);
+  client.ImportKv("remote", ReceivedChunk::Of(bad));
   ASSERT_TRUE(remote.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(remote.Take().back().status.code(), absl::StatusCode::kInvalidArgument);
   OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
@@ -291,9 +291,10 @@ TEST(EngineClientTest, RequestsWaitingForRemoteKvDoNotSpinTheLoop) {
   // Its KV arrives: it decodes and finishes.
   OnLoop(loop, [](LlmEngine& e) {
     const size_t row = e.kv_cache().slot_bytes();
-    std::string zeros(3 * row, '\0');
+    const std::string zeros(3 * row, '\0');
+    const std::vector<absl::string_view> rows = {zeros};
     for (int layer = 0; layer < e.kv_cache().num_layers(); ++layer) {
-      ASSERT_TRUE(e.ImportKv("remote", layer, 0, 3, zeros.data(), zeros.data()).ok());
+      ASSERT_TRUE(e.ImportKv("remote", layer, 0, 3, rows, rows).ok());
     }
   });
   client.RemoteKvArrived("remote", 7);

@@ -28,7 +28,7 @@ v1::KvHeader Header(int first, int num_tokens) {
   return h;
 }
 
-v1::KvChunk Chunk(int layer, int first, int n) {
+ReceivedChunk Chunk(int layer, int first, int n) {
   v1::KvChunk c;
   c.set_layer(layer);
   c.set_first_token(first);
@@ -36,7 +36,7 @@ v1::KvChunk Chunk(int layer, int first, int n) {
   c.set_k(std::string(n * kSlot, static_cast<char>(layer)));
   c.set_v(std::string(n * kSlot, static_cast<char>(first)));
   c.set_crc32c(Crc32c(Crc32c(0, c.k().data(), c.k().size()), c.v().data(), c.v().size()));
-  return c;
+  return ReceivedChunk::Of(std::move(c));
 }
 
 // Tokens [4, 20) of 3 layers, in chunks of 8 tokens.
@@ -79,7 +79,7 @@ TEST(KvStreamCheckerTest, AGapInsideALayerIsNamed) {
 }
 
 TEST(KvStreamCheckerTest, DuplicatesAndOverlapsAreDataLoss) {
-  for (const v1::KvChunk& again : {Chunk(0, 4, 8), Chunk(0, 8, 2), Chunk(0, 2, 4)}) {
+  for (const ReceivedChunk& again : {Chunk(0, 4, 8), Chunk(0, 8, 2), Chunk(0, 2, 4)}) {
     KvStreamChecker c = Checker();
     ASSERT_TRUE(c.Header(Header(4, 20)).ok());
     ASSERT_TRUE(c.Chunk(Chunk(0, 4, 8)).ok());
@@ -90,7 +90,7 @@ TEST(KvStreamCheckerTest, DuplicatesAndOverlapsAreDataLoss) {
 }
 
 TEST(KvStreamCheckerTest, RowsOutsideTheRangeOrLayersAreRefused) {
-  for (const v1::KvChunk& bad : {Chunk(3, 4, 8), Chunk(0, 16, 8), Chunk(0, 0, 2), Chunk(0, 4, 0)}) {
+  for (const ReceivedChunk& bad : {Chunk(3, 4, 8), Chunk(0, 16, 8), Chunk(0, 0, 2), Chunk(0, 4, 0)}) {
     KvStreamChecker c = Checker();
     ASSERT_TRUE(c.Header(Header(4, 20)).ok());
     EXPECT_TRUE(absl::IsDataLoss(c.Chunk(bad)));
@@ -114,8 +114,8 @@ TEST(KvStreamCheckerTest, OrderAndHeaderAreChecked) {
 TEST(KvStreamCheckerTest, CorruptChunkIsDataLossWorthARetry) {
   KvStreamChecker c = Checker();
   ASSERT_TRUE(c.Header(Header(4, 20)).ok());
-  v1::KvChunk bad = Chunk(0, 4, 8);
-  bad.set_crc32c(bad.crc32c() ^ 1);
+  ReceivedChunk bad = Chunk(0, 4, 8);
+  bad.crc32c ^= 1;
   EXPECT_TRUE(absl::IsDataLoss(c.Chunk(bad)));
   EXPECT_EQ(c.failure(), KvStreamChecker::Failure::kDataLoss);
 }

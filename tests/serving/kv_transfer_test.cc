@@ -7,8 +7,23 @@
 namespace tandem {
 namespace {
 
-// Export from one engine, import into another with a different block size:
-// the KV rows arrive intact; a flipped bit is DATA_LOSS.
+// `bytes` in pieces of `size` (the last shorter), as gRPC's slices hold a
+// received message.
+std::vector<absl::string_view> Pieces(absl::string_view bytes, size_t size) {
+  std::vector<absl::string_view> out;
+  for (size_t at = 0; at < bytes.size(); at += size) out.push_back(bytes.substr(at, size));
+  return out;
+}
+
+std::string Joined(const std::vector<absl::string_view>& pieces) {
+  std::string out;
+  for (absl::string_view p : pieces) out.append(p.data(), p.size());
+  return out;
+}
+
+// Export from one engine, import into another with a different block size,
+// each chunk's bytes parsed and imported from pieces that cut its rows
+// anywhere: the KV rows arrive intact; a flipped bit is DATA_LOSS.
 TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   EngineConfig a, b;
   a.block_size = 4;
@@ -45,17 +60,28 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   const int64_t w = src->kv_cache().slot_width();
   const size_t row = src->kv_cache().slot_bytes();
   for (size_t i = 1; i < messages->size(); ++i) {
-    const v1::KvChunk& chunk = (*messages)[i].chunk();
+    const std::string wire = (*messages)[i].SerializeAsString();
+    auto received = ParseReceived(Pieces(wire, 1000), nullptr);
+    ASSERT_TRUE(received.ok()) << received.status();
+    ASSERT_TRUE(received->chunk.has_value());
+    const ReceivedChunk& chunk = *received->chunk;
+    EXPECT_GT(chunk.k.size(), 1u);  // left in the pieces, not copied out
     ASSERT_TRUE(VerifyChunk(chunk, row).ok());
-    ASSERT_TRUE(dst->ImportKv("x", static_cast<int>(chunk.layer()), chunk.first_token(),
-                              chunk.num_tokens(), chunk.k().data(), chunk.v().data())
+    ASSERT_TRUE(dst->ImportKv("x", static_cast<int>(chunk.layer), chunk.first_token,
+                              chunk.num_tokens, chunk.k, chunk.v)
                     .ok());
   }
-  // Rows past the request's tokens are refused, naming the range.
-  const v1::KvChunk& last = messages->back().chunk();
-  absl::Status outside = dst->ImportKv("x", 0, 37, 1, last.k().data(), last.v().data());
+  // Rows past the request's tokens are refused, naming the range; so are
+  // pieces of another size.
+  const std::vector<absl::string_view> one_row = {
+      absl::string_view(messages->back().chunk().k()).substr(0, row)};
+  absl::Status outside = dst->ImportKv("x", 0, 37, 1, one_row, one_row);
   EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(outside.message().find("[0, 37)"), std::string::npos) << outside;
+  absl::Status short_rows = dst->ImportKv("x", 0, 0, 2, one_row, one_row);
+  EXPECT_EQ(short_rows.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_rows.message().find("expected " + std::to_string(2 * row)), std::string::npos)
+      << short_rows;
   for (int layer = 0; layer < 4; ++layer) {
     std::vector<float> k1(37 * w), v1(37 * w), k2(37 * w), v2(37 * w);
     ASSERT_TRUE(src->ReadKv("x", layer, 0, 37, k1.data(), v1.data()).ok());
@@ -65,9 +91,9 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   }
   v1::KvChunk bad = (*messages)[1].chunk();
   bad.mutable_k()->at(7) ^= 0x10;
-  EXPECT_EQ(VerifyChunk(bad, row).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(VerifyChunk(ReceivedChunk::Of(bad), row).code(), absl::StatusCode::kDataLoss);
   bad.mutable_k()->pop_back();
-  EXPECT_EQ(VerifyChunk(bad, row).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(VerifyChunk(ReceivedChunk::Of(bad), row).code(), absl::StatusCode::kInvalidArgument);
   v1::ModelFingerprint other = MakeFingerprint(dst->model_config(), DType::kF32);
   other.set_num_layers(99);
   absl::Status mismatch = CheckFingerprint(other, MakeFingerprint(dst->model_config(), DType::kF32));
@@ -81,7 +107,7 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   EXPECT_NE(dtype_mismatch.message().find("dtype=bf16"), std::string::npos);
   // The first token joins the batch; the rest is decoded here.
   ASSERT_TRUE(dst->RemoteKvArrived("x", 7).ok());
-  EXPECT_EQ(dst->ImportKv("x", 0, 0, 1, last.k().data(), last.v().data()).code(),
+  EXPECT_EQ(dst->ImportKv("x", 0, 0, 1, one_row, one_row).code(),
             absl::StatusCode::kFailedPrecondition);
   std::vector<int32_t> tokens;
   while (dst->HasWork()) {
@@ -153,7 +179,7 @@ TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   const size_t row = engine->kv_cache().slot_bytes();
   for (const v1::KvChunk& chunk : streamed) {
-    ASSERT_TRUE(VerifyChunk(chunk, row).ok());
+    ASSERT_TRUE(VerifyChunk(ReceivedChunk::Of(chunk), row).ok());
     std::string k(chunk.num_tokens() * row, '\0'), v(k.size(), '\0');
     ASSERT_TRUE(engine->ReadKv("s", chunk.layer(), chunk.first_token(), chunk.num_tokens(),
                                k.data(), v.data())
@@ -169,6 +195,62 @@ TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
   EXPECT_FALSE(none->has_value());
   ASSERT_TRUE(engine->Abort("s").ok());
   EXPECT_EQ(engine->kv_cache().pool().num_used(), 0);
+}
+
+// What the decode worker makes of the bytes it receives equals protobuf's
+// parse, however they are split: the exporter's chunk encoding keeps its rows
+// in the pieces; other encodings of a chunk (fields reordered, repeated,
+// unknown) and the header and done go through protobuf's parser; bytes that
+// are no PrefillResponse are INVALID_ARGUMENT.
+TEST(KvTransferTest, ReceivedMessagesParseAsProtobufDoes) {
+  v1::PrefillResponse msg;
+  v1::KvChunk* c = msg.mutable_chunk();
+  c->set_layer(3);
+  c->set_first_token(300);
+  c->set_num_tokens(2);
+  c->set_k(std::string(200, 'k'));
+  c->set_v(std::string(200, 'v'));
+  c->set_crc32c(0xdeadbeef);
+  const std::string canonical = msg.SerializeAsString();
+  for (size_t size : {1, 2, 7, 100, 1000}) {
+    auto r = ParseReceived(Pieces(canonical, size), nullptr);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->chunk.has_value());
+    EXPECT_EQ(r->chunk->layer, 3u);
+    EXPECT_EQ(r->chunk->first_token, 300u);
+    EXPECT_EQ(r->chunk->num_tokens, 2u);
+    EXPECT_EQ(r->chunk->crc32c, 0xdeadbeefu);
+    EXPECT_EQ(Joined(r->chunk->k), c->k());
+    EXPECT_EQ(Joined(r->chunk->v), c->v());
+    EXPECT_EQ(r->chunk->k_bytes, 200u);
+    EXPECT_EQ(r->chunk->v.front().data(), canonical.data() + canonical.find('v'));  // no copy
+  }
+  // The layer written twice (protobuf: the last wins) and an unknown field:
+  // protobuf's parse, not the canonical reader's.
+  v1::KvChunk layer_again;
+  layer_again.set_layer(9);
+  std::string inner = c->SerializeAsString() + layer_again.SerializeAsString() + "\xa0\x06\x01";
+  std::string odd = "\x12" + std::string(1, static_cast<char>(0x80 | (inner.size() & 0x7f))) +
+                    std::string(1, static_cast<char>(inner.size() >> 7)) + inner;
+  v1::PrefillResponse expected;
+  ASSERT_TRUE(expected.ParseFromString(odd));
+  auto r = ParseReceived(Pieces(odd, 3), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->chunk.has_value());
+  EXPECT_EQ(r->chunk->layer, expected.chunk().layer());
+  EXPECT_EQ(r->chunk->layer, 9u);
+  EXPECT_EQ(Joined(r->chunk->k), c->k());
+  v1::PrefillResponse done;
+  done.mutable_done()->set_first_token(42);
+  auto d = ParseReceived(Pieces(done.SerializeAsString(), 1), nullptr);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->chunk.has_value());
+  EXPECT_EQ(d->message.done().first_token(), 42);
+  // Cut short, or a length past the end.
+  for (const std::string& bad : {canonical.substr(0, canonical.size() - 5), std::string("\x12\x05ab")}) {
+    auto b = ParseReceived(Pieces(bad, 4), nullptr);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
+  }
 }
 
 TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {

@@ -23,6 +23,7 @@ class CpuDevice : public Device {
   // Nothing on the CPU is initialised lazily by a first run, and recording
   // runs no op: a warm-up forward would only cost start-up time.
   bool warmup_before_capture() const override { return false; }
+  bool host_memory() const override { return true; }
   Stream* stream() override { return &stream_; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     // Arenas of 2 MiB and more (weights, KV cache) on transparent huge
