@@ -92,6 +92,7 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.deadline = std::min(call->client_deadline,
                            std::chrono::system_clock::now() + absl::ToChronoMilliseconds(budget));
   args.first_message_timeout = options_.first_message_timeout;
+  args.num_streams = pool_->kv_streams();
   PrefillPool::Endpoint* endpoint =
       call->prefill_endpoint != nullptr ? call->prefill_endpoint : pool_->Pick();
   (new PrefillClient(this, endpoint, call, std::move(args)))->Start();

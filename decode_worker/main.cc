@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tandem::DecodeOptions decode;
   int queue_timeout_ms = 30000;
   double prefill_timeout_s = 60, prefill_timeout_per_token_ms = 10, first_message_timeout_s = 5;
+  int kv_streams = 1;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   flags.Add("prefill-first-message-timeout-seconds", &first_message_timeout_s,
             "a prefill worker that sends nothing for this long after a call (it answers "
             "at admission) is set aside for 10 s and the prefill retried on another one");
+  flags.Add("kv-streams", &kv_streams,
+            "Prefill streams per request, each on its own connection, its layers split "
+            "between them (1-16): for links where one connection is the limit");
   tandem::OpenAiOptions openai;
   std::string chat_template_path;
   flags.Add("http-address", &openai.http_address,
@@ -120,6 +124,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (kv_streams < 1 || kv_streams > 16) {
+    std::cerr << "decode_worker: --kv-streams must be in [1, 16], got " << kv_streams << std::endl;
+    return 2;
+  }
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   decode.prefill_timeout_per_token = absl::Milliseconds(prefill_timeout_per_token_ms);
   decode.first_message_timeout = absl::Seconds(first_message_timeout_s);
@@ -152,8 +160,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<tandem::PrefillPool> pool;
   if (decode.prefill_remote) {
     pool = std::make_unique<tandem::PrefillPool>(prefill_address, *prefill_credentials, args,
-                                                 absl::Seconds(10));
-    TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address;
+                                                 absl::Seconds(10), kv_streams);
+    TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address
+                     << ", " << kv_streams << " KV stream(s) per request";
   }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");

@@ -19,17 +19,26 @@
 //  - a fingerprint mismatch or a malformed stream: Fail.
 // Every failure is counted in tandem_kv_transfer_failures_total{reason}.
 //
+// Several streams (Args::num_streams > 1, --kv-streams): the first stream's
+// client opens the others (tandem.proto's stream_index) on their own
+// connections once its header arrives; each checks its share of the layers.
+// The attempt is one: its KV is complete when every stream has sent `done`,
+// any stream's failure cancels the others, and the outcome (success, retry,
+// fallback or failure, as above) is decided once, when the last stream ends.
+//
 // Threads: gRPC's reactor threads and its alarm thread; the transfer state is
-// the client's own, and it reads only the call's immutable fields.
+// the attempt's own, and it reads only the call's immutable fields.
 // Lifetime: created and started on the engine thread (or by the stream it
-// retries); deletes itself once the stream is done and its timer has fired
-// or been cancelled.
+// retries, or by the attempt's first stream); deletes itself once its stream
+// is done and its timer has fired or been cancelled (the first stream: and
+// the attempt is decided).
 #ifndef TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 #define TANDEM_DECODE_WORKER_PREFILL_CLIENT_H_
 
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -74,6 +83,7 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
     // its first message.
     std::chrono::system_clock::time_point deadline;
     absl::Duration first_message_timeout = absl::Seconds(5);
+    int num_streams = 1;  // streams the KV is split over (at most the endpoint's stubs)
   };
   static constexpr int kMaxAttempts = 3;
 
@@ -85,30 +95,37 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
   void OnDone(const grpc::Status& status) override;
 
  private:
+  struct Attempt;
+  // Stream `index` of `first`'s attempt.
+  PrefillClient(PrefillClient* first, int index);
   // Ends the call at once with `status` (counted under the checker's reason).
   void Abandon(const grpc::Status& status);
+  // Cancels every stream of the attempt but this one.
+  void CancelOthers();
+  // The first stream: what the attempt came to, once all its streams ended.
+  void Decide();
   // Starts attempt + 1 on `endpoint`.
   void Retry(PrefillPool::Endpoint* endpoint);
-  // Drops one of the two holds (the stream's, the timer's); the last deletes.
+  // Drops one of the holds (the stream's, the timer's; the first stream's:
+  // the attempt's); the last deletes.
   void Unhold();
 
   Host* host_;
   PrefillPool::Endpoint* endpoint_;
   std::shared_ptr<GenerateCall> call_;
   const Args args_;
+  const int index_;  // stream index in the attempt
+  std::shared_ptr<Attempt> attempt_;
+  PrefillClient* first_;  // the attempt's first stream (this one for it)
   grpc::ClientContext context_;
   grpc::Alarm first_message_alarm_;
   v1::PrefillRequest request_;
   grpc::ByteBuffer response_;
   KvStreamChecker checker_;
-  absl::Time started_;
-  absl::Time first_kv_;  // the first chunk's arrival
   std::atomic<bool> got_message_{false};
   std::atomic<bool> stalled_{false};  // the first-message timer fired
-  std::atomic<int> holds_{2};
-  bool crc_retry_ = false;
-  bool abandoned_ = false;
-  bool got_done_ = false;
+  std::atomic<int> holds_;
+  bool got_done_ = false;  // this stream's share of the KV is complete
 };
 
 }  // namespace tandem

@@ -1,5 +1,7 @@
 #include "decode_worker/prefill_pool.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -29,18 +31,30 @@ absl::StatusOr<std::vector<std::string>> PrefillPool::SplitTarget(const std::str
 
 PrefillPool::PrefillPool(const std::string& address,
                          std::shared_ptr<grpc::ChannelCredentials> credentials,
-                         grpc::ChannelArguments args, absl::Duration eject_for)
-    : credentials_(credentials), eject_for_(eject_for) {
+                         grpc::ChannelArguments args, absl::Duration eject_for, int kv_streams)
+    : credentials_(credentials), eject_for_(eject_for), kv_streams_(std::max(1, kv_streams)) {
   args.SetLoadBalancingPolicyName("round_robin");
   args_ = args;
   auto targets = SplitTarget(address);
   for (const std::string& target : targets.ok() ? *targets : std::vector<std::string>{address}) {
-    auto e = std::make_unique<Endpoint>();
-    e->target = target;
-    e->channel = grpc::CreateCustomChannel(target, credentials, args);
-    e->stub = std::make_unique<RawPrefillStub>(e->channel);
-    endpoints_.push_back(std::move(e));
+    endpoints_.push_back(MakeEndpoint(target));
   }
+}
+
+std::unique_ptr<PrefillPool::Endpoint> PrefillPool::MakeEndpoint(const std::string& target) const {
+  auto e = std::make_unique<Endpoint>();
+  e->target = target;
+  e->channel = grpc::CreateCustomChannel(target, credentials_, args_);
+  e->stubs.push_back(std::make_unique<RawPrefillStub>(e->channel));
+  for (int i = 1; i < kv_streams_; ++i) {
+    // Channels with equal arguments share one connection (gRPC's subchannel
+    // pool); an argument of its own gives each stream its own.
+    grpc::ChannelArguments args = args_;
+    args.SetInt("tandem.kv_stream", i);
+    e->stubs.push_back(std::make_unique<RawPrefillStub>(
+        grpc::CreateCustomChannel(target, credentials_, args)));
+  }
+  return e;
 }
 
 bool PrefillPool::Usable(const Endpoint& e, int64_t now_ns) const {
@@ -80,10 +94,7 @@ absl::StatusOr<PrefillPool::Endpoint*> PrefillPool::Named(const std::string& hos
     return absl::ResourceExhaustedError(absl::StrCat(
         "x-prefiller-host-port: this worker already keeps ", kMaxNamed, " named prefill endpoints"));
   }
-  auto e = std::make_unique<Endpoint>();
-  e->target = host_port;
-  e->channel = grpc::CreateCustomChannel(host_port, credentials_, args_);
-  e->stub = std::make_unique<RawPrefillStub>(e->channel);
+  std::unique_ptr<Endpoint> e = MakeEndpoint(host_port);
   Endpoint* raw = e.get();
   named_.emplace(host_port, std::move(e));
   return raw;

@@ -36,8 +36,10 @@ class PrefillPool {
     std::string target;
     std::shared_ptr<grpc::Channel> channel;
     // Prefill called as raw bytes: the response's KV rows stay in gRPC's
-    // slices (ParseReceived).
-    std::unique_ptr<RawPrefillStub> stub;
+    // slices (ParseReceived). One per stream of a request (kv_streams): the
+    // first on `channel`, each other on a channel of its own, so on its own
+    // connection.
+    std::vector<std::unique_ptr<RawPrefillStub>> stubs;
     std::atomic<int64_t> ejected_until_ns{0};  // absl::ToUnixNanos
   };
 
@@ -46,9 +48,11 @@ class PrefillPool {
   static absl::StatusOr<std::vector<std::string>> SplitTarget(const std::string& address);
 
   // One channel per target with `args` (keepalives and retries are the
-  // caller's; round_robin is set here).
+  // caller's; round_robin is set here), and kv_streams - 1 more for the other
+  // streams of a request whose layers are split (tandem.proto's num_streams).
   PrefillPool(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
-              grpc::ChannelArguments args, absl::Duration eject_for);
+              grpc::ChannelArguments args, absl::Duration eject_for, int kv_streams = 1);
+  int kv_streams() const { return kv_streams_; }
 
   // The next usable endpoint in rotation other than `avoid` (null: any);
   // when none is, the next usable one, `avoid` included; when none at all,
@@ -67,6 +71,7 @@ class PrefillPool {
 
  private:
   bool Usable(const Endpoint& e, int64_t now_ns) const;
+  std::unique_ptr<Endpoint> MakeEndpoint(const std::string& target) const;
 
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
@@ -74,6 +79,7 @@ class PrefillPool {
   Mutex named_mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Endpoint>> named_ ABSL_GUARDED_BY(named_mu_);
   absl::Duration eject_for_;
+  int kv_streams_;
   std::atomic<uint64_t> next_{0};
 };
 

@@ -20,19 +20,49 @@ grpc::ByteBuffer ToByteBuffer(WireMessage msg) {
 
 }  // namespace
 
-// One Prefill call: its id and stream (any thread), its export (engine thread).
-struct PrefillServiceImpl::Transfer {
+// One request's streams (PrefillRequest.num_streams; 1 for most): the engine
+// request they share, its progress, and who is attached.
+struct PrefillServiceImpl::Group {
   std::string id;
-  std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer;
+  int num_streams = 1;
+  int64_t first = 0;       // num_cached_tokens
+  int64_t num_tokens = 0;
   // Any thread.
   std::atomic<bool> released{false};
-  std::atomic<bool> exporting{false};       // the KV began to go out
   std::atomic<bool> failure_counted{false};
+  std::atomic<int> finished{0};          // streams whose last message is queued
+  std::atomic<int64_t> prefilled_ns{0};  // the prompt's compute ended (0: not yet)
+  Mutex mu;
+  // By stream index; empty until attached. Weak: a stream's own callbacks
+  // keep it alive, and it keeps the group.
+  std::vector<std::weak_ptr<Transfer>> members ABSL_GUARDED_BY(mu);
+  std::vector<bool> opened ABSL_GUARDED_BY(mu);  // each index attaches once
+  std::atomic<int> num_opened{0};
+  // Engine thread.
+  int32_t first_token = 0;
+  bool prefilled = false;  // first_token is known: the prompt is computed
+
+  std::vector<std::shared_ptr<Transfer>> Members() {
+    std::vector<std::shared_ptr<Transfer>> out;
+    MutexLock lock(&mu);
+    for (const std::weak_ptr<Transfer>& w : members) {
+      if (std::shared_ptr<Transfer> t = w.lock()) out.push_back(std::move(t));
+    }
+    return out;
+  }
+  bool AllAttached() const { return num_opened.load() == num_streams; }
+};
+
+// One Prefill call: its stream (any thread), its export (engine thread).
+struct PrefillServiceImpl::Transfer {
+  std::shared_ptr<Group> group;
+  int index = 0;  // stream index in the group
+  std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer;
+  // Any thread.
+  std::atomic<bool> exporting{false};        // the KV began to go out
   std::atomic<int64_t> last_progress_ns{0};  // the reader last took a chunk
   // Engine thread.
   std::shared_ptr<KvExporter> exporter;
-  int32_t first_token = 0;
-  bool prefilled = false;  // first_token is known: the prompt is computed
   size_t bytes = 0;
   absl::Time first_sent;  // the first chunk was queued
   bool finished = false;  // the last message is queued, or the export failed
@@ -53,42 +83,59 @@ PrefillServiceImpl::~PrefillServiceImpl() {
   lease_watcher_.join();
 }
 
-// Called before the stream's End, never after: the id is free by the time
+// Called before the streams' End, never after: the id is free by the time
 // the client sees the end, so it may reuse it at once.
-void PrefillServiceImpl::Release(Transfer& t) {
-  if (t.released.exchange(true)) return;
-  client_.load()->Cancel(t.id);  // frees its blocks wherever it is
-  in_flight_.Release(t.id);
+void PrefillServiceImpl::Release(Group& g) {
+  if (g.released.exchange(true)) return;
+  client_.load()->Cancel(g.id);  // frees its blocks wherever it is
+  in_flight_.Release(g.id);
+  MutexLock lock(&groups_mu_);
+  auto it = groups_.find(g.id);
+  if (it != groups_.end() && it->second.get() == &g) groups_.erase(it);
+}
+
+void PrefillServiceImpl::Fail(Group& g, const grpc::Status& status, const char* reason) {
+  if (reason != nullptr && !g.failure_counted.exchange(true)) metrics_->KvTransferFailure(reason);
+  Release(g);
+  for (const std::shared_ptr<Transfer>& t : g.Members()) t->writer->End(status);
 }
 
 void PrefillServiceImpl::WatchLeases() {
   while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
     const int64_t now = absl::ToUnixNanos(absl::Now());
     const int64_t limit = absl::ToInt64Nanoseconds(export_timeout_);
-    std::vector<std::shared_ptr<Transfer>> expired;
+    std::vector<std::shared_ptr<Group>> expired;
     {
       MutexLock lock(&leases_mu_);
       for (auto it = leases_.begin(); it != leases_.end();) {
         std::shared_ptr<Transfer> t = it->lock();
-        if (t == nullptr || t->released.load()) {
+        if (t == nullptr || t->group->released.load()) {
           it = leases_.erase(it);
         } else if (now - t->last_progress_ns.load() > limit) {
-          expired.push_back(std::move(t));
+          expired.push_back(t->group);
           it = leases_.erase(it);
         } else {
           ++it;
         }
       }
     }
-    for (const std::shared_ptr<Transfer>& t : expired) {
-      TANDEM_LOG(WARNING) << "request " << t->id << ": its reader took no KV for "
+    {
+      // A stream of the request that never attached holds it as long.
+      MutexLock lock(&groups_mu_);
+      for (const auto& [id, g] : groups_) {
+        const int64_t prefilled = g->prefilled_ns.load();
+        if (prefilled != 0 && now - prefilled > limit && !g->AllAttached()) expired.push_back(g);
+      }
+    }
+    for (const std::shared_ptr<Group>& g : expired) {
+      if (g->released.load()) continue;
+      TANDEM_LOG(WARNING) << "request " << g->id << ": its reader took no KV for "
                           << absl::FormatDuration(export_timeout_) << "; freeing its blocks";
-      if (!t->failure_counted.exchange(true)) metrics_->KvTransferFailure("expired");
-      Release(*t);
-      t->writer->End(grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("KV export lease expired: the reader took nothing for ",
-                       absl::FormatDuration(export_timeout_))));
+      Fail(*g,
+           grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("KV export lease expired: the reader took nothing for ",
+                                     absl::FormatDuration(export_timeout_))),
+           "expired");
     }
   }
 }
@@ -105,21 +152,27 @@ void PrefillServiceImpl::BeginExport(const std::shared_ptr<Transfer>& t) {
 }
 
 void PrefillServiceImpl::SendMore(const std::shared_ptr<Transfer>& t) {
-  if (t->released.load()) return;
+  if (t->group->released.load()) return;
   client_.load()->ExportKv(t->exporter,
                            [this, t](const EngineClient::NextChunk& next) { Fill(*t, next); });
 }
 
 void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) {
-  if (t.finished || t.released.load()) return;
+  Group& g = *t.group;
+  if (t.finished || g.released.load()) return;
   StreamWriter<grpc::ByteBuffer>& writer = *t.writer;
-  if (writer.ended()) return Release(t);  // cancelled or broken: drop the rest
+  if (writer.ended()) {  // cancelled or broken: the request's other streams end too
+    return Fail(g, grpc::Status(grpc::StatusCode::CANCELLED,
+                                absl::StrCat("stream ", t.index, " of request '", g.id,
+                                             "' ended before its KV was out")),
+                nullptr);
+  }
   // While the prompt is computed the engine thread comes back only between
   // steps: each visit may queue what one step computed, so the stream never
   // waits a whole step with KV ready in the cache. After it, the window.
   EngineClient* client = client_.load();
   const size_t window =
-      t.prefilled ? kStreamWindowBytes
+      g.prefilled ? kStreamWindowBytes
                   : std::max(kStreamWindowBytes,
                              static_cast<size_t>(client->max_num_batched_tokens()) * 2 *
                                  client->slot_bytes() * client->model_config().num_hidden_layers);
@@ -127,9 +180,7 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
     absl::StatusOr<std::optional<WireMessage>> msg = next();
     if (!msg.ok()) {
       t.finished = true;
-      if (!t.failure_counted.exchange(true)) metrics_->KvTransferFailure("other");
-      Release(t);
-      return writer.End(ToGrpcStatus(msg.status()));
+      return Fail(g, ToGrpcStatus(msg.status()), "other");
     }
     if (!msg->has_value()) return;  // more after the engine's next step
     if (t.bytes == 0) t.first_sent = absl::Now();
@@ -137,13 +188,96 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
     writer.Send(ToByteBuffer(**std::move(msg)));
   }
   // More when the reader has taken these, or once the prompt is computed.
-  if (!t.exporter->done() || !t.prefilled) return;
+  if (!t.exporter->done() || !g.prefilled) return;
   t.finished = true;
-  Release(t);  // every chunk is copied out: the blocks may go
+  // Every chunk of every stream is copied out: the blocks may go.
+  if (g.finished.fetch_add(1) + 1 == g.num_streams) Release(g);
   v1::PrefillResponse done;
-  done.mutable_done()->set_first_token(t.first_token);
+  done.mutable_done()->set_first_token(g.first_token);
   writer.Send(ToByteBuffer(WireMessage::Of(done)));
   writer.End(grpc::Status::OK);
+}
+
+std::shared_ptr<PrefillServiceImpl::Transfer> PrefillServiceImpl::OpenTransfer(
+    const std::shared_ptr<Group>& g, int index,
+    std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer) {
+  EngineClient* client = client_.load();
+  auto t = std::make_shared<Transfer>();
+  t->group = g;
+  t->index = index;
+  t->writer = std::move(writer);
+  t->exporter = std::make_shared<KvExporter>(
+      g->id, g->first, g->num_tokens, client->fingerprint(), client->slot_bytes(),
+      client->model_config().num_hidden_layers, index, g->num_streams);
+  // The header goes out now: the caller knows this worker took the stream.
+  t->writer->Send(ToByteBuffer(WireMessage::Of(t->exporter->Header())));
+  t->writer->OnFinished([this, t](const grpc::Status& s) {
+    if (s.ok()) {
+      metrics_->KvTransfer(t->bytes, t->bytes == 0 ? 0.0 : absl::ToDoubleSeconds(absl::Now() - t->first_sent));
+    } else if (t->exporting.load() && !t->group->failure_counted.exchange(true)) {
+      metrics_->KvTransferFailure("cancelled");  // the reader went away mid-transfer
+    }
+  });
+  t->writer->OnCancelled([this, t] {
+    Fail(*t->group,
+         grpc::Status(grpc::StatusCode::CANCELLED,
+                      absl::StrCat("stream ", t->index, " of request '", t->group->id,
+                                   "' was cancelled")),
+         nullptr);
+  });
+  return t;
+}
+
+void PrefillServiceImpl::Attach(const std::shared_ptr<StreamWriter<grpc::ByteBuffer>>& writer,
+                                const v1::PrefillRequest& request) {
+  const uint32_t index = request.stream_index(), n = request.num_streams();
+  if (request.request_id().empty() || request.prompt_token_ids_size() != 0) {
+    return writer->End(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("stream_index ", index, " attaches to an open request: it needs the "
+                     "request_id of the first stream and no prompt_token_ids (has ",
+                     request.prompt_token_ids_size(), ")")));
+  }
+  std::shared_ptr<Group> g;
+  {
+    MutexLock lock(&groups_mu_);
+    auto it = groups_.find(request.request_id());
+    if (it != groups_.end()) g = it->second;
+  }
+  if (g == nullptr || g->released.load()) {
+    return writer->End(grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("request '", request.request_id(), "' has no open first stream to attach "
+                     "stream_index ", index, " to")));
+  }
+  if (n != static_cast<uint32_t>(g->num_streams) || index >= n) {
+    return writer->End(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("stream_index ", index, " of num_streams ", n, ": request '", g->id,
+                     "' was opened with num_streams ", g->num_streams)));
+  }
+  {
+    MutexLock lock(&g->mu);
+    if (g->opened[index]) {
+      return writer->End(grpc::Status(
+          grpc::StatusCode::ALREADY_EXISTS,
+          absl::StrCat("stream_index ", index, " of request '", g->id, "' is already open")));
+    }
+    g->opened[index] = true;
+    ++g->num_opened;
+  }
+  std::shared_ptr<Transfer> t = OpenTransfer(g, static_cast<int>(index), writer);
+  {
+    MutexLock lock(&g->mu);
+    g->members[index] = t;
+  }
+  if (g->prefilled_ns.load() != 0) {  // the compute is over: its lease runs
+    t->Progress();
+    MutexLock lock(&leases_mu_);
+    leases_.push_back(t);
+  }
+  BeginExport(t);
+  SendMore(t);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
@@ -160,6 +294,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
     return writer.get();
   }
   const v1::PrefillRequest* request = &parsed;
+  if (request->stream_index() > 0) {
+    Attach(writer, *request);
+    return writer.get();
+  }
   const absl::Time start = absl::Now();
   // Room for the "#prefill.attempt" suffix the decode worker adds to a client's id.
   auto resolved_id = ResolveRequestId(request->request_id(), kMaxRequestIdBytes + 16);
@@ -176,60 +314,78 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
                                           " tokens: the last one is computed to sample")));
     return writer.get();
   }
+  EngineClient* client = client_.load();
+  const int layers = client->model_config().num_hidden_layers;
+  const int max_streams = std::min(kMaxStreams, layers);
+  const uint32_t num_streams = std::max<uint32_t>(1, request->num_streams());
+  if (num_streams > static_cast<uint32_t>(max_streams)) {
+    writer->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             absl::StrCat("num_streams (", request->num_streams(),
+                                          ") must be at most ", max_streams, " (",
+                                          kMaxStreams, ", and the model's ", layers,
+                                          " layers)")));
+    return writer.get();
+  }
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
   }
-  EngineClient* client = client_.load();
-  auto t = std::make_shared<Transfer>();
-  t->id = *resolved_id;
-  t->writer = writer;
-  t->exporter = std::make_shared<KvExporter>(t->id, cached, num_tokens, client->fingerprint(),
-                                             client->slot_bytes(),
-                                             client->model_config().num_hidden_layers);
-  // The header goes out now: the caller knows this worker took the request.
-  writer->Send(ToByteBuffer(WireMessage::Of(t->exporter->Header())));
-  writer->OnFinished([this, t](const grpc::Status& s) {
-    if (s.ok()) {
-      metrics_->KvTransfer(t->bytes, t->bytes == 0 ? 0.0 : absl::ToDoubleSeconds(absl::Now() - t->first_sent));
-    } else if (t->exporting.load() && !t->failure_counted.exchange(true)) {
-      metrics_->KvTransferFailure("cancelled");  // the reader went away mid-transfer
-    }
-  });
-  writer->OnCancelled([this, t] { Release(*t); });
+  auto g = std::make_shared<Group>();
+  g->id = *resolved_id;
+  g->num_streams = static_cast<int>(num_streams);
+  g->first = cached;
+  g->num_tokens = num_tokens;
+  std::shared_ptr<Transfer> t = OpenTransfer(g, 0, writer);
+  {
+    MutexLock lock(&g->mu);
+    g->members.resize(num_streams);
+    g->opened.assign(num_streams, false);
+    g->members[0] = t;
+    g->opened[0] = true;
+    g->num_opened = 1;
+  }
+  if (num_streams > 1) {
+    MutexLock lock(&groups_mu_);
+    groups_[g->id] = g;
+  }
   EngineClient::Submission s;
-  s.id = t->id;
+  s.id = g->id;
   s.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   s.params = FromProto(request->sampling());
   s.params.max_tokens = 1;  // the prefill worker samples only the first token
   s.kind = RequestKind::kPrefillOnly;
   s.max_waiting = max_waiting_;
-  client->Submit(std::move(s), [this, t, num_tokens, start](const RequestOutput& o) {
-    if (t->released.load()) return;
+  client->Submit(std::move(s), [this, g, num_tokens, start](const RequestOutput& o) {
+    if (g->released.load()) return;
     if (!o.finished) {  // a chunk of the prompt is computed: stream its KV now
-      BeginExport(t);
-      return SendMore(t);
+      for (const std::shared_ptr<Transfer>& m : g->Members()) {
+        BeginExport(m);
+        SendMore(m);
+      }
+      return;
     }
     if (!o.status.ok() || o.new_tokens.empty()) {
-      Release(*t);
-      return t->writer->End(
-          ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status));
+      return Fail(*g, ToGrpcStatus(o.status.ok() ? absl::InternalError("no first token") : o.status),
+                  nullptr);
     }
     const double total = absl::ToDoubleSeconds(absl::Now() - start);
     const double queued = std::min(total, absl::ToDoubleSeconds(o.queue_time));
     metrics_->PrefillSeconds(total, queued);
     metrics_->PromptTokens(static_cast<int>(num_tokens));
-    // Stream the KV straight from the cache as the reader takes it: at most
+    // Stream the KV straight from the cache as the readers take it: at most
     // kStreamWindowBytes of copies per stream, under the export lease.
-    t->first_token = o.new_tokens.back();
-    t->prefilled = true;
-    t->Progress();
-    {
-      MutexLock lock(&leases_mu_);
-      leases_.push_back(t);
+    g->first_token = o.new_tokens.back();
+    g->prefilled = true;
+    g->prefilled_ns = absl::ToUnixNanos(absl::Now());
+    for (const std::shared_ptr<Transfer>& m : g->Members()) {
+      m->Progress();
+      {
+        MutexLock lock(&leases_mu_);
+        leases_.push_back(m);
+      }
+      BeginExport(m);
+      SendMore(m);
     }
-    BeginExport(t);
-    SendMore(t);
   });
   return writer.get();
 }

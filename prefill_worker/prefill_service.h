@@ -33,6 +33,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/base/mutex.h"
@@ -69,9 +70,19 @@ class PrefillServiceImpl final
   // KV bytes a stream may have copied out and not yet written (2 chunks;
   // 2, 4 and 8 measured alike with refills at half the window).
   static constexpr size_t kStreamWindowBytes = 2 * kMaxChunkBytes;
+  // PrefillRequest.num_streams' limit (also at most the model's layers).
+  static constexpr int kMaxStreams = 16;
 
  private:
+  struct Group;
   struct Transfer;
+  // A stream of group `g` (its header queued, its cancellation failing the
+  // group).
+  std::shared_ptr<Transfer> OpenTransfer(const std::shared_ptr<Group>& g, int index,
+                                         std::shared_ptr<StreamWriter<grpc::ByteBuffer>> writer);
+  // A stream with stream_index > 0: joins its request's group.
+  void Attach(const std::shared_ptr<StreamWriter<grpc::ByteBuffer>>& writer,
+              const v1::PrefillRequest& request);
   // Once per request, when its first KV is ready: refills from the stream's
   // writer as the reader takes chunks.
   void BeginExport(const std::shared_ptr<Transfer>& transfer);
@@ -81,7 +92,10 @@ class PrefillServiceImpl final
   // Engine thread: the work of SendMore.
   void Fill(Transfer& transfer, const EngineClient::NextChunk& next);
   // Any thread: frees the request's blocks and id, once per request.
-  void Release(Transfer& transfer);
+  void Release(Group& group);
+  // Any thread: releases the request and ends each of its streams with
+  // `status`, counting the failure once under `reason` (null: not counted).
+  void Fail(Group& group, const grpc::Status& status, const char* reason);
   // Every 250 ms: ends the transfers whose reader made no progress within
   // export_timeout_.
   void WatchLeases();
@@ -92,6 +106,10 @@ class PrefillServiceImpl final
   absl::Duration export_timeout_;
   std::atomic<EngineClient*> client_{nullptr};
   InFlightIds in_flight_;
+  Mutex groups_mu_;
+  // Requests of several streams, for their streams to attach to, until
+  // released: what keeps a request whose streams are not all open.
+  absl::flat_hash_map<std::string, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(groups_mu_);
   Mutex leases_mu_;
   std::list<std::weak_ptr<Transfer>> leases_ ABSL_GUARDED_BY(leases_mu_);
   absl::Notification stop_;

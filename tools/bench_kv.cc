@@ -412,6 +412,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   std::string prompt_tokens = "512,2048";
   int goodput_tokens = 2048;
   std::string goodput_readers = "bytes";
+  int kv_streams = 1;
   int iters = 3;
   int budget = 512;
   std::string link_kind = "loopback";
@@ -425,6 +426,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   flags.Add("goodput-readers", &goodput_readers,
             "how the goodput's streams are read, in turns: bytes (as the decode worker reads "
             "them), protobuf (parsed into messages)");
+  flags.Add("kv-streams", &kv_streams, "the pair's decode worker's --kv-streams (its TTFT)");
   flags.Add("max-num-batched-tokens", &budget,
             "every worker's token budget per step (the prefill worker's default: 512)");
   flags.Add("link", &link_kind, "loopback, or veth (a shaped veth pair into a namespace; root)");
@@ -467,6 +469,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   std::vector<std::string> pair_flags = decode_flags;
   pair_flags.push_back("--prefill-address=" + prefill.address);
   pair_flags.push_back("--prefill-fallback=none");
+  pair_flags.push_back(absl::StrCat("--kv-streams=", kv_streams));
   if (!StartWorker(decode_binary, link.near_ip(), link, false, pair_flags, &pair) ||
       !StartWorker(decode_binary, link.near_ip(), link, false, decode_flags, &aggregated)) {
     return Fail("a decode worker did not become SERVING: " + decode_binary);

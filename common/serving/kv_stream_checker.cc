@@ -1,5 +1,6 @@
 #include "common/serving/kv_stream_checker.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,11 +20,13 @@ const char* KvStreamChecker::FailureName(Failure f) {
 }
 
 KvStreamChecker::KvStreamChecker(v1::ModelFingerprint local, size_t slot_bytes, int64_t first,
-                                 int64_t num_tokens)
+                                 int64_t num_tokens, int stream_index, int num_streams)
     : local_(std::move(local)),
       slot_bytes_(slot_bytes),
       first_(first),
       end_(num_tokens),
+      stream_index_(stream_index),
+      num_streams_(std::max(1, num_streams)),
       received_(local_.num_layers()) {}
 
 absl::Status KvStreamChecker::Fail(Failure f, absl::Status s) {
@@ -45,6 +48,14 @@ absl::Status KvStreamChecker::Header(const v1::KvHeader& header) {
                     "prefill worker sent KV for tokens [", header.first_token(), ", ",
                     header.num_tokens(), "), expected [", first_, ", ", end_, ")")));
   }
+  const uint32_t streams = std::max<uint32_t>(1, header.num_streams());
+  if (streams != static_cast<uint32_t>(num_streams_) ||
+      (streams > 1 && header.stream_index() != static_cast<uint32_t>(stream_index_))) {
+    return Fail(Failure::kMalformed,
+                absl::InternalError(absl::StrCat(
+                    "prefill worker sent stream ", header.stream_index(), " of ", streams,
+                    ", expected stream ", stream_index_, " of ", num_streams_)));
+  }
   return absl::OkStatus();
 }
 
@@ -58,13 +69,17 @@ absl::Status KvStreamChecker::Chunk(const ReceivedChunk& chunk) {
   }
   const int64_t begin = chunk.first_token;
   const int64_t end = begin + chunk.num_tokens;
-  if (chunk.layer >= received_.size() || chunk.num_tokens == 0 || begin < first_ ||
-      end > end_) {
+  const bool other_stream = chunk.layer % num_streams_ != static_cast<uint32_t>(stream_index_);
+  if (chunk.layer >= received_.size() || other_stream || chunk.num_tokens == 0 ||
+      begin < first_ || end > end_) {
     return Fail(Failure::kIncomplete,
                 absl::DataLossError(absl::StrCat(
                     "KV chunk of layer ", chunk.layer, " tokens [", begin, ", ", end,
-                    ") is outside the stream's ", received_.size(), " layers and tokens [",
-                    first_, ", ", end_, ")")));
+                    ") is outside the stream's ", received_.size(), " layers",
+                    num_streams_ > 1 ? absl::StrCat(" (those l % ", num_streams_, " == ",
+                                                    stream_index_, ")")
+                                     : "",
+                    " and tokens [", first_, ", ", end_, ")")));
   }
   std::map<int64_t, int64_t>& ranges = received_[chunk.layer];
   auto next = ranges.upper_bound(begin);
@@ -97,7 +112,7 @@ absl::Status KvStreamChecker::Done() {
                 absl::InvalidArgumentError("KV stream ended before its header"));
   }
   if (first_ >= end_) return absl::OkStatus();
-  for (size_t layer = 0; layer < received_.size(); ++layer) {
+  for (size_t layer = stream_index_; layer < received_.size(); layer += num_streams_) {
     const std::map<int64_t, int64_t>& ranges = received_[layer];
     // The first gap: before the first range, or after the first range's end.
     int64_t gap_begin = first_, gap_end = end_;

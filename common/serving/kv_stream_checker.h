@@ -34,8 +34,11 @@ class KvStreamChecker {
   static const char* FailureName(Failure f);
 
   // Expects KV for tokens [first, num_tokens) of a model with `local`'s
-  // fingerprint; `slot_bytes` bytes per token per layer for K (and for V).
-  KvStreamChecker(v1::ModelFingerprint local, size_t slot_bytes, int64_t first, int64_t num_tokens);
+  // fingerprint; `slot_bytes` bytes per token per layer for K (and for V);
+  // of the layers l with l % num_streams == stream_index (one stream of a
+  // request's several; tandem.proto's PrefillRequest.num_streams).
+  KvStreamChecker(v1::ModelFingerprint local, size_t slot_bytes, int64_t first, int64_t num_tokens,
+                  int stream_index = 0, int num_streams = 1);
 
   // Each returns OK, or the error that ends the stream (failure() says why):
   // FAILED_PRECONDITION for a fingerprint mismatch, INTERNAL for another
@@ -59,6 +62,8 @@ class KvStreamChecker {
   size_t slot_bytes_;
   int64_t first_;
   int64_t end_;
+  int stream_index_;
+  int num_streams_;
   bool got_header_ = false;
   Failure failure_ = Failure::kNone;
   size_t bytes_ = 0;

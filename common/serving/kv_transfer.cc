@@ -21,7 +21,8 @@ v1::ModelFingerprint MakeFingerprint(const LlamaConfig& config, DType kv_dtype) 
 
 
 KvExporter::KvExporter(std::string id, int64_t first, int64_t num_tokens,
-                       v1::ModelFingerprint fingerprint, size_t slot_bytes, int num_layers)
+                       v1::ModelFingerprint fingerprint, size_t slot_bytes, int num_layers,
+                       int stream_index, int num_streams)
     : id_(std::move(id)),
       first_(first),
       num_tokens_(num_tokens),
@@ -29,6 +30,8 @@ KvExporter::KvExporter(std::string id, int64_t first, int64_t num_tokens,
       row_(slot_bytes),
       per_chunk_(TokensPerChunk(row_)),
       num_layers_(num_layers),
+      stream_index_(stream_index),
+      num_streams_(std::max(1, num_streams)),
       run_begin_(first),
       run_end_(first),
       layer_(num_layers),
@@ -39,6 +42,10 @@ v1::PrefillResponse KvExporter::Header() const {
   *header.mutable_header()->mutable_fingerprint() = fingerprint_;
   header.mutable_header()->set_num_tokens(static_cast<uint32_t>(num_tokens_));
   header.mutable_header()->set_first_token(static_cast<uint32_t>(first_));
+  if (num_streams_ > 1) {
+    header.mutable_header()->set_num_streams(static_cast<uint32_t>(num_streams_));
+    header.mutable_header()->set_stream_index(static_cast<uint32_t>(stream_index_));
+  }
   return header;
 }
 
@@ -80,7 +87,7 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
     if (ready <= run_end_) return std::nullopt;
     run_begin_ = run_end_;
     run_end_ = ready;
-    layer_ = 0;
+    layer_ = stream_index_;
     next_ = run_begin_;
   }
   const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
@@ -108,7 +115,7 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   next_ += n;
   if (next_ >= run_end_) {
     next_ = run_begin_;
-    ++layer_;
+    layer_ += num_streams_;
   }
   return w;
 }

@@ -57,10 +57,13 @@ struct WireMessage {
 // next; the reader's KvStreamChecker accepts rows in any order.
 // Next() runs on the engine thread; the request's blocks must stay allocated
 // until done().
+//
+// With num_streams > 1 the exporter makes stream `stream_index`'s share: the
+// layers l with l % num_streams == stream_index.
 class KvExporter {
  public:
   KvExporter(std::string id, int64_t first, int64_t num_tokens, v1::ModelFingerprint fingerprint,
-             size_t slot_bytes, int num_layers);
+             size_t slot_bytes, int num_layers, int stream_index = 0, int num_streams = 1);
   v1::PrefillResponse Header() const;
   // The next chunk, or nullopt when its rows are not computed yet (more after
   // the engine's next step); check done() first. Its CRC32C is taken from
@@ -76,6 +79,8 @@ class KvExporter {
   size_t row_;
   int per_chunk_;
   int num_layers_;
+  int stream_index_;
+  int num_streams_;
   // The run of tokens being sent: [run_begin_, run_end_), layer_ by layer_,
   // next_ the first token of the next chunk in it.
   int64_t run_begin_;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "common/engine/engine.h"
 #include "gtest/gtest.h"
@@ -396,6 +397,195 @@ TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
       }
     }
   }
+  StopWorker(prefill);
+}
+
+// The layers of one request split over three streams, each on a connection
+// of its own: stream i gets the layers l % 3 == i, every stream ends with the
+// same first token, and together they carry every row once, streamed while
+// the prompt is computed. Attaching wrongly is refused by name; the pair with
+// --kv-streams=3 gives the local tokens and frees every block; a stream
+// cancelled mid-prompt ends the others and frees the request's blocks, and
+// a stream that never attaches holds them only for the export lease.
+TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=64",
+                                                  "--kv-export-timeout-seconds=2"});
+  auto channel = [&](int i) {
+    grpc::ChannelArguments args;
+    args.SetInt("tandem.kv_stream", i);
+    return v1::Prefill::NewStub(
+        grpc::CreateCustomChannel(prefill.address(), grpc::InsecureChannelCredentials(), args));
+  };
+  std::vector<std::unique_ptr<v1::Prefill::Stub>> stubs;
+  for (int i = 0; i < 3; ++i) stubs.push_back(channel(i));
+  auto attach_request = [](const std::string& id, int index, int n) {
+    v1::PrefillRequest r;
+    r.set_request_id(id);
+    r.set_num_streams(n);
+    r.set_stream_index(index);
+    return r;
+  };
+  const std::vector<int32_t> prompt = TestPrompt(200, 31);
+  {
+    v1::PrefillRequest req;
+    req.set_request_id("split");
+    req.set_num_streams(3);
+    for (int32_t t : prompt) req.add_prompt_token_ids(t);
+    grpc::ClientContext first_ctx;
+    auto first = stubs[0]->Prefill(&first_ctx, req);
+    v1::PrefillResponse header;
+    ASSERT_TRUE(first->Read(&header));
+    ASSERT_TRUE(header.has_header());
+    EXPECT_EQ(header.header().num_streams(), 3u);
+    EXPECT_EQ(header.header().stream_index(), 0u);
+    // Refused: an index past num_streams, an unknown request, an index twice.
+    for (const auto& [bad, code] :
+         std::vector<std::pair<v1::PrefillRequest, grpc::StatusCode>>{
+             {attach_request("split", 3, 3), grpc::StatusCode::INVALID_ARGUMENT},
+             {attach_request("split", 1, 2), grpc::StatusCode::INVALID_ARGUMENT},
+             {attach_request("nobody", 1, 3), grpc::StatusCode::NOT_FOUND}}) {
+      grpc::ClientContext ctx;
+      auto reader = stubs[1]->Prefill(&ctx, bad);
+      v1::PrefillResponse msg;
+      while (reader->Read(&msg)) {
+      }
+      grpc::Status st = reader->Finish();
+      EXPECT_EQ(st.error_code(), code) << st.error_message();
+      EXPECT_NE(st.error_message().find("stream_index"), std::string::npos) << st.error_message();
+    }
+    // (layer, first token, tokens) per stream, and each stream's first token.
+    std::vector<std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>> chunks(3);
+    std::vector<int32_t> first_tokens(3, -1);
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientReader<v1::PrefillResponse>>> readers;
+    for (int i = 1; i < 3; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      readers.push_back(stubs[i]->Prefill(contexts.back().get(), attach_request("split", i, 3)));
+    }
+    {
+      grpc::ClientContext ctx;
+      auto again = stubs[1]->Prefill(&ctx, attach_request("split", 1, 3));
+      v1::PrefillResponse msg;
+      while (again->Read(&msg)) {
+      }
+      // The first attach may still be on its way: then this one was first.
+      grpc::Status st = again->Finish();
+      EXPECT_TRUE(st.error_code() == grpc::StatusCode::ALREADY_EXISTS || st.ok())
+          << st.error_message();
+      if (st.ok()) {
+        GTEST_SKIP() << "the duplicate attach overtook the first one";
+      }
+    }
+    auto read_all = [&](grpc::ClientReader<v1::PrefillResponse>* reader, int i) {
+      v1::PrefillResponse msg;
+      while (reader->Read(&msg)) {
+        if (msg.has_header()) EXPECT_EQ(msg.header().stream_index(), static_cast<uint32_t>(i));
+        if (msg.has_chunk()) {
+          chunks[i].emplace_back(msg.chunk().layer(), msg.chunk().first_token(),
+                                 msg.chunk().num_tokens());
+        }
+        if (msg.has_done()) first_tokens[i] = msg.done().first_token();
+      }
+      EXPECT_TRUE(reader->Finish().ok()) << "stream " << i;
+    };
+    std::thread t1([&] { read_all(readers[0].get(), 1); });
+    std::thread t2([&] { read_all(readers[1].get(), 2); });
+    read_all(first.get(), 0);
+    t1.join();
+    t2.join();
+    std::map<uint32_t, int> rows;  // layer -> tokens received
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(first_tokens[i], first_tokens[0]);
+      std::vector<uint32_t> run_starts;
+      for (const auto& [layer, begin, n] : chunks[i]) {
+        EXPECT_EQ(layer % 3, static_cast<uint32_t>(i));
+        rows[layer] += n;
+        if (run_starts.empty() || begin != run_starts.back()) run_starts.push_back(begin);
+      }
+      // Streamed as each 64-token step ran, not after the prompt; a stream
+      // that attached after some steps gets what they computed as one run.
+      if (i == 0) EXPECT_EQ(run_starts, (std::vector<uint32_t>{0, 64, 128, 192}));
+      ASSERT_FALSE(run_starts.empty());
+      EXPECT_EQ(run_starts.front(), 0u);
+      for (uint32_t start : run_starts) EXPECT_EQ(start % 64, 0u) << "stream " << i;
+    }
+    EXPECT_EQ(rows, (std::map<uint32_t, int>{{0, 200}, {1, 200}, {2, 200}, {3, 200}}));
+    EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
+  }
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                "--kv-streams=3"});
+  GenerateResult r = Generate(decode.address(), Request("through-three", prompt, 6));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, LocalTokens(prompt, 6));
+  ExpectBlocksFreed(prefill, decode);
+  {
+    // 1,500 tokens: 24 steps of 64; stream 1 cancelled after its first chunk.
+    v1::PrefillRequest req;
+    req.set_request_id("cancel-one");
+    req.set_num_streams(2);
+    for (int32_t t : TestPrompt(1500, 32)) req.add_prompt_token_ids(t);
+    grpc::ClientContext first_ctx, second_ctx;
+    auto first = stubs[0]->Prefill(&first_ctx, req);
+    v1::PrefillResponse msg;
+    ASSERT_TRUE(first->Read(&msg));
+    ASSERT_TRUE(msg.has_header());
+    auto second = stubs[1]->Prefill(&second_ctx, attach_request("cancel-one", 1, 2));
+    ASSERT_TRUE(second->Read(&msg));
+    ASSERT_TRUE(msg.has_header());
+    ASSERT_TRUE(second->Read(&msg));
+    ASSERT_TRUE(msg.has_chunk());
+    second_ctx.TryCancel();
+    while (second->Read(&msg)) {
+    }
+    EXPECT_EQ(second->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    while (first->Read(&msg)) {
+    }
+    grpc::Status st = first->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+    EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
+  }
+  {
+    // Stream 1 never attaches: the first stream's share goes out, and the
+    // blocks are freed when the lease (2 s) runs out.
+    v1::PrefillRequest req;
+    req.set_request_id("never-attached");
+    req.set_num_streams(2);
+    for (int32_t t : TestPrompt(100, 33)) req.add_prompt_token_ids(t);
+    grpc::ClientContext ctx;
+    auto first = stubs[0]->Prefill(&ctx, req);
+    v1::PrefillResponse msg;
+    bool done = false;
+    while (first->Read(&msg)) done = done || msg.has_done();
+    EXPECT_TRUE(first->Finish().ok());
+    EXPECT_TRUE(done);
+    EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(10)),
+              0);
+    EXPECT_GE(Failures(prefill, "expired"), 1);
+  }
+  // A pair request cancelled by its client mid-prefill frees every block on
+  // both sides.
+  {
+    const std::vector<int32_t> long_prompt = TestPrompt(1500, 34);
+    auto stub = DecodeStub(decode.address());
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, Request("pair-cancel", long_prompt, 4));
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < end &&
+           decode.Metric("tandem_kv_cache_blocks_in_use") <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ctx.TryCancel();
+    v1::GenerateResponse out;
+    while (reader->Read(&out)) {
+    }
+    reader->Finish();
+    ExpectBlocksFreed(prefill, decode);
+  }
+  GenerateResult after = Generate(decode.address(), Request("after", prompt, 6));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, r.tokens);
+  ExpectBlocksFreed(prefill, decode);
+  StopWorker(decode);
   StopWorker(prefill);
 }
 

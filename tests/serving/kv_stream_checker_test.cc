@@ -111,6 +111,31 @@ TEST(KvStreamCheckerTest, OrderAndHeaderAreChecked) {
   EXPECT_EQ(f.failure(), KvStreamChecker::Failure::kFingerprintMismatch);
 }
 
+// Stream 1 of 2 of a request: its header must say so; it is complete with
+// layer 1's rows (of layers 0-2); layer 0 or 2 on it is refused.
+TEST(KvStreamCheckerTest, OneStreamOfSeveralChecksItsShareOfTheLayers) {
+  KvStreamChecker c(Fingerprint(), kSlot, 4, 20, /*stream_index=*/1, /*num_streams=*/2);
+  v1::KvHeader header = Header(4, 20);
+  header.set_num_streams(2);
+  header.set_stream_index(1);
+  ASSERT_TRUE(c.Header(header).ok());
+  ASSERT_TRUE(c.Chunk(Chunk(1, 4, 16)).ok());
+  EXPECT_TRUE(c.Done().ok());
+  KvStreamChecker other(Fingerprint(), kSlot, 4, 20, 1, 2);
+  ASSERT_TRUE(other.Header(header).ok());
+  absl::Status s = other.Chunk(Chunk(2, 4, 16));
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("l % 2 == 1"), std::string::npos) << s;
+  KvStreamChecker wrong(Fingerprint(), kSlot, 4, 20, 1, 2);
+  header.set_stream_index(0);
+  EXPECT_FALSE(wrong.Header(header).ok());
+  KvStreamChecker missing(Fingerprint(), kSlot, 4, 20, 1, 2);
+  header.set_stream_index(1);
+  ASSERT_TRUE(missing.Header(header).ok());
+  s = missing.Done();
+  EXPECT_NE(s.message().find("layer 1 is missing"), std::string::npos) << s;
+}
+
 TEST(KvStreamCheckerTest, CorruptChunkIsDataLossWorthARetry) {
   KvStreamChecker c = Checker();
   ASSERT_TRUE(c.Header(Header(4, 20)).ok());
