@@ -113,18 +113,9 @@ void PrefillClient::OnReadDone(bool ok) {
     context_.TryCancel();
     return;
   }
-  // The slices are shared (reference counted), not copied; they stay alive
-  // with the chunk until the engine thread has imported it.
-  auto slices = std::make_shared<std::vector<grpc::Slice>>();
-  std::vector<absl::string_view> pieces;
-  if (response_.Dump(slices.get()).ok()) {
-    pieces.reserve(slices->size());
-    for (const grpc::Slice& slice : *slices) {
-      pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-  }
-  response_.Clear();
-  absl::StatusOr<ReceivedMessage> msg = ParseReceived(std::move(pieces), std::move(slices));
+  // The slices stay alive with the chunk until the engine thread has
+  // imported it.
+  absl::StatusOr<ReceivedMessage> msg = ParseReceived(&response_);
   if (!msg.ok()) {
     if (!attempt_->abandoned.exchange(true)) {
       host_->metrics()->KvTransferFailure("other");

@@ -277,59 +277,68 @@ class StreamTally {
   Clock::time_point first_, last_;
 };
 
-// The two ways to read a Prefill stream, both gRPC callback reactors as in
-// the decode worker: "bytes" (its way: each message's bytes parsed where
-// they arrived, ParseReceived) and "protobuf" (each message parsed into a
-// PrefillResponse, its rows copied into the message's strings).
-class BytesRead : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::ByteBuffer> {
+// A Prefill stream's reader: a gRPC callback reactor (`Base`) as in the
+// decode worker, tallying what it reads until the stream ends.
+template <typename Base>
+class TallyingRead : public Base {
  public:
-  BytesRead(RawPrefillStub* stub, v1::PrefillRequest request) : request_(std::move(request)) {
-    stub->PrepareBidiStreamingCall(&context_, kPrefillMethod, grpc::StubOptions(), this);
-    StartWriteLast(&request_, grpc::WriteOptions());
-    StartRead(&response_);
-    StartCall();
-  }
   StreamResult Wait() {
     finished_.WaitForNotification();
     return tally_.Result(status_);
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    auto slices = std::make_shared<std::vector<grpc::Slice>>();
-    std::vector<absl::string_view> pieces;
-    if (response_.Dump(slices.get()).ok()) {
-      for (const grpc::Slice& slice : *slices) {
-        pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
-      }
-    }
-    response_.Clear();
-    if (!tally_.Add(ParseReceived(std::move(pieces), slices))) return context_.TryCancel();
-    StartRead(&response_);
   }
   void OnDone(const grpc::Status& s) override {
     status_ = s;
     finished_.Notify();
   }
 
- private:
+ protected:
+  explicit TallyingRead(v1::PrefillRequest request) : request_(std::move(request)) {}
+  // Counts a message; false ends the stream.
+  void Take(absl::StatusOr<ReceivedMessage> msg) {
+    if (!tally_.Add(msg)) return context_.TryCancel();
+    this->StartRead(&response_);
+  }
+
   v1::PrefillRequest request_;
   grpc::ClientContext context_;
-  grpc::ByteBuffer response_;
+  typename Base::ResponseType response_;
+
+ private:
   StreamTally tally_;
   grpc::Status status_;
   absl::Notification finished_;
 };
 
-class ProtobufRead : public grpc::ClientReadReactor<v1::PrefillResponse> {
+// The two ways to read: "bytes" (the decode worker's: each message's bytes
+// parsed where they arrived, ParseReceived) and "protobuf" (each message
+// parsed into a PrefillResponse, its rows copied into the message's strings).
+struct BytesReactor : grpc::ClientBidiReactor<v1::PrefillRequest, grpc::ByteBuffer> {
+  using ResponseType = grpc::ByteBuffer;
+};
+struct ProtobufReactor : grpc::ClientReadReactor<v1::PrefillResponse> {
+  using ResponseType = v1::PrefillResponse;
+};
+
+class BytesRead : public TallyingRead<BytesReactor> {
  public:
-  ProtobufRead(v1::Prefill::Stub* stub, v1::PrefillRequest request) : request_(std::move(request)) {
-    stub->async()->Prefill(&context_, &request_, this);
+  BytesRead(RawPrefillStub* stub, v1::PrefillRequest request) : TallyingRead(std::move(request)) {
+    stub->PrepareBidiStreamingCall(&context_, kPrefillMethod, grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
     StartRead(&response_);
     StartCall();
   }
-  StreamResult Wait() {
-    finished_.WaitForNotification();
-    return tally_.Result(status_);
+  void OnReadDone(bool ok) override {
+    if (ok) Take(ParseReceived(&response_));
+  }
+};
+
+class ProtobufRead : public TallyingRead<ProtobufReactor> {
+ public:
+  ProtobufRead(v1::Prefill::Stub* stub, v1::PrefillRequest request)
+      : TallyingRead(std::move(request)) {
+    stub->async()->Prefill(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
@@ -340,21 +349,8 @@ class ProtobufRead : public grpc::ClientReadReactor<v1::PrefillResponse> {
       msg.message = std::move(response_);
     }
     response_.Clear();
-    if (!tally_.Add(std::move(msg))) return context_.TryCancel();
-    StartRead(&response_);
+    Take(std::move(msg));
   }
-  void OnDone(const grpc::Status& s) override {
-    status_ = s;
-    finished_.Notify();
-  }
-
- private:
-  v1::PrefillRequest request_;
-  grpc::ClientContext context_;
-  v1::PrefillResponse response_;
-  StreamTally tally_;
-  grpc::Status status_;
-  absl::Notification finished_;
 };
 
 struct PrefillStubs {

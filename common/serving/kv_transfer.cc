@@ -120,6 +120,19 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   return w;
 }
 
+absl::StatusOr<ReceivedMessage> ParseReceived(grpc::ByteBuffer* buffer) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  std::vector<absl::string_view> pieces;
+  if (buffer->Dump(slices.get()).ok()) {
+    pieces.reserve(slices->size());
+    for (const grpc::Slice& slice : *slices) {
+      pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+  }
+  buffer->Clear();
+  return ParseReceived(std::move(pieces), std::move(slices));
+}
+
 absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engine,
                                                          const std::string& id,
                                                          int64_t num_tokens, int64_t first) {

@@ -126,6 +126,9 @@ struct ReceivedMessage {
 // a PrefillResponse.
 absl::StatusOr<ReceivedMessage> ParseReceived(std::vector<absl::string_view> pieces,
                                               std::shared_ptr<const void> storage);
+// The same over a message gRPC received: its slices are shared with the
+// result (reference counted, not copied), and `buffer` is left empty.
+absl::StatusOr<ReceivedMessage> ParseReceived(grpc::ByteBuffer* buffer);
 
 // Checks a chunk's sizes against `slot_bytes` (INVALID_ARGUMENT) and its
 // checksum (DATA_LOSS).

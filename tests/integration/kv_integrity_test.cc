@@ -43,6 +43,16 @@ v1::GenerateRequest Request(const std::string& id, const std::vector<int32_t>& p
   return r;
 }
 
+// A Prefill call for `prompt`, its layers over `num_streams` streams (0: one).
+v1::PrefillRequest PrefillOf(const std::string& id, const std::vector<int32_t>& prompt,
+                             int num_streams = 0) {
+  v1::PrefillRequest r;
+  r.set_request_id(id);
+  r.set_num_streams(num_streams);
+  r.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+  return r;
+}
+
 double Failures(const Worker& w, const std::string& reason) {
   return w.Metric("tandem_kv_transfer_failures_total", {{"reason", reason}});
 }
@@ -266,9 +276,7 @@ TEST(KvIntegrityTest, KvStreamsWhileThePromptIsComputed) {
       grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials()));
   const std::vector<int32_t> prompt = TestPrompt(200, 21);
   {
-    v1::PrefillRequest req;
-    req.set_request_id("streamed");
-    for (int32_t t : prompt) req.add_prompt_token_ids(t);
+    const v1::PrefillRequest req = PrefillOf("streamed", prompt);
     grpc::ClientContext ctx;
     auto reader = stub->Prefill(&ctx, req);
     v1::PrefillResponse msg;
@@ -302,9 +310,7 @@ TEST(KvIntegrityTest, KvStreamsWhileThePromptIsComputed) {
   ExpectBlocksFreed(prefill, decode);
   {
     // 1,500 tokens: 24 steps of 64; cancelled once its first run is out.
-    v1::PrefillRequest req;
-    req.set_request_id("cancelled-mid-prompt");
-    for (int32_t t : TestPrompt(1500, 22)) req.add_prompt_token_ids(t);
+    const v1::PrefillRequest req = PrefillOf("cancelled-mid-prompt", TestPrompt(1500, 22));
     grpc::ClientContext ctx;
     auto reader = stub->Prefill(&ctx, req);
     v1::PrefillResponse msg;
@@ -333,9 +339,7 @@ TEST(KvIntegrityTest, StalledReaderLosesItsLease) {
   Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096",
                                                   "--kv-export-timeout-seconds=2"});
   auto stub = SlowReaderPrefillStub(prefill.address());
-  v1::PrefillRequest req;
-  req.set_request_id("stalled-reader");
-  for (int32_t t : TestPrompt(3000, 7)) req.add_prompt_token_ids(t);
+  const v1::PrefillRequest req = PrefillOf("stalled-reader", TestPrompt(3000, 7));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   auto reader = stub->Prefill(&ctx, req);
@@ -427,10 +431,7 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
   };
   const std::vector<int32_t> prompt = TestPrompt(200, 31);
   {
-    v1::PrefillRequest req;
-    req.set_request_id("split");
-    req.set_num_streams(3);
-    for (int32_t t : prompt) req.add_prompt_token_ids(t);
+    const v1::PrefillRequest req = PrefillOf("split", prompt, 3);
     grpc::ClientContext first_ctx;
     auto first = stubs[0]->Prefill(&first_ctx, req);
     v1::PrefillResponse header;
@@ -520,10 +521,7 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
   ExpectBlocksFreed(prefill, decode);
   {
     // 1,500 tokens: 24 steps of 64; stream 1 cancelled after its first chunk.
-    v1::PrefillRequest req;
-    req.set_request_id("cancel-one");
-    req.set_num_streams(2);
-    for (int32_t t : TestPrompt(1500, 32)) req.add_prompt_token_ids(t);
+    const v1::PrefillRequest req = PrefillOf("cancel-one", TestPrompt(1500, 32), 2);
     grpc::ClientContext first_ctx, second_ctx;
     auto first = stubs[0]->Prefill(&first_ctx, req);
     v1::PrefillResponse msg;
@@ -547,10 +545,7 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
   {
     // Stream 1 never attaches: the first stream's share goes out, and the
     // blocks are freed when the lease (2 s) runs out.
-    v1::PrefillRequest req;
-    req.set_request_id("never-attached");
-    req.set_num_streams(2);
-    for (int32_t t : TestPrompt(100, 33)) req.add_prompt_token_ids(t);
+    const v1::PrefillRequest req = PrefillOf("never-attached", TestPrompt(100, 33), 2);
     grpc::ClientContext ctx;
     auto first = stubs[0]->Prefill(&ctx, req);
     v1::PrefillResponse msg;
@@ -596,9 +591,7 @@ TEST(KvIntegrityTest, ReusedRequestIdIsNeverHitByAStaleCancel) {
   Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096"});
   auto stub = v1::Prefill::NewStub(
       grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials()));
-  v1::PrefillRequest req;
-  req.set_request_id("reused");
-  for (int32_t t : TestPrompt(2500, 9)) req.add_prompt_token_ids(t);
+  const v1::PrefillRequest req = PrefillOf("reused", TestPrompt(2500, 9));
   for (int i = 0; i < 5; ++i) {
     {
       grpc::ClientContext ctx;

@@ -247,7 +247,7 @@ TEST(KvTransferTest, ReceivedMessagesParseAsProtobufDoes) {
   EXPECT_FALSE(d->chunk.has_value());
   EXPECT_EQ(d->message.done().first_token(), 42);
   // Cut short, or a length past the end.
-  for (const std::string& bad : {canonical.substr(0, canonical.size() - 5), std::string("\x12\x05ab")}) {
+  for (const std::string& bad : {canonical.substr(0, canonical.size() - 5), std::string("\x12\x05" "ab")}) {
     auto b = ParseReceived(Pieces(bad, 4), nullptr);
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << b.status();
   }
