@@ -479,7 +479,9 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
     auto read_all = [&](grpc::ClientReader<v1::PrefillResponse>* reader, int i) {
       v1::PrefillResponse msg;
       while (reader->Read(&msg)) {
-        if (msg.has_header()) EXPECT_EQ(msg.header().stream_index(), static_cast<uint32_t>(i));
+        if (msg.has_header()) {
+          EXPECT_EQ(msg.header().stream_index(), static_cast<uint32_t>(i));
+        }
         if (msg.has_chunk()) {
           chunks[i].emplace_back(msg.chunk().layer(), msg.chunk().first_token(),
                                  msg.chunk().num_tokens());
@@ -504,7 +506,9 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
       }
       // Streamed as each 64-token step ran, not after the prompt; a stream
       // that attached after some steps gets what they computed as one run.
-      if (i == 0) EXPECT_EQ(run_starts, (std::vector<uint32_t>{0, 64, 128, 192}));
+      if (i == 0) {
+        EXPECT_EQ(run_starts, (std::vector<uint32_t>{0, 64, 128, 192}));
+      }
       ASSERT_FALSE(run_starts.empty());
       EXPECT_EQ(run_starts.front(), 0u);
       for (uint32_t start : run_starts) EXPECT_EQ(start % 64, 0u) << "stream " << i;
