@@ -71,7 +71,9 @@ TEST(KvStreamCheckerTest, AGapInsideALayerIsNamed) {
   ASSERT_TRUE(c.Header(Header(4, 20)).ok());
   for (int layer = 0; layer < 3; ++layer) {
     ASSERT_TRUE(c.Chunk(Chunk(layer, 4, 4)).ok());
-    if (layer != 1) ASSERT_TRUE(c.Chunk(Chunk(layer, 8, 4)).ok());
+    if (layer != 1) {
+      ASSERT_TRUE(c.Chunk(Chunk(layer, 8, 4)).ok());
+    }
     ASSERT_TRUE(c.Chunk(Chunk(layer, 12, 8)).ok());
   }
   absl::Status s = c.Done();
