@@ -459,12 +459,14 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
     std::vector<int32_t> first_tokens(3, -1);
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
     std::vector<std::unique_ptr<grpc::ClientReader<v1::PrefillResponse>>> readers;
-    for (int i = 1; i < 3; ++i) {
+    auto attach = [&](int i) {
       contexts.push_back(std::make_unique<grpc::ClientContext>());
       readers.push_back(stubs[i]->Prefill(contexts.back().get(), attach_request("split", i, 3)));
-    }
+    };
+    attach(1);
     {
-      // Stream 1 is open once its header has come: attaching it again is refused.
+      // Stream 1 is open once its header has come: attaching it again is
+      // refused. (The request stays open until stream 2 attaches.)
       v1::PrefillResponse msg;
       ASSERT_TRUE(readers[0]->Read(&msg));
       ASSERT_TRUE(msg.has_header());
@@ -476,6 +478,7 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
       grpc::Status st = again->Finish();
       EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
     }
+    attach(2);
     auto read_all = [&](grpc::ClientReader<v1::PrefillResponse>* reader, int i) {
       v1::PrefillResponse msg;
       while (reader->Read(&msg)) {
@@ -523,8 +526,9 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
   EXPECT_EQ(r.tokens, LocalTokens(prompt, 6));
   ExpectBlocksFreed(prefill, decode);
   {
-    // 1,500 tokens: 24 steps of 64; stream 1 cancelled after its first chunk.
-    const v1::PrefillRequest req = PrefillOf("cancel-one", TestPrompt(1500, 32), 2);
+    // 3,000 tokens: 47 steps of 64 (3 MiB a stream, past the flow-control
+    // windows); stream 1 cancelled after its first chunk.
+    const v1::PrefillRequest req = PrefillOf("cancel-one", TestPrompt(3000, 32), 2);
     grpc::ClientContext first_ctx, second_ctx;
     auto first = stubs[0]->Prefill(&first_ctx, req);
     v1::PrefillResponse msg;
