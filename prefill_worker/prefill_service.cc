@@ -167,15 +167,15 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
                                              "' ended before its KV was out")),
                 nullptr);
   }
-  // While the prompt is computed the engine thread comes back only between
-  // steps: each visit may queue what one step computed, so the stream never
-  // waits a whole step with KV ready in the cache. After it, the window.
+  // While the prompt is computed the engine thread comes back after each
+  // layer (or, where a step's rows are final only after it, between steps):
+  // each visit may queue what one layer (one step) computed, so the stream
+  // never waits with KV ready in the cache. After it, the window.
   EngineClient* client = client_.load();
-  const size_t window =
-      g.prefilled ? kStreamWindowBytes
-                  : std::max(kStreamWindowBytes,
-                             static_cast<size_t>(client->max_num_batched_tokens()) * 2 *
-                                 client->slot_bytes() * client->model_config().num_hidden_layers);
+  const size_t visit = static_cast<size_t>(client->max_num_batched_tokens()) * 2 *
+                       client->slot_bytes() *
+                       (client->kv_final_per_layer() ? 1 : client->model_config().num_hidden_layers);
+  const size_t window = g.prefilled ? kStreamWindowBytes : std::max(kStreamWindowBytes, visit);
   while (!t.exporter->done() && writer.buffered_bytes() < window) {
     absl::StatusOr<std::optional<WireMessage>> msg = next();
     if (!msg.ok()) {
@@ -387,6 +387,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
       SendMore(m);
     }
   });
+  // Its KV leaves layer by layer as the steps compute it (the engine's layer
+  // hook), the first layers' while the later ones run.
+  BeginExport(t);
+  SendMore(t);
   return writer.get();
 }
 

@@ -62,6 +62,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                    << e->runner_->dispatcher().capture_sizes().size() << " capture sizes up to "
                    << e->runner_->dispatcher().max_capture_size();
   RETURN_IF_ERROR(e->runner_->CaptureGraphs());
+  LlmEngine* raw = e.get();
+  e->runner_->SetLayerObserver([raw](int layer) {
+    raw->step_layers_done_ = layer + 1;
+    if (raw->layer_hook_) raw->layer_hook_(layer);
+  });
   e->scheduler_ = std::make_unique<Scheduler>(config.runner.max_num_batched_tokens,
                                               config.runner.max_num_seqs, e->kv_cache_.get(),
                                               config.waiting_timeout);
@@ -249,7 +254,18 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     s.num_sampled = 1 + c.num_drafts;
     batch_.push_back(s);
   }
-  ASSIGN_OR_RETURN(StepResult step, runner_->Execute(batch_));
+  // A prefill-only request's rows of this step become final layer by layer
+  // (KvReadyTokens(id, layer)), so its KV can leave while later layers run.
+  for (const ScheduledChunk& c : chunks) {
+    if (c.request->kind == RequestKind::kPrefillOnly) {
+      c.request->step_kv_end = c.start + c.num_tokens;
+    }
+  }
+  step_layers_done_ = 0;
+  absl::StatusOr<StepResult> executed = runner_->Execute(batch_);
+  for (const ScheduledChunk& c : chunks) c.request->step_kv_end = 0;
+  step_layers_done_ = 0;
+  ASSIGN_OR_RETURN(StepResult step, std::move(executed));
   // A bounded window of recent steps for the step table: nobody may drain it
   // (the table is off by default), so it must not grow with uptime.
   if (records_.size() >= kMaxStepRecords) {
@@ -478,6 +494,12 @@ absl::Status LlmEngine::ForEachKvRun(
 int64_t LlmEngine::KvReadyTokens(const std::string& id) const {
   const Request* r = Find(id);
   return r == nullptr ? 0 : r->num_computed;
+}
+
+int64_t LlmEngine::KvReadyTokens(const std::string& id, int layer) const {
+  const Request* r = Find(id);
+  if (r == nullptr) return 0;
+  return layer < step_layers_done_ ? std::max(r->num_computed, r->step_kv_end) : r->num_computed;
 }
 
 absl::Status LlmEngine::ReadKv(const std::string& id, int layer, int64_t first, int64_t count,

@@ -129,8 +129,20 @@ class LlmEngine {
   // Tokens of request `id` whose KV is final in every layer (0 for an unknown
   // id): what ReadKv may read. It may go down when the request is preempted.
   int64_t KvReadyTokens(const std::string& id) const;
+  // The same for one layer. Inside a step (from the layer hook) a
+  // kPrefillOnly request's rows of the layers the step has finished are
+  // final up to the step's end, the others' up to its start.
+  int64_t KvReadyTokens(const std::string& id, int layer) const;
+  // Called on the stepping thread after each layer of a step whose rows
+  // become final layer by layer (ModelRunner::SetLayerObserver), with the
+  // engine in the middle of Step(): the hook may read KV (KvReadyTokens,
+  // ReadKv) and must not change the engine.
+  void SetLayerHook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
+  // Whether the hook is called: the device's ops have run when they return
+  // (the CPU). Elsewhere a step's rows are final after the step.
+  bool kv_final_per_layer() const { return backend_->device->host_memory(); }
   // Reads rows [first, first + count) of `layer` of a request's cached KV
-  // (final only below KvReadyTokens()).
+  // (final only below KvReadyTokens(id, layer)).
   absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
                       void* v) const;
 
@@ -206,6 +218,9 @@ class LlmEngine {
   Sampler sampler_;
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
   bool last_step_ran_ = false;
+  // Layers the running step has finished (with Request::step_kv_end).
+  int step_layers_done_ = 0;
+  std::function<void(int layer)> layer_hook_;
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step
   std::vector<StepRecord> records_;

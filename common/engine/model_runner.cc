@@ -166,9 +166,14 @@ absl::Status ModelRunner::Forward() {
   // A start-up PIECEWISE capture pass records the pieces; attention between
   // them is eager and its output unread, so it is not run at all.
   const bool skip_attention = ctx->capture_only && ctx->runtime_mode == CudaGraphMode::kPiecewise;
+  // Attention ran eagerly between pieces and wrote the layer's KV rows.
+  const bool observe = layer_observer_ != nullptr && !ctx->capture_only &&
+                       ctx->runtime_mode != CudaGraphMode::kFull &&
+                       ops_->device()->host_memory();
   for (int layer = 0; layer < model_->num_layers(); ++layer) {
     RETURN_IF_ERROR(pieces_[layer]->Run());
     if (!skip_attention) model_->IssueAttention(layer, n, buffers_, kv_cache_->layer(layer));
+    if (observe) layer_observer_(layer);
   }
   return pieces_.back()->Run();
 }

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -104,6 +105,15 @@ class ModelRunner {
   int num_piecewise_wrappers() const { return static_cast<int>(pieces_.size()); }
   const LlamaModel& model() const { return *model_; }
 
+  // Called on the stepping thread after each layer's attention has written
+  // that layer's KV rows for the step, between PIECEWISE pieces (never
+  // inside a replay): in NONE and PIECEWISE steps on a device whose ops have
+  // run by the time they return (the CPU). FULL steps, start-up captures and
+  // asynchronous devices make no calls: their rows are final after the step.
+  void SetLayerObserver(std::function<void(int layer)> observer) {
+    layer_observer_ = std::move(observer);
+  }
+
  private:
   ModelRunner() = default;
   // Measures the persistent buffers, allocates exactly that arena and places
@@ -129,6 +139,7 @@ class ModelRunner {
   std::unique_ptr<CudaGraphWrapper> full_;
   std::vector<std::unique_ptr<CudaGraphWrapper>> pieces_;
   bool captured_ = false;
+  std::function<void(int layer)> layer_observer_;
 
   std::unique_ptr<Arena> arena_;
   ForwardBuffers buffers_;

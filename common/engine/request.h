@@ -89,6 +89,10 @@ struct Request {
   std::vector<int32_t> drafts;
   // The step's input when it carries drafts: the last token, then drafts.
   std::vector<int32_t> step_tokens;
+  // While a step computes this kPrefillOnly request's rows [num_computed,
+  // step_kv_end): they become final layer by layer (LlmEngine::KvReadyTokens).
+  // 0 outside a step.
+  int64_t step_kv_end = 0;
 };
 
 }  // namespace tandem

@@ -72,10 +72,29 @@ void EngineClient::Cancel(const std::string& id) {
   });
 }
 
-void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter,
-                            std::function<void(const NextChunk& next)> fill) {
-  loop_->Post([exporter = std::move(exporter), fill = std::move(fill)](LlmEngine& engine) {
-    fill([&]() { return exporter->Next(engine); });
+void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter, Fill fill) {
+  // Whichever comes first: the next layer of a step running now, or the
+  // loop's next turn (Post wakes an idle loop). The later one finds the
+  // reader's window full or no new rows, and waits for the next layer.
+  KvExporter* key = exporter.get();
+  EngineLoop::LayerTask task = [this, exporter = std::move(exporter),
+                                fill = std::move(fill)](const LlmEngine& engine) {
+    FillOnLoop(engine, exporter, fill);
+  };
+  loop_->AtNextLayer(key, task);
+  loop_->Post([task = std::move(task)](LlmEngine& engine) { task(engine); });
+}
+
+void EngineClient::FillOnLoop(const LlmEngine& engine,
+                              const std::shared_ptr<KvExporter>& exporter, const Fill& fill) {
+  fill([&]() {
+    absl::StatusOr<std::optional<WireMessage>> msg = exporter->Next(engine);
+    if (msg.ok() && !msg->has_value()) {  // its rows are being computed
+      loop_->AtNextLayer(exporter.get(), [this, exporter, fill](const LlmEngine& e) {
+        FillOnLoop(e, exporter, fill);
+      });
+    }
+    return msg;
   });
 }
 

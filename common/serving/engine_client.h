@@ -59,10 +59,12 @@ class EngineClient {
   // Runs `fill` on the loop thread with `next`, which makes the next chunk
   // of a prefill-only request's computed KV (nullopt: none computed since);
   // `fill` takes as many as its reader has room for (check exporter->done()
-  // first).
+  // first). It runs after the engine's next layer or at the loop's next turn,
+  // whichever is first (EngineLoop::AtNextLayer: possibly inside a step, so
+  // `fill` may only read the engine and post), and after a nullopt again so.
   using NextChunk = std::function<absl::StatusOr<std::optional<WireMessage>>()>;
-  void ExportKv(std::shared_ptr<KvExporter> exporter,
-                std::function<void(const NextChunk& next)> fill);
+  using Fill = std::function<void(const NextChunk& next)>;
+  void ExportKv(std::shared_ptr<KvExporter> exporter, Fill fill);
 
   // Start-up facts, immutable once the engine is ready.
   const LlamaConfig& model_config() const { return loop_->model_config(); }
@@ -72,10 +74,15 @@ class EngineClient {
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int block_size() const { return block_size_; }
+  // Whether a step's KV rows become final layer by layer inside it (the
+  // layer hook; the CPU) rather than only after the step.
+  bool kv_final_per_layer() const { return loop_->kv_final_per_layer(); }
 
  private:
   // Ends request `id` with `status`: aborts it and calls its callback last.
   void FailOnLoop(LlmEngine& engine, const std::string& id, const absl::Status& status);
+  void FillOnLoop(const LlmEngine& engine, const std::shared_ptr<KvExporter>& exporter,
+                  const Fill& fill);
 
   EngineLoop* loop_;
   v1::ModelFingerprint fingerprint_;

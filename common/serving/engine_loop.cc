@@ -42,6 +42,23 @@ void EngineLoop::Deliver(const RequestOutput& o) {
   cb(o);
 }
 
+void EngineLoop::AtNextLayer(const void* key, LayerTask task) {
+  MutexLock lock(&layer_mu_);
+  for (const auto& [k, t] : layer_tasks_) {
+    if (k == key) return;
+  }
+  layer_tasks_.emplace_back(key, std::move(task));
+}
+
+void EngineLoop::RunLayerTasks() {
+  std::vector<std::pair<const void*, LayerTask>> due;
+  {
+    MutexLock lock(&layer_mu_);
+    due.swap(layer_tasks_);  // a task that must wait longer registers again
+  }
+  for (auto& [key, task] : due) task(*engine_);
+}
+
 void EngineLoop::Run() {
   auto engine = LlmEngine::Create(config_);
   if (!engine.ok()) {
@@ -50,6 +67,7 @@ void EngineLoop::Run() {
     return;
   }
   engine_ = std::move(engine).value();
+  engine_->SetLayerHook([this](int) { RunLayerTasks(); });
   ready_ = true;
   on_ready_(absl::OkStatus(), engine_.get());
   std::deque<Task> batch;
@@ -71,6 +89,7 @@ void EngineLoop::Run() {
     }
     for (Task& t : batch) t(*engine_);
     batch.clear();
+    RunLayerTasks();  // between steps too: what a step finished, or a request gone
     // A first token that arrived from a prefill worker goes out now, not
     // after the next decode step.
     for (const RequestOutput& o : engine_->TakeOutputs()) Deliver(o);

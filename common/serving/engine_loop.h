@@ -19,6 +19,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -53,6 +55,15 @@ class EngineLoop {
   // Adds an observer (call on the loop thread, e.g. from on_ready). Observers
   // also run every ~50 ms while the engine is idle.
   void AddStepObserver(StepObserver observer) { observers_.push_back(std::move(observer)); }
+  // Runs `task` on the loop thread after the next layer that a step
+  // finishes (LlmEngine::SetLayerHook), inside that step, or at the loop's
+  // next turn if sooner: work waiting for KV rows to become final (export).
+  // Inside a step it may only read the engine (KvReadyTokens, ReadKv) and
+  // post; it must not add, abort or step. One pending task per `key` (a
+  // second one before it ran is dropped). Does not wake an idle loop (Post
+  // does).
+  using LayerTask = std::function<void(const LlmEngine&)>;
+  void AtNextLayer(const void* key, LayerTask task);
   // Stops after the current step; pending tasks are dropped.
   void Stop();
   bool ready() const { return ready_.load(); }
@@ -62,15 +73,19 @@ class EngineLoop {
   const KvCache& kv_cache() const { return engine_->kv_cache(); }
   int max_model_len() const { return engine_->max_model_len(); }
   int max_num_batched_tokens() const { return config_.runner.max_num_batched_tokens; }
+  bool kv_final_per_layer() const { return engine_->kv_final_per_layer(); }
 
  private:
   void Run();
+  void RunLayerTasks();
 
   EngineConfig config_;
   ReadyCallback on_ready_;
   std::unique_ptr<LlmEngine> engine_;
   absl::flat_hash_map<std::string, OutputCallback> callbacks_;  // loop thread only
   std::vector<StepObserver> observers_;  // loop thread only
+  Mutex layer_mu_;
+  std::vector<std::pair<const void*, LayerTask>> layer_tasks_ ABSL_GUARDED_BY(layer_mu_);
   Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -83,13 +83,15 @@ WireMessage WireMessage::Of(const v1::PrefillResponse& msg) {
 
 absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& engine) {
   if (layer_ >= num_layers_) {  // the run is out: start one over the tokens computed since
-    const int64_t ready = std::min(engine.KvReadyTokens(id_), num_tokens_);
+    const int64_t ready = std::min(engine.KvReadyTokens(id_, stream_index_), num_tokens_);
     if (ready <= run_end_) return std::nullopt;
     run_begin_ = run_end_;
     run_end_ = ready;
     layer_ = stream_index_;
     next_ = run_begin_;
   }
+  // Inside a step the run's later layers are still being computed.
+  if (next_ == run_begin_ && engine.KvReadyTokens(id_, layer_) < run_end_) return std::nullopt;
   const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
   const size_t rows = static_cast<size_t>(n) * row_;
   // PrefillResponse { chunk (2) = KvChunk { layer (1), first_token (2),

@@ -53,8 +53,10 @@ struct WireMessage {
 // then one chunk at a time, so a sender can make chunks as fast as its reader
 // takes them instead of copying the whole KV at once. Chunks go out as the
 // prompt is computed: each run of newly computed tokens (a prefill chunk's,
-// LlmEngine::KvReadyTokens) layer by layer, while the engine computes the
-// next; the reader's KvStreamChecker accepts rows in any order.
+// LlmEngine::KvReadyTokens) layer by layer, each layer as soon as it is final
+// (from the engine's layer hook, while the step computes the next layers, or
+// after the step), while the engine computes the next; the reader's
+// KvStreamChecker accepts rows in any order.
 // Next() runs on the engine thread; the request's blocks must stay allocated
 // until done().
 //
@@ -66,7 +68,7 @@ class KvExporter {
              size_t slot_bytes, int num_layers, int stream_index = 0, int num_streams = 1);
   v1::PrefillResponse Header() const;
   // The next chunk, or nullopt when its rows are not computed yet (more after
-  // the engine's next step); check done() first. Its CRC32C is taken from
+  // the engine's next layer or step); check done() first. Its CRC32C is taken from
   // the buffer while the rows are still in the core's cache.
   absl::StatusOr<std::optional<WireMessage>> Next(const LlmEngine& engine);
   bool done() const { return run_end_ >= num_tokens_ && layer_ >= num_layers_; }

@@ -4,6 +4,7 @@
 #include "common/serving/engine_loop.h"
 
 #include "common/serving/engine_client.h"
+#include "common/serving/kv_transfer.h"
 
 #include <atomic>
 #include <thread>
@@ -302,6 +303,54 @@ TEST(EngineClientTest, RequestsWaitingForRemoteKvDoNotSpinTheLoop) {
   int tokens = 0;
   for (const RequestOutput& o : remote.Take()) tokens += static_cast<int>(o.new_tokens.size());
   EXPECT_EQ(tokens, 3);
+}
+
+// A prefill-only request's KV is exported from inside the step computing it:
+// the loop runs the export after each layer (EngineLoop::AtNextLayer), so
+// every layer's chunk is made before the step ends (the engine's all-layer
+// readiness still 0), in layer order.
+TEST(EngineClientTest, ExportRunsAfterEachLayerInsideTheStep) {
+  Notification ready;
+  LlmEngine* engine = nullptr;
+  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine* e) {
+    engine = e;
+    ready.Notify();
+  });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  const int layers = loop.model_config().num_hidden_layers;
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 3 + 5 * i;
+  auto exporter = std::make_shared<KvExporter>("p", 0, 40, client.fingerprint(),
+                                               client.slot_bytes(), layers);
+  Collected out;
+  std::vector<std::pair<uint32_t, int64_t>> made;  // (chunk's layer, all-layer readiness)
+  // Submitted and exported in one turn of the loop: both before its step.
+  OnLoop(loop, [&](LlmEngine&) {
+    client.Submit(Make("p", prompt, 1, RequestKind::kPrefillOnly), out.Callback());
+    client.ExportKv(exporter, [&](const EngineClient::NextChunk& next) {
+      while (!exporter->done()) {
+        auto msg = next();
+        ASSERT_TRUE(msg.ok()) << msg.status();
+        if (!msg->has_value()) return;
+        v1::PrefillResponse parsed;
+        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
+        made.emplace_back(parsed.chunk().layer(), engine->KvReadyTokens("p"));
+      }
+    });
+  });
+  ASSERT_TRUE(out.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  OnLoop(loop, [&](LlmEngine& e) {
+    EXPECT_TRUE(exporter->done());
+    ASSERT_EQ(made.size(), static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
+      EXPECT_EQ(made[l].first, static_cast<uint32_t>(l));
+      EXPECT_EQ(made[l].second, 0) << "layer " << l << "'s chunk was made after the step";
+    }
+    EXPECT_EQ(e.KvReadyTokens("p"), 40);
+  });
+  client.Cancel("p");
+  OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
 }
 
 }  // namespace

@@ -197,6 +197,74 @@ TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
   EXPECT_EQ(engine->kv_cache().pool().num_used(), 0);
 }
 
+// Inside one step, each layer's rows leave as soon as that layer's attention
+// has written them: from the engine's layer hook (between PIECEWISE pieces),
+// layer L's chunk is made while layers L+1.. are still to run, and nothing of
+// a layer the step has not reached is ready. The rows sent from inside the
+// step equal the finished request's.
+TEST(KvTransferTest, StreamsEachLayerInsideTheStepThatComputesIt) {
+  for (CudaGraphMode mode : {CudaGraphMode::kNone, CudaGraphMode::kPiecewise}) {
+    SCOPED_TRACE(std::string(mode.name()));
+    EngineConfig c;
+    c.runner.graph.requested_mode = mode;
+    c.runner.max_num_batched_tokens = 64;
+    c.runner.max_num_seqs = 4;
+    c.runner.max_model_len = 512;
+    auto engine = LlmEngine::Create(c).value();
+    const int layers = engine->model_config().num_hidden_layers;
+    ASSERT_GE(layers, 2);
+    std::vector<int32_t> prompt(40);
+    for (int i = 0; i < 40; ++i) prompt[i] = 5 + 7 * i;
+    SamplingParams p;
+    p.max_tokens = 1;
+    ASSERT_TRUE(engine->AddRequest("s", prompt, p, RequestKind::kPrefillOnly).ok());
+    KvExporter exporter("s", 0, 40, MakeFingerprint(engine->model_config(), DType::kF32),
+                        engine->kv_cache().slot_bytes(), layers);
+    std::vector<std::pair<int, v1::KvChunk>> streamed;  // (hook's layer, chunk)
+    std::vector<int> hooked;
+    engine->SetLayerHook([&](int layer) {
+      hooked.push_back(layer);
+      for (int l = 0; l < layers; ++l) {
+        EXPECT_EQ(engine->KvReadyTokens("s", l), l <= layer ? 40 : 0) << "layer " << l;
+      }
+      EXPECT_EQ(engine->KvReadyTokens("s"), 0);  // not every layer until the step ends
+      while (!exporter.done()) {
+        auto msg = exporter.Next(*engine);
+        ASSERT_TRUE(msg.ok()) << msg.status();
+        if (!msg->has_value()) break;
+        v1::PrefillResponse parsed;
+        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
+        streamed.emplace_back(layer, parsed.chunk());
+      }
+    });
+    auto outs = engine->Step();
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    engine->SetLayerHook(nullptr);
+    ASSERT_EQ(hooked.size(), static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) EXPECT_EQ(hooked[l], l);
+    ASSERT_EQ(streamed.size(), static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
+      EXPECT_EQ(streamed[l].first, l) << "layer " << l << "'s chunk left after its own layer";
+      EXPECT_EQ(static_cast<int>(streamed[l].second.layer()), l);
+      EXPECT_EQ(streamed[l].second.first_token(), 0u);
+      EXPECT_EQ(streamed[l].second.num_tokens(), 40u);
+    }
+    EXPECT_TRUE(exporter.done());
+    EXPECT_EQ(engine->KvReadyTokens("s"), 40);
+    EXPECT_EQ(engine->KvReadyTokens("s", layers - 1), 40);
+    const size_t row = engine->kv_cache().slot_bytes();
+    for (const auto& [layer, chunk] : streamed) {
+      ASSERT_TRUE(VerifyChunk(ReceivedChunk::Of(chunk), row).ok());
+      std::string k(chunk.num_tokens() * row, '\0'), v(k.size(), '\0');
+      ASSERT_TRUE(engine->ReadKv("s", chunk.layer(), 0, 40, k.data(), v.data()).ok());
+      EXPECT_EQ(chunk.k(), k);
+      EXPECT_EQ(chunk.v(), v);
+    }
+    ASSERT_TRUE(engine->Abort("s").ok());
+    EXPECT_EQ(engine->kv_cache().pool().num_used(), 0);
+  }
+}
+
 // What the decode worker makes of the bytes it receives equals protobuf's
 // parse, however they are split: the exporter's chunk encoding keeps its rows
 // in the pieces; other encodings of a chunk (fields reordered, repeated,
