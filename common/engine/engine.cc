@@ -262,7 +262,9 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     }
   }
   step_layers_done_ = 0;
+  stepping_ = true;
   absl::StatusOr<StepResult> executed = runner_->Execute(batch_);
+  stepping_ = false;
   for (const ScheduledChunk& c : chunks) c.request->step_kv_end = 0;
   step_layers_done_ = 0;
   ASSIGN_OR_RETURN(StepResult step, std::move(executed));

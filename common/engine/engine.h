@@ -138,6 +138,8 @@ class LlmEngine {
   // engine in the middle of Step(): the hook may read KV (KvReadyTokens,
   // ReadKv) and must not change the engine.
   void SetLayerHook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
+  // Whether a step is running (the layer hook is called from inside it).
+  bool stepping() const { return stepping_; }
   // Whether the hook is called: the device's ops have run when they return
   // (the CPU). Elsewhere a step's rows are final after the step.
   bool kv_final_per_layer() const { return backend_->device->host_memory(); }
@@ -220,6 +222,7 @@ class LlmEngine {
   bool last_step_ran_ = false;
   // Layers the running step has finished (with Request::step_kv_end).
   int step_layers_done_ = 0;
+  bool stepping_ = false;
   std::function<void(int layer)> layer_hook_;
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step

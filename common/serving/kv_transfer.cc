@@ -82,14 +82,26 @@ WireMessage WireMessage::Of(const v1::PrefillResponse& msg) {
 }
 
 absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& engine) {
+  // Inside a step (the engine's layer hook) only the rows the step computes
+  // leave, each layer as it is done; rows final before it (a cached prefix,
+  // what the reader's window held back) wait for the step's end rather than
+  // take the cores from its compute.
+  const bool stepping = engine.stepping();
+  const int64_t before = engine.KvReadyTokens(id_);  // final in every layer
   if (layer_ >= num_layers_) {  // the run is out: start one over the tokens computed since
-    const int64_t ready = std::min(engine.KvReadyTokens(id_, stream_index_), num_tokens_);
+    int64_t ready = std::min(before, num_tokens_);
+    if (ready <= run_end_) {
+      ready = std::min(engine.KvReadyTokens(id_, stream_index_), num_tokens_);
+    } else if (stepping) {
+      return std::nullopt;
+    }
     if (ready <= run_end_) return std::nullopt;
     run_begin_ = run_end_;
     run_end_ = ready;
     layer_ = stream_index_;
     next_ = run_begin_;
   }
+  if (stepping && run_begin_ < before) return std::nullopt;
   // Inside a step the run's later layers are still being computed.
   if (next_ == run_begin_ && engine.KvReadyTokens(id_, layer_) < run_end_) return std::nullopt;
   const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
