@@ -88,7 +88,9 @@ void PrefillClient::Start() {
         }
         Unhold();
       });
-  RawPrefillStub* stub = endpoint_->stubs[std::min<size_t>(index_, endpoint_->stubs.size() - 1)].get();
+  TANDEM_CHECK(static_cast<size_t>(index_) < endpoint_->stubs.size())
+      << "stream " << index_ << " of an endpoint with " << endpoint_->stubs.size() << " channels";
+  RawPrefillStub* stub = endpoint_->stubs[index_].get();
   stub->PrepareBidiStreamingCall(&context_, kPrefillMethod, grpc::StubOptions(), this);
   StartWriteLast(&request_, grpc::WriteOptions());
   StartRead(&response_);

@@ -123,6 +123,18 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
   EXPECT_EQ(dst->kv_cache().pool().num_used(), 0);
 }
 
+// Queues prefill-only request `id` with a `length`-token prompt and returns
+// an exporter of its whole KV (f32 cache).
+KvExporter AddPrefillOnly(LlmEngine& engine, const std::string& id, int length) {
+  std::vector<int32_t> prompt(length);
+  for (int i = 0; i < length; ++i) prompt[i] = 9 + 3 * i;
+  SamplingParams p;
+  p.max_tokens = 1;
+  EXPECT_TRUE(engine.AddRequest(id, prompt, p, RequestKind::kPrefillOnly).ok());
+  return KvExporter(id, 0, length, MakeFingerprint(engine.model_config(), DType::kF32),
+                    engine.kv_cache().slot_bytes(), engine.model_config().num_hidden_layers);
+}
+
 // A prompt prefilled in three chunks streams its KV as each chunk is
 // computed: after the first step the exporter has that chunk's rows of every
 // layer and nothing more, before the prompt's end is computed; the rows sent
@@ -135,13 +147,7 @@ TEST(KvTransferTest, StreamsEachComputedChunkBeforeThePromptEnds) {
   c.runner.max_model_len = 512;
   auto engine = LlmEngine::Create(c).value();
   const int layers = engine->model_config().num_hidden_layers;
-  std::vector<int32_t> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = 9 + 3 * i;
-  SamplingParams p;
-  p.max_tokens = 1;
-  ASSERT_TRUE(engine->AddRequest("s", prompt, p, RequestKind::kPrefillOnly).ok());
-  KvExporter exporter("s", 0, 40, MakeFingerprint(engine->model_config(), DType::kF32),
-                      engine->kv_cache().slot_bytes(), layers);
+  KvExporter exporter = AddPrefillOnly(*engine, "s", 40);
   std::vector<v1::KvChunk> streamed;
   const std::vector<int64_t> ready_after_step = {16, 32, 40};
   for (size_t step = 0; step < ready_after_step.size(); ++step) {
@@ -213,13 +219,7 @@ TEST(KvTransferTest, StreamsEachLayerInsideTheStepThatComputesIt) {
     auto engine = LlmEngine::Create(c).value();
     const int layers = engine->model_config().num_hidden_layers;
     ASSERT_GE(layers, 2);
-    std::vector<int32_t> prompt(40);
-    for (int i = 0; i < 40; ++i) prompt[i] = 5 + 7 * i;
-    SamplingParams p;
-    p.max_tokens = 1;
-    ASSERT_TRUE(engine->AddRequest("s", prompt, p, RequestKind::kPrefillOnly).ok());
-    KvExporter exporter("s", 0, 40, MakeFingerprint(engine->model_config(), DType::kF32),
-                        engine->kv_cache().slot_bytes(), layers);
+    KvExporter exporter = AddPrefillOnly(*engine, "s", 40);
     std::vector<std::pair<int, v1::KvChunk>> streamed;  // (hook's layer, chunk)
     std::vector<int> hooked;
     engine->SetLayerHook([&](int layer) {
