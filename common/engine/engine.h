@@ -140,9 +140,12 @@ class LlmEngine {
   void SetLayerHook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
   // Whether a step is running (the layer hook is called from inside it).
   bool stepping() const { return stepping_; }
-  // Whether the hook is called: the device's ops have run when they return
-  // (the CPU). Elsewhere a step's rows are final after the step.
-  bool kv_final_per_layer() const { return backend_->device->host_memory(); }
+  // Whether prompt steps call the hook: the device's ops have run when they
+  // return (the CPU) and prompts run in NONE or PIECEWISE steps (any mode
+  // but FULL). Elsewhere a step's rows are final after the step.
+  bool kv_final_per_layer() const {
+    return backend_->device->host_memory() && runner_->resolved_mode() != CudaGraphMode::kFull;
+  }
   // Reads rows [first, first + count) of `layer` of a request's cached KV
   // (final only below KvReadyTokens(id, layer)).
   absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
