@@ -197,16 +197,20 @@ bool StartWorker(const std::string& binary, const std::string& ip, const Link& l
   w->metrics_port = ports.second;
   flags.insert(flags.begin(), {binary, "--grpc-address=" + w->address,
                                absl::StrCat("--metrics-address=", ip, ":", w->metrics_port)});
+  // Made before the fork: the child may only make async-signal-safe calls
+  // until exec (an allocation could wait forever on a lock another thread held).
+  std::vector<char*> argv;
+  for (std::string& a : flags) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
   w->pid = fork();
   if (w->pid == 0) {
     if (far && !link.EnterFar()) _exit(126);
-    std::vector<char*> argv;
-    for (std::string& a : flags) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    freopen("/dev/null", "w", stderr);
+    if (devnull >= 0) dup2(devnull, 2);
     execv(argv[0], argv.data());
     _exit(127);
   }
+  if (devnull >= 0) close(devnull);
   auto channel = grpc::CreateChannel(w->address, grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
   for (auto end = Clock::now() + std::chrono::seconds(180); Clock::now() < end;) {

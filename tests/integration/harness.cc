@@ -48,13 +48,17 @@ Process::Process(std::vector<std::string> argv, std::string log_path) : log_path
   // (an earlier test process with the same pid) must never be read as this
   // one's, e.g. for the port it listens on.
   const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Everything the child needs is made before the fork: between fork and
+  // exec it may only make async-signal-safe calls. An allocation there can
+  // wait forever on a malloc lock another thread of this process held at the
+  // fork (a worker then never starts and logs nothing).
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   pid_ = fork();
   if (pid_ == 0) {
     dup2(fd, 1);
     dup2(fd, 2);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
   }
