@@ -223,8 +223,11 @@ INSTANTIATE_TEST_SUITE_P(
     // limit is the same 5e-2), q8_0 2-5.4e-2.
     // gguf_blocks: the file's own blocks against them widened to f32, so only
     // decode's rounding of x to int16 (one scale per row, 2^-16 of the row's
-    // largest element) moves the logits: 2.5e-4 on these prompts.
-    ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 5e-4},
+    // largest element) moves the logits: 2.5e-4 on these prompts with the
+    // block sums added in order; the first prompt's decode step is sensitive
+    // to that order alone (the same rounding of x, even and odd blocks summed
+    // apart: 7.6e-4; blocks 0-1, 4-5, ... apart from 2-3, 6-7, ...: 5.3e-4).
+    ::testing::Values(NarrowCase{"gguf_blocks", "auto", "gguf", 2e-3},
                       NarrowCase{"bf16", "bf16", "dense", 5e-2},
                       NarrowCase{"q8_0", "auto", "q8_0", 1e-1},
                       NarrowCase{"q8_0_kv_bf16", "bf16", "q8_0", 1e-1}),

@@ -323,6 +323,15 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   }
 }
 
+// How far ahead of the block being multiplied its weight stream is
+// prefetched (one hint per block: the stream crosses rows, and a batch-1
+// decode step runs through the whole matrix row after row). Without it the
+// batch-1 loop waited on each block's scale load: SmolLM2 Q8_0 decode at one
+// thread on a Zen 5 core 5.1 -> 4.0 ms (1.3-1.5x -> 1.1-1.2x the read probe),
+// Q4_1 4.4 -> 4.1 ms, the AVX2 target alike; 256 B to 4 KiB ahead helped
+// less, 16 KiB as much (docs/benchmarks.md).
+constexpr int64_t kBlocksPrefetchBytes = 8192;
+
 // out[r * ldo] = x_r . (one weight row of blocks) for the R (1..8) rows
 // x_r (int16 quants xq + r * 32 * blocks, scales xs[r], f32 block sums
 // xsums + r * blocks for Q4_1's minimum): each block's quants are
@@ -349,8 +358,14 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   const int16_t* q5 = xq + (R > 5 ? 5 * stride : 0);
   const int16_t* q6 = xq + (R > 6 ? 6 * stride : 0);
   const int16_t* q7 = xq + (R > 7 ? 7 * stride : 0);
+  // Two sets of accumulators, even blocks into one and odd blocks into the
+  // other, added after the blocks: one set's chain of multiply-adds (4
+  // cycles each on a Zen 5 core) was the batch-1 loop's bound, not the
+  // weight stream.
   auto acc0 = hn::Zero(dsf), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0, acc6 = acc0, acc7 = acc0;
+  auto odd0 = acc0, odd1 = acc0, odd2 = acc0, odd3 = acc0, odd4 = acc0, odd5 = acc0, odd6 = acc0, odd7 = acc0;
   float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f, min4 = 0.f, min5 = 0.f, min6 = 0.f, min7 = 0.f;  // Q4_1's minimum terms
+  float omin0 = 0.f, omin1 = 0.f, omin2 = 0.f, omin3 = 0.f, omin4 = 0.f, omin5 = 0.f, omin6 = 0.f, omin7 = 0.f;
   // Sums of the products of w (elements [i, i + N)) with each row's x there.
   // sum1: the odd products on targets whose widening multiply keeps them
   // apart (RearrangeToOddPlusEven adds them back).
@@ -374,6 +389,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   } while (0)
   for (int64_t b = 0; b < blocks; ++b, src += kBytes) {
     const int64_t o = b * 32;
+    hwy::Prefetch(src + kBlocksPrefetchBytes);
     // The block's f16 scale (and Q4_1's minimum, the next two bytes: both
     // converted by one instruction where vectors have two lanes; batch-1 Q4_1
     // decode ~5% faster on a Zen 5 core).
@@ -424,40 +440,52 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
         TANDEM_MUL_ROWS(lo, o + i);
         TANDEM_MUL_ROWS(hi, o + 16 + i);
       }
-      if constexpr (kType == DType::kQ4_1) {
-        const float m = minimum;
-        min0 += m * xsums[b];
-        if constexpr (R > 1) min1 += m * xsums[1 * blocks + b];
-        if constexpr (R > 2) min2 += m * xsums[2 * blocks + b];
-        if constexpr (R > 3) min3 += m * xsums[3 * blocks + b];
-        if constexpr (R > 4) min4 += m * xsums[4 * blocks + b];
-        if constexpr (R > 5) min5 += m * xsums[5 * blocks + b];
-        if constexpr (R > 6) min6 += m * xsums[6 * blocks + b];
-        if constexpr (R > 7) min7 += m * xsums[7 * blocks + b];
-      }
     }
     // The block's scale, shared by the rows: x's scale is one per row and
     // multiplies the sum once, after the blocks.
     const auto d = hn::Set(dsf, scale);
     const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
-    acc0 = hn::MulAdd(sum(s0, t0), d, acc0);
-    if constexpr (R > 1) acc1 = hn::MulAdd(sum(s1, t1), d, acc1);
-    if constexpr (R > 2) acc2 = hn::MulAdd(sum(s2, t2), d, acc2);
-    if constexpr (R > 3) acc3 = hn::MulAdd(sum(s3, t3), d, acc3);
-    if constexpr (R > 4) acc4 = hn::MulAdd(sum(s4, t4), d, acc4);
-    if constexpr (R > 5) acc5 = hn::MulAdd(sum(s5, t5), d, acc5);
-    if constexpr (R > 6) acc6 = hn::MulAdd(sum(s6, t6), d, acc6);
-    if constexpr (R > 7) acc7 = hn::MulAdd(sum(s7, t7), d, acc7);
+#define TANDEM_ACCUMULATE(acc, mn)                                                   \
+  do {                                                                               \
+    acc##0 = hn::MulAdd(sum(s0, t0), d, acc##0);                                     \
+    if constexpr (R > 1) acc##1 = hn::MulAdd(sum(s1, t1), d, acc##1);                \
+    if constexpr (R > 2) acc##2 = hn::MulAdd(sum(s2, t2), d, acc##2);                \
+    if constexpr (R > 3) acc##3 = hn::MulAdd(sum(s3, t3), d, acc##3);                \
+    if constexpr (R > 4) acc##4 = hn::MulAdd(sum(s4, t4), d, acc##4);                \
+    if constexpr (R > 5) acc##5 = hn::MulAdd(sum(s5, t5), d, acc##5);                \
+    if constexpr (R > 6) acc##6 = hn::MulAdd(sum(s6, t6), d, acc##6);                \
+    if constexpr (R > 7) acc##7 = hn::MulAdd(sum(s7, t7), d, acc##7);                \
+    if constexpr (kType == DType::kQ4_1) {                                           \
+      const float m = minimum;                                                       \
+      mn##0 += m * xsums[b];                                                         \
+      if constexpr (R > 1) mn##1 += m * xsums[1 * blocks + b];                       \
+      if constexpr (R > 2) mn##2 += m * xsums[2 * blocks + b];                       \
+      if constexpr (R > 3) mn##3 += m * xsums[3 * blocks + b];                       \
+      if constexpr (R > 4) mn##4 += m * xsums[4 * blocks + b];                       \
+      if constexpr (R > 5) mn##5 += m * xsums[5 * blocks + b];                       \
+      if constexpr (R > 6) mn##6 += m * xsums[6 * blocks + b];                       \
+      if constexpr (R > 7) mn##7 += m * xsums[7 * blocks + b];                       \
+    }                                                                                \
+  } while (0)
+    if (b & 1) {
+      TANDEM_ACCUMULATE(odd, omin);
+    } else {
+      TANDEM_ACCUMULATE(acc, min);
+    }
+#undef TANDEM_ACCUMULATE
   }
 #undef TANDEM_MUL_ROWS
-  out[0] = hn::GetLane(hn::SumOfLanes(dsf, acc0)) * xs[0] + min0;
-  if constexpr (R > 1) out[1 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc1)) * xs[1] + min1;
-  if constexpr (R > 2) out[2 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc2)) * xs[2] + min2;
-  if constexpr (R > 3) out[3 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc3)) * xs[3] + min3;
-  if constexpr (R > 4) out[4 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc4)) * xs[4] + min4;
-  if constexpr (R > 5) out[5 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc5)) * xs[5] + min5;
-  if constexpr (R > 6) out[6 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc6)) * xs[6] + min6;
-  if constexpr (R > 7) out[7 * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc7)) * xs[7] + min7;
+  const auto row = [&](auto acc, auto odd, float mn, float omn, float s) {
+    return hn::GetLane(hn::SumOfLanes(dsf, hn::Add(acc, odd))) * s + (mn + omn);
+  };
+  out[0] = row(acc0, odd0, min0, omin0, xs[0]);
+  if constexpr (R > 1) out[1 * ldo] = row(acc1, odd1, min1, omin1, xs[1]);
+  if constexpr (R > 2) out[2 * ldo] = row(acc2, odd2, min2, omin2, xs[2]);
+  if constexpr (R > 3) out[3 * ldo] = row(acc3, odd3, min3, omin3, xs[3]);
+  if constexpr (R > 4) out[4 * ldo] = row(acc4, odd4, min4, omin4, xs[4]);
+  if constexpr (R > 5) out[5 * ldo] = row(acc5, odd5, min5, omin5, xs[5]);
+  if constexpr (R > 6) out[6 * ldo] = row(acc6, odd6, min6, omin6, xs[6]);
+  if constexpr (R > 7) out[7 * ldo] = row(acc7, odd7, min7, omin7, xs[7]);
 }
 
 // Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
