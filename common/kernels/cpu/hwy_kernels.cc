@@ -14,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -387,7 +388,9 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     if constexpr (R > 7)                                                       \
       s7 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q7 + (o)), s7, t7); \
   } while (0)
-  for (int64_t b = 0; b < blocks; ++b, src += kBytes) {
+  // One block (b, at src) into the even or the odd set: the loop below runs
+  // blocks in pairs, so no branch picks the set.
+  const auto block = [&](int64_t b, const uint8_t* src, auto odd_block) {
     const int64_t o = b * 32;
     hwy::Prefetch(src + kBlocksPrefetchBytes);
     // The block's f16 scale (and Q4_1's minimum, the next two bytes: both
@@ -467,13 +470,19 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       if constexpr (R > 7) mn##7 += m * xsums[7 * blocks + b];                       \
     }                                                                                \
   } while (0)
-    if (b & 1) {
+    if constexpr (decltype(odd_block)::value) {
       TANDEM_ACCUMULATE(odd, omin);
     } else {
       TANDEM_ACCUMULATE(acc, min);
     }
 #undef TANDEM_ACCUMULATE
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2, src += 2 * kBytes) {
+    block(b, src, std::false_type());
+    block(b + 1, src + kBytes, std::true_type());
   }
+  if (b < blocks) block(b, src, std::false_type());
 #undef TANDEM_MUL_ROWS
   const auto row = [&](auto acc, auto odd, float mn, float omn, float s) {
     return hn::GetLane(hn::SumOfLanes(dsf, hn::Add(acc, odd))) * s + (mn + omn);
