@@ -20,6 +20,11 @@
 #include "absl/strings/match.h"
 #include "common/kernels/cpu/cpu_kernels.h"
 
+// A lambda's body inlined where it is called: the block loop's lambda
+// captures the accumulators by reference, and a call that is not inlined
+// keeps them in memory (Q4_1 at 5 rows of x: 2.6x slower).
+#define TANDEM_ALWAYS_INLINE __attribute__((always_inline))
+
 HWY_BEFORE_NAMESPACE();
 namespace tandem::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -324,6 +329,18 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   }
 }
 
+// Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
+// registers on x86 (the 8 rows' sums and accumulators fit), 4 elsewhere. A
+// verification step of 1 + 4 tokens then reads and decodes each block once,
+// not twice.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int64_t kBlockRows = 8;
+#elif HWY_TARGET == HWY_SCALAR
+constexpr int64_t kBlockRows = 1;  // vectors of one lane: Q4_1's minimum terms
+#else
+constexpr int64_t kBlockRows = 4;
+#endif
+
 // How far ahead of the block being multiplied its weight stream is
 // prefetched (one hint per block: the stream crosses rows, and a batch-1
 // decode step runs through the whole matrix row after row). Without it the
@@ -334,8 +351,8 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
 constexpr int64_t kBlocksPrefetchBytes = 8192;
 
 // out[r * ldo] = x_r . (one weight row of blocks) for the R (1..8) rows
-// x_r (int16 quants xq + r * 32 * blocks, scales xs[r], f32 block sums
-// xsums + r * blocks for Q4_1's minimum): each block's quants are
+// x_r (int16 quants xq + r * 32 * blocks, scales xs[r]; for Q4_1's
+// minimum, x's f32 block sums, block-major: xsums[b * kBlockRows + r]): each block's quants are
 // loaded once and multiplied by every row, so a step of 1 + k tokens
 // (speculative verification) or a small decode batch reads and decodes the
 // weights once. A row's arithmetic is the same whatever R is, so its result
@@ -359,14 +376,18 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   const int16_t* q5 = xq + (R > 5 ? 5 * stride : 0);
   const int16_t* q6 = xq + (R > 6 ? 6 * stride : 0);
   const int16_t* q7 = xq + (R > 7 ? 7 * stride : 0);
-  // Two sets of accumulators, even blocks into one and odd blocks into the
-  // other, added after the blocks: one set's chain of multiply-adds (4
-  // cycles each on a Zen 5 core) was the batch-1 loop's bound, not the
-  // weight stream.
+  // Blocks in pairs: a pair's two scaled sums into p (a multiply, then a
+  // multiply-add), then p into acc. One accumulator's chain of
+  // multiply-adds per block (4 cycles each on a Zen 5 core) was the batch-1
+  // loop's bound, not the weight stream; a second set of accumulators
+  // instead spilled registers at 5-8 rows of x.
   auto acc0 = hn::Zero(dsf), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0, acc6 = acc0, acc7 = acc0;
-  auto odd0 = acc0, odd1 = acc0, odd2 = acc0, odd3 = acc0, odd4 = acc0, odd5 = acc0, odd6 = acc0, odd7 = acc0;
-  float min0 = 0.f, min1 = 0.f, min2 = 0.f, min3 = 0.f, min4 = 0.f, min5 = 0.f, min6 = 0.f, min7 = 0.f;  // Q4_1's minimum terms
-  float omin0 = 0.f, omin1 = 0.f, omin2 = 0.f, omin3 = 0.f, omin4 = 0.f, omin5 = 0.f, omin6 = 0.f, omin7 = 0.f;
+  auto p0 = acc0, p1 = acc0, p2 = acc0, p3 = acc0, p4 = acc0, p5 = acc0, p6 = acc0, p7 = acc0;
+  // Q4_1's minimum terms, m * (x's block sum), for all R rows in one vector
+  // (lane r: row r), in pairs as above: a scalar multiply-add per block and
+  // row cost 10% of a 5-row step.
+  const hn::CappedTag<float, kBlockRows> dm;
+  auto minv = hn::Zero(dm), pm = minv;
   // Sums of the products of w (elements [i, i + N)) with each row's x there.
   // sum1: the odd products on targets whose widening multiply keeps them
   // apart (RearrangeToOddPlusEven adds them back).
@@ -388,9 +409,9 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     if constexpr (R > 7)                                                       \
       s7 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q7 + (o)), s7, t7); \
   } while (0)
-  // One block (b, at src) into the even or the odd set: the loop below runs
-  // blocks in pairs, so no branch picks the set.
-  const auto block = [&](int64_t b, const uint8_t* src, auto odd_block) {
+  // One block (b, at src), the first or second of a pair: the loop below
+  // runs blocks in pairs, so no branch tells which.
+  const auto block = [&](int64_t b, const uint8_t* src, auto second) TANDEM_ALWAYS_INLINE {
     const int64_t o = b * 32;
     hwy::Prefetch(src + kBlocksPrefetchBytes);
     // The block's f16 scale (and Q4_1's minimum, the next two bytes: both
@@ -448,33 +469,29 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     // multiplies the sum once, after the blocks.
     const auto d = hn::Set(dsf, scale);
     const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
-#define TANDEM_ACCUMULATE(acc, mn)                                                   \
-  do {                                                                               \
-    acc##0 = hn::MulAdd(sum(s0, t0), d, acc##0);                                     \
-    if constexpr (R > 1) acc##1 = hn::MulAdd(sum(s1, t1), d, acc##1);                \
-    if constexpr (R > 2) acc##2 = hn::MulAdd(sum(s2, t2), d, acc##2);                \
-    if constexpr (R > 3) acc##3 = hn::MulAdd(sum(s3, t3), d, acc##3);                \
-    if constexpr (R > 4) acc##4 = hn::MulAdd(sum(s4, t4), d, acc##4);                \
-    if constexpr (R > 5) acc##5 = hn::MulAdd(sum(s5, t5), d, acc##5);                \
-    if constexpr (R > 6) acc##6 = hn::MulAdd(sum(s6, t6), d, acc##6);                \
-    if constexpr (R > 7) acc##7 = hn::MulAdd(sum(s7, t7), d, acc##7);                \
-    if constexpr (kType == DType::kQ4_1) {                                           \
-      const float m = minimum;                                                       \
-      mn##0 += m * xsums[b];                                                         \
-      if constexpr (R > 1) mn##1 += m * xsums[1 * blocks + b];                       \
-      if constexpr (R > 2) mn##2 += m * xsums[2 * blocks + b];                       \
-      if constexpr (R > 3) mn##3 += m * xsums[3 * blocks + b];                       \
-      if constexpr (R > 4) mn##4 += m * xsums[4 * blocks + b];                       \
-      if constexpr (R > 5) mn##5 += m * xsums[5 * blocks + b];                       \
-      if constexpr (R > 6) mn##6 += m * xsums[6 * blocks + b];                       \
-      if constexpr (R > 7) mn##7 += m * xsums[7 * blocks + b];                       \
-    }                                                                                \
-  } while (0)
-    if constexpr (decltype(odd_block)::value) {
-      TANDEM_ACCUMULATE(odd, omin);
-    } else {
-      TANDEM_ACCUMULATE(acc, min);
+    // The first block of a pair: p = its scaled sums; the second: p += its
+    // scaled sums, then acc += p.
+    constexpr bool kSecond = decltype(second)::value;
+    if constexpr (kType == DType::kQ4_1) {
+      const auto sums = hn::LoadU(dm, xsums + b * kBlockRows);
+      if constexpr (kSecond) {
+        pm = hn::MulAdd(hn::Set(dm, minimum), sums, pm);
+        minv = hn::Add(minv, pm);
+      } else {
+        pm = hn::Mul(hn::Set(dm, minimum), sums);
+      }
     }
+#define TANDEM_ACCUMULATE(r)                                                         \
+  if constexpr (R > r) {                                                             \
+    if constexpr (kSecond) {                                                         \
+      p##r = hn::MulAdd(sum(s##r, t##r), d, p##r);                                   \
+      acc##r = hn::Add(acc##r, p##r);                                                \
+    } else {                                                                         \
+      p##r = hn::Mul(sum(s##r, t##r), d);                                            \
+    }                                                                                \
+  }
+    TANDEM_ACCUMULATE(0) TANDEM_ACCUMULATE(1) TANDEM_ACCUMULATE(2) TANDEM_ACCUMULATE(3)
+    TANDEM_ACCUMULATE(4) TANDEM_ACCUMULATE(5) TANDEM_ACCUMULATE(6) TANDEM_ACCUMULATE(7)
 #undef TANDEM_ACCUMULATE
   };
   int64_t b = 0;
@@ -482,34 +499,30 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     block(b, src, std::false_type());
     block(b + 1, src + kBytes, std::true_type());
   }
-  if (b < blocks) block(b, src, std::false_type());
+  if (b < blocks) {  // an odd count's last block: its pair's second is zero
+    block(b, src, std::false_type());
+#define TANDEM_FLUSH(r) \
+  if constexpr (R > r) acc##r = hn::Add(acc##r, p##r);
+    TANDEM_FLUSH(0) TANDEM_FLUSH(1) TANDEM_FLUSH(2) TANDEM_FLUSH(3)
+    TANDEM_FLUSH(4) TANDEM_FLUSH(5) TANDEM_FLUSH(6) TANDEM_FLUSH(7)
+#undef TANDEM_FLUSH
+    minv = hn::Add(minv, pm);
+  }
 #undef TANDEM_MUL_ROWS
-  const auto row = [&](auto acc, auto odd, float mn, float omn, float s) {
-    return hn::GetLane(hn::SumOfLanes(dsf, hn::Add(acc, odd))) * s + (mn + omn);
-  };
-  out[0] = row(acc0, odd0, min0, omin0, xs[0]);
-  if constexpr (R > 1) out[1 * ldo] = row(acc1, odd1, min1, omin1, xs[1]);
-  if constexpr (R > 2) out[2 * ldo] = row(acc2, odd2, min2, omin2, xs[2]);
-  if constexpr (R > 3) out[3 * ldo] = row(acc3, odd3, min3, omin3, xs[3]);
-  if constexpr (R > 4) out[4 * ldo] = row(acc4, odd4, min4, omin4, xs[4]);
-  if constexpr (R > 5) out[5 * ldo] = row(acc5, odd5, min5, omin5, xs[5]);
-  if constexpr (R > 6) out[6 * ldo] = row(acc6, odd6, min6, omin6, xs[6]);
-  if constexpr (R > 7) out[7 * ldo] = row(acc7, odd7, min7, omin7, xs[7]);
+  HWY_ALIGN float mins[kBlockRows] = {};
+  if constexpr (kType == DType::kQ4_1) hn::Store(minv, dm, mins);
+#define TANDEM_ROW_OUT(r) \
+  if constexpr (R > r) out[r * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc##r)) * xs[r] + mins[r];
+  TANDEM_ROW_OUT(0) TANDEM_ROW_OUT(1) TANDEM_ROW_OUT(2) TANDEM_ROW_OUT(3)
+  TANDEM_ROW_OUT(4) TANDEM_ROW_OUT(5) TANDEM_ROW_OUT(6) TANDEM_ROW_OUT(7)
+#undef TANDEM_ROW_OUT
 }
 
-// Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
-// registers on x86 (the 8 rows' sums and accumulators fit), 4 elsewhere. A
-// verification step of 1 + 4 tokens then reads and decodes each block once,
-// not twice.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int64_t kBlockRows = 8;
-#else
-constexpr int64_t kBlockRows = 4;
-#endif
 
 // Weight rows [j0, j1) of blocks times the n rows of a, kBlockRows at a time.
 // scratch: x's int16 quants (n * k / 2 floats' room), its scale per row (n
-// floats), its block sums (n * k / 32).
+// floats), its block sums (n + 8 rows of k / 32: groups of kBlockRows rows,
+// then one row's).
 template <DType kType>
 HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
@@ -518,17 +531,26 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
   int16_t* xq = reinterpret_cast<int16_t*>(scratch);
   float* xs = scratch + n * k / 2;
+  // Q4_1: x's block sums, block-major in groups of kBlockRows rows (zero
+  // past row n), from a row's sums at `row_sums`.
   float* sums = xs + n;
-  for (int64_t r = 0; r < n; ++r) {
-    QuantizeRowI16(a + r * lda, blocks, xq + r * k, xs + r);
-    if constexpr (kType == DType::kQ4_1) BlockSums(a + r * lda, blocks, sums + r * blocks);
+  const int64_t groups = (n + kBlockRows - 1) / kBlockRows;
+  float* row_sums = sums + groups * kBlockRows * blocks;
+  for (int64_t r = 0; r < n; ++r) QuantizeRowI16(a + r * lda, blocks, xq + r * k, xs + r);
+  if constexpr (kType == DType::kQ4_1) {
+    std::fill(sums, row_sums, 0.f);
+    for (int64_t r = 0; r < n; ++r) {
+      BlockSums(a + r * lda, blocks, row_sums);
+      float* group = sums + (r / kBlockRows) * kBlockRows * blocks;
+      for (int64_t b = 0; b < blocks; ++b) group[b * kBlockRows + r % kBlockRows] = row_sums[b];
+    }
   }
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
     for (int64_t r = 0; r < n; r += kBlockRows) {
       const int16_t* q = xq + r * k;
       const float* s = xs + r;
-      const float* m = sums + r * blocks;
+      const float* m = sums + r * blocks;  // the group of rows r...
       float* out = c + r * ldc + j;
       switch (std::min<int64_t>(kBlockRows, n - r)) {
         case 8: DotBlocksRows<kType, kBlockRows == 8 ? 8 : 1>(q, s, m, src, blocks, out, ldc); break;
@@ -1069,8 +1091,9 @@ int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsIm
 
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
   // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float), then
-  // its scale per row and its block sums; above, 4 widened weight rows.
-  return std::max(4 * k, n * k / 2 + n + n * (k / 32));
+  // its scale per row and its block sums (rows rounded up to groups of up to
+  // 8, and one more); above, 4 widened weight rows.
+  return std::max(4 * k, n * k / 2 + n + (n + 8) * (k / 32));
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
