@@ -509,7 +509,9 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     minv = hn::Add(minv, pm);
   }
 #undef TANDEM_MUL_ROWS
-  HWY_ALIGN float mins[kBlockRows] = {};
+  // Lane r: row r's minimum term (the first kBlockRows of 8 used; 8, the
+  // rows the macros below name, whatever the target).
+  HWY_ALIGN float mins[8] = {};
   if constexpr (kType == DType::kQ4_1) hn::Store(minv, dm, mins);
 #define TANDEM_ROW_OUT(r) \
   if constexpr (R > r) out[r * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc##r)) * xs[r] + mins[r];
