@@ -352,11 +352,12 @@ constexpr int64_t kBlocksPrefetchBytes = 8192;
 
 // out[r * ldo] = x_r . (one weight row of blocks) for the R (1..8) rows
 // x_r (int16 quants xq + r * 32 * blocks, scales xs[r]; for Q4_1's
-// minimum, x's f32 block sums, block-major: xsums[b * kBlockRows + r]): each block's quants are
-// loaded once and multiplied by every row, so a step of 1 + k tokens
-// (speculative verification) or a small decode batch reads and decodes the
-// weights once. A row's arithmetic is the same whatever R is, so its result
-// does not depend on the batch it was computed in. Separate variables, not
+// minimum, x's f32 block sums, block-major: xsums[b * kBlockRows + r]):
+// each block's quants are loaded once and multiplied by every row, so a
+// step of 1 + k tokens (speculative verification) or a small decode batch
+// reads and decodes the weights once. A row's arithmetic is the same
+// whatever R is, so its result does not depend on the batch it was computed
+// in. Separate variables, not
 // arrays: Highway's scalable vectors (SVE) cannot be array elements.
 template <DType kType, int R>
 HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* xsums,
@@ -520,7 +521,6 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
 #undef TANDEM_ROW_OUT
 }
 
-
 // Weight rows [j0, j1) of blocks times the n rows of a, kBlockRows at a time.
 // scratch: x's int16 quants (n * k / 2 floats' room), its scale per row (n
 // floats), its block sums (n + 8 rows of k / 32: groups of kBlockRows rows,
@@ -552,7 +552,7 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
     for (int64_t r = 0; r < n; r += kBlockRows) {
       const int16_t* q = xq + r * k;
       const float* s = xs + r;
-      const float* m = sums + r * blocks;  // the group of rows r...
+      const float* m = sums + r * blocks;  // r's group (r: a multiple of kBlockRows)
       float* out = c + r * ldc + j;
       switch (std::min<int64_t>(kBlockRows, n - r)) {
         case 8: DotBlocksRows<kType, kBlockRows == 8 ? 8 : 1>(q, s, m, src, blocks, out, ldc); break;
