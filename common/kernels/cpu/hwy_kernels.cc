@@ -510,12 +510,18 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     minv = hn::Add(minv, pm);
   }
 #undef TANDEM_MUL_ROWS
-  // Lane r: row r's minimum term (the first kBlockRows of 8 used; 8, the
-  // rows the macros below name, whatever the target).
-  HWY_ALIGN float mins[8] = {};
+  // Q4_1: lane r, row r's minimum term (the first kBlockRows of 8 used; 8,
+  // the rows the macros below name, whatever the target).
+  HWY_ALIGN float mins[8];
   if constexpr (kType == DType::kQ4_1) hn::Store(minv, dm, mins);
-#define TANDEM_ROW_OUT(r) \
-  if constexpr (R > r) out[r * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc##r)) * xs[r] + mins[r];
+#define TANDEM_ROW_OUT(r)                                                        \
+  if constexpr (R > r) {                                                         \
+    if constexpr (kType == DType::kQ4_1) {                                       \
+      out[r * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc##r)) * xs[r] + mins[r]; \
+    } else {                                                                     \
+      out[r * ldo] = hn::GetLane(hn::SumOfLanes(dsf, acc##r)) * xs[r];           \
+    }                                                                            \
+  }
   TANDEM_ROW_OUT(0) TANDEM_ROW_OUT(1) TANDEM_ROW_OUT(2) TANDEM_ROW_OUT(3)
   TANDEM_ROW_OUT(4) TANDEM_ROW_OUT(5) TANDEM_ROW_OUT(6) TANDEM_ROW_OUT(7)
 #undef TANDEM_ROW_OUT
