@@ -742,25 +742,28 @@ HWY_INLINE void Columns(const float* x, int64_t ldx, int64_t n, const W* w, int6
 
 // out[i, j] = x_i . w_j for i < n, j in [j0, j1), tile group by tile group
 // (ForEachTileGroup); each group of 4 weight rows prefetches the next.
-// One row of x against f32 weights on targets of 8 lanes or more: the weight
-// rows one at a time, a single sequential stream through the matrix (its
-// rows are contiguous), instead of four rows' streams side by side. SmolLM2
-// f32 batch-1 decode on a 2-vCPU Zen 5, medians of 5 interleaved runs: 16.3
-// -> 14.5 ms at 1 thread (1.18x -> 1.03x the weight-read probe), 9.53 -> 8.92
-// ms at 2; the AVX2 target 16.9 -> 16.0 ms. Two rows side by side were 1.2x
-// slower than one. The same products in the same order as a tile's column
-// (one accumulator, then the same lane sum), so the same bits. bf16 weights
-// keep the tiles: a row's one chain of multiply-adds then moves 32 bytes of
-// weights per multiply-add latency, no faster than the four rows (1 thread
-// 8.1 -> 8.5-8.6 ms); so do targets of 4 lanes (SSE4, NEON), where an f32
-// row's chain would move 16.
+// Up to a tile's rows of x (4 on AVX-512, 2 on AVX2) against f32 weights on
+// targets of 8 lanes or more: the weight rows one at a time, a single
+// sequential stream through the matrix (its rows are contiguous), instead of
+// four rows' streams side by side. SmolLM2 f32 decode on a 2-vCPU Zen 5,
+// medians of 5 interleaved runs: batch 1 16.3 -> 14.5 ms at 1 thread (1.18x
+// -> 1.03x the weight-read probe), 9.53 -> 8.92 ms at 2; batches 2 and 4
+// 17.1 -> 14.7 and 18.9 -> 15.9 ms at 1; the AVX2 target batch 1 16.9 -> 16.0.
+// Two weight rows side by side were 1.2x slower than one; more rows of x than
+// a tile holds (a row's tile repeated, each a chain of multiply-adds) were
+// slower than the 4 x 4 tiles (batch 5 21.7 -> 29.9 ms). The same products in
+// the same order as a tile's column (one accumulator per row, then the same
+// lane sum), so the same bits. bf16 weights keep the tiles: a row's chain of
+// multiply-adds then moves 32 bytes of weights per multiply-add latency, no
+// faster than four rows side by side (batch 1 8.1 -> 8.5-8.6 ms); so do
+// 4-lane targets (SSE4, NEON), where an f32 row's chain would move 16.
 template <typename W>
 HWY_INLINE void MatmulTiles(const float* x, int64_t ldx, int64_t n, const W* w, int64_t K,
                             int64_t j0, int64_t j1, float* out, int64_t ldo) {
-  if (n == 1 && sizeof(W) == 4 && hn::Lanes(DV()) >= 8) {
+  if (n <= kTileRows && sizeof(W) == 4 && hn::Lanes(DV()) >= 8) {
     for (int64_t j = j0; j < j1; ++j) {
       const W* next = j + 1 < j1 ? w + (j + 1) * K : nullptr;
-      Columns<1>(x, ldx, 1, w + j * K, K, out + j, ldo, next);
+      Columns<1>(x, ldx, n, w + j * K, K, out + j, ldo, next);
     }
     return;
   }
