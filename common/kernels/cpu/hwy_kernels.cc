@@ -357,8 +357,8 @@ constexpr int64_t kBlocksPrefetchBytes = 8192;
 // step of 1 + k tokens (speculative verification) or a small decode batch
 // reads and decodes the weights once. A row's arithmetic is the same
 // whatever R is, so its result does not depend on the batch it was computed
-// in. Separate variables, not
-// arrays: Highway's scalable vectors (SVE) cannot be array elements.
+// in. Separate variables, not arrays: Highway's scalable vectors (SVE)
+// cannot be array elements.
 template <DType kType, int R>
 HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* xsums,
                               const uint8_t* src, int64_t blocks, float* out, int64_t ldo) {
@@ -745,11 +745,12 @@ HWY_INLINE void Columns(const float* x, int64_t ldx, int64_t n, const W* w, int6
 // Up to a tile's rows of x (4 on AVX-512, 2 on AVX2) against f32 weights on
 // targets of 8 lanes or more: the weight rows one at a time, a single
 // sequential stream through the matrix (its rows are contiguous), instead of
-// four rows' streams side by side. SmolLM2 f32 decode on a 2-vCPU Zen 5,
-// medians of 5 interleaved runs: batch 1 16.3 -> 14.5 ms at 1 thread (1.18x
-// -> 1.03x the weight-read probe), 9.53 -> 8.92 ms at 2; batches 2 and 4
-// 17.1 -> 14.7 and 18.9 -> 15.9 ms at 1; the AVX2 target batch 1 16.9 -> 16.0.
-// Two weight rows side by side were 1.2x slower than one; more rows of x than
+// four rows' streams side by side. SmolLM2 f32 decode on a 2-vCPU AMD EPYC
+// (family 26 model 2, Zen 5; avx2, avx512f), medians of 5 interleaved runs:
+// batch 1 16.3 -> 14.5 ms at 1 thread (1.18x -> 1.03x the weight-read
+// probe), 9.53 -> 8.92 ms at 2; batches 2 and 4 17.1 -> 14.7 and 18.9 -> 15.9
+// ms at 1; the AVX2 target batch 1 16.9 -> 16.0. Each row prefetches the
+// next (without: 2-6% slower at 1 and 2 threads). Two weight rows side by side were 1.2x slower than one; more rows of x than
 // a tile holds (a row's tile repeated, each a chain of multiply-adds) were
 // slower than the 4 x 4 tiles (batch 5 21.7 -> 29.9 ms). The same products in
 // the same order as a tile's column (one accumulator per row, then the same
