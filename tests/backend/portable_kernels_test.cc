@@ -59,7 +59,8 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
   const int64_t rows = 7, max_n = 70;
   OnEveryTarget([&] {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-      for (int64_t k : {int64_t{96}, int64_t{37}, int64_t{544}}) {  // 544: 17 blocks
+      // 96, 544: odd block counts (3, 17); 192: three block pairs.
+      for (int64_t k : {int64_t{96}, int64_t{37}, int64_t{544}, int64_t{192}}) {
         if (IsBlockType(dt) && k % 32 != 0) continue;
         SCOPED_TRACE(std::string(DTypeName(dt)) + " k=" + std::to_string(k));
         std::vector<float> w(rows * k), x(max_n * k);

@@ -314,6 +314,40 @@ using DQ = hn::CappedTag<int16_t, 32>;
 using DS = hn::Repartition<int32_t, DQ>;     // sums of adjacent products
 using DSF = hn::Rebind<float, DS>;           // those sums as f32
 
+// Q4 blocks in pairs on AVX-512: a vector of 32 int16 lanes holds one
+// block's low nibbles (elements 0-15) in its lower half and the next
+// block's above, the following vector their high nibbles (16-31), so that
+// the multiply-adds' int32 sums of adjacent products (vpmaddwd) keep the
+// two blocks in separate halves, and one conversion and one multiply-add
+// by the pair's scales (a vector of each block's scale in its half) serve
+// two blocks instead of one. SmolLM2 Q4_1 decode on a Zen 5 core, batch 1
+// and 5, 1 and 2 threads: 6-11% faster (docs/benchmarks.md, "Q4 block
+// pairs"). Not kept where measured slower: Q8_0 (a block's 32 bytes widen
+// to a whole vector, and putting halves together costs more than the
+// conversions it saves: batch 1 3-4% slower on AVX-512, 6% on AVX2) and
+// Q4 on AVX2 (four shuffles a pair, 16 registers: 10-11% slower). Arm's
+// widening multiply-adds (Highway's ReorderWidenMulAccumulate) sum a
+// vector's halves rather than adjacent lanes, so the blocks would mix.
+#undef TANDEM_BLOCK_PAIRS  // this file is compiled once per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define TANDEM_BLOCK_PAIRS 1
+#else
+#define TANDEM_BLOCK_PAIRS 0
+#endif
+template <DType kType>
+constexpr int64_t kPairBlocks = TANDEM_BLOCK_PAIRS && kType != DType::kQ8_0 ? 2 : 1;
+
+// Blocks in x's quantized layout: rounded up to whole pairs (zeros after).
+template <DType kType>
+constexpr int64_t PaddedBlocks(int64_t blocks) {
+  return (blocks + kPairBlocks<kType> - 1) / kPairBlocks<kType> * kPairBlocks<kType>;
+}
+
+// x rounded to int16, PaddedBlocks(blocks) * 32 elements at q. With block
+// pairs, each pair's 64 elements as its weights' vectors hold them: block
+// 0's [0, 16), block 1's [0, 16), block 0's [16, 32), block 1's [16, 32)
+// (an odd count's last block pairs with zeros).
+template <DType kType>
 HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float* scale) {
   const DF df;
   const hn::Rebind<int16_t, DF> dh;
@@ -324,8 +358,14 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
   *scale = amax / 32767.f;
   const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
+  if (PaddedBlocks<kType>(blocks) > blocks) std::fill(q + k - 32, q + k + 32, int16_t{0});
   for (int64_t i = 0; i < k; i += N) {
-    hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + i);
+    int64_t at = i;
+    if constexpr (kPairBlocks<kType> == 2) {  // N == 16
+      const int64_t b = i / 32, e = i % 32;
+      at = (b / 2) * 64 + e * 2 + (b % 2) * 16;
+    }
+    hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + at);
   }
 }
 
@@ -368,7 +408,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   const DSF dsf;
   const size_t N = hn::Lanes(dq);
   constexpr size_t kBytes = kBlockBytes<kType>;
-  const int64_t stride = 32 * blocks;  // between rows' quants
+  const int64_t stride = 32 * PaddedBlocks<kType>(blocks);  // between rows' quants
   const int16_t* q0 = xq;
   const int16_t* q1 = xq + (R > 1 ? 1 * stride : 0);
   const int16_t* q2 = xq + (R > 2 ? 2 * stride : 0);
@@ -377,11 +417,14 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   const int16_t* q5 = xq + (R > 5 ? 5 * stride : 0);
   const int16_t* q6 = xq + (R > 6 ? 6 * stride : 0);
   const int16_t* q7 = xq + (R > 7 ? 7 * stride : 0);
-  // Blocks in pairs: a pair's two scaled sums into p (a multiply, then a
-  // multiply-add), then p into acc. One accumulator's chain of
+  // Blocks alone run two at a time: their scaled sums into p (a multiply,
+  // then a multiply-add), then p into acc. One accumulator's chain of
   // multiply-adds per block (4 cycles each on a Zen 5 core) was the batch-1
   // loop's bound, not the weight stream; a second set of accumulators
-  // instead spilled registers at 5-8 rows of x.
+  // instead spilled registers at 5-8 rows of x. Block pairs keep one chain
+  // (one link a pair): p and acc for them spilled at 6-8 rows (batch 8 6%
+  // slower than a block per vector, and 2-4% slower at batches 1 and 5).
+  constexpr bool kSplit = kPairBlocks<kType> == 1;
   auto acc0 = hn::Zero(dsf), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0, acc6 = acc0, acc7 = acc0;
   auto p0 = acc0, p1 = acc0, p2 = acc0, p3 = acc0, p4 = acc0, p5 = acc0, p6 = acc0, p7 = acc0;
   // Q4_1's minimum terms, m * (x's block sum), for all R rows in one vector
@@ -410,28 +453,50 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     if constexpr (R > 7)                                                       \
       s7 = hn::ReorderWidenMulAccumulate(ds, w, hn::LoadU(dq, q7 + (o)), s7, t7); \
   } while (0)
-  // One block (b, at src), the first or second of a pair: the loop below
-  // runs blocks in pairs, so no branch tells which.
-  const auto block = [&](int64_t b, const uint8_t* src, auto second) TANDEM_ALWAYS_INLINE {
-    const int64_t o = b * 32;
-    hwy::Prefetch(src + kBlocksPrefetchBytes);
-    // The block's f16 scale (and Q4_1's minimum, the next two bytes: both
-    // converted by one instruction where vectors have two lanes; batch-1 Q4_1
-    // decode ~5% faster on a Zen 5 core).
-    float scale, minimum = 0.f;
+  // A block's f16 scale (and Q4_1's minimum, the next two bytes: both
+  // converted by one instruction where vectors have two lanes; batch-1 Q4_1
+  // decode ~5% faster on a Zen 5 core).
+  const auto scales = [](const uint8_t* src, float* scale, float* minimum) TANDEM_ALWAYS_INLINE {
     if constexpr (kType == DType::kQ4_1 && hn::MaxLanes(hn::CappedTag<float, 2>()) == 2) {
       const hn::CappedTag<float, 2> d2;
       const auto sm = hn::PromoteTo(
           d2, hn::LoadU(hn::Rebind<hwy::float16_t, decltype(d2)>(),
                         reinterpret_cast<const hwy::float16_t*>(src)));
-      scale = hn::GetLane(sm);
-      minimum = hn::ExtractLane(sm, 1);
+      *scale = hn::GetLane(sm);
+      *minimum = hn::ExtractLane(sm, 1);
     } else {
-      scale = BlockScale(src);
-      if constexpr (kType == DType::kQ4_1) minimum = BlockScale(src + 2);
+      *scale = BlockScale(src);
+      if constexpr (kType == DType::kQ4_1) *minimum = BlockScale(src + 2);
     }
+  };
+  // One unit: block b at src (and with pairs, block b + 1 at src1), the
+  // first or second of two: the loop below runs units in twos, so no branch
+  // tells which.
+  const auto block = [&](int64_t b, const uint8_t* src, const uint8_t* src1,
+                         auto second) TANDEM_ALWAYS_INLINE {
+    const int64_t o = b * 32;
+    hwy::Prefetch(src + kBlocksPrefetchBytes);
     auto s0 = hn::Zero(ds), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     auto t0 = s0, t1 = s0, t2 = s0, t3 = s0, t4 = s0, t5 = s0, t6 = s0, t7 = s0;
+#if TANDEM_BLOCK_PAIRS
+    if constexpr (kPairBlocks<kType> == 2) {
+      // Both blocks' 16 bytes widened into one vector: low nibbles, then
+      // high ones.
+      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
+      const hn::Rebind<uint8_t, DQ> d8;
+      const hn::Half<decltype(d8)> d8h;
+      const auto bytes =
+          hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at)));
+      auto lo = hn::And(bytes, hn::Set(dq, 0xF));
+      auto hi = hn::ShiftRight<4>(bytes);
+      if constexpr (kType == DType::kQ4_0) {  // centred at 8
+        lo = hn::Sub(lo, hn::Set(dq, 8));
+        hi = hn::Sub(hi, hn::Set(dq, 8));
+      }
+      TANDEM_MUL_ROWS(lo, o);
+      TANDEM_MUL_ROWS(hi, o + 32);
+    } else  // NOLINT(readability/braces): the Q8_0 branch below
+#endif
     if constexpr (kType == DType::kQ8_0) {
       const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
       for (size_t i = 0; i < 32; i += N) {
@@ -441,20 +506,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     } else {
       const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
       const auto mask = hn::Set(dq, 0xF);
-      bool continue_block = true;  // false once a whole-vector form has done it
-#if !HWY_HAVE_SCALABLE && HWY_TARGET != HWY_SCALAR
-      if constexpr (hn::MaxLanes(DQ()) == 32) {
-        // The block's 16 bytes widened into half a vector; low nibbles
-        // (elements 0-15) in its lower half, high ones (16-31) above.
-        const hn::Half<DQ> dh;
-        const auto bytes = hn::PromoteTo(dh, hn::LoadU(hn::Rebind<uint8_t, decltype(dh)>(), q));
-        auto wv = hn::Combine(dq, hn::ShiftRight<4>(bytes), hn::And(bytes, hn::Set(dh, 0xF)));
-        if constexpr (kType == DType::kQ4_0) wv = hn::Sub(wv, hn::Set(dq, 8));  // centred at 8
-        TANDEM_MUL_ROWS(wv, o);
-        continue_block = false;
-      }
-#endif
-      for (size_t i = 0; continue_block && i < 16; i += N) {
+      for (size_t i = 0; i < 16; i += N) {
         const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), q + i));
         auto lo = hn::And(bytes, mask);
         auto hi = hn::ShiftRight<4>(bytes);
@@ -466,25 +518,68 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
         TANDEM_MUL_ROWS(hi, o + 16 + i);
       }
     }
-    // The block's scale, shared by the rows: x's scale is one per row and
-    // multiplies the sum once, after the blocks.
-    const auto d = hn::Set(dsf, scale);
+    // The block's scale as a vector (with pairs, each block's in the half of
+    // the lanes its sums are in), shared by the rows: x's scale is one per
+    // row and multiplies the sum once, after the blocks. Q4_1: its minimum
+    // in every lane of m0 (and the pair's second's in m1).
+    hn::Vec<DSF> d;
+    hn::Vec<decltype(dm)> m0, m1;
+#if TANDEM_BLOCK_PAIRS
+    if constexpr (kPairBlocks<kType> == 2) {
+      // The two blocks' first four f16 (Q4_1: scale and minimum; Q4_0: the
+      // scale and two quant bytes) in one broadcast and one conversion:
+      // [d0 m0 d1 m1] in each 128-bit block (the lanes taken one at a time
+      // and broadcast cost 12 instructions a pair, this 5).
+      uint32_t first, second_block;
+      std::memcpy(&first, src, 4);
+      std::memcpy(&second_block, src1, 4);
+      const hn::Rebind<hwy::float16_t, DSF> dh;
+      const auto all = hn::PromoteTo(
+          dsf, hn::BitCast(dh, hn::Set(hn::Repartition<uint64_t, decltype(dh)>(),
+                                       first | uint64_t{second_block} << 32)));
+      alignas(64) static constexpr int32_t kScales[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                          2, 2, 2, 2, 2, 2, 2, 2};
+      d = hn::TableLookupLanes(all, hn::SetTableIndices(dsf, kScales));
+      if constexpr (kType == DType::kQ4_1) {
+        m0 = hn::Broadcast<1>(hn::LowerHalf(all));
+        m1 = hn::Broadcast<3>(hn::LowerHalf(all));
+      }
+    } else  // NOLINT(readability/braces): one block
+#endif
+    {
+      float scale, minimum = 0.f;
+      scales(src, &scale, &minimum);
+      d = hn::Set(dsf, scale);
+      m0 = hn::Set(dm, minimum);
+    }
     const auto sum = [&](auto s, auto t) { return hn::ConvertTo(dsf, hn::RearrangeToOddPlusEven(s, t)); };
-    // The first block of a pair: p = its scaled sums; the second: p += its
-    // scaled sums, then acc += p.
+    // Blocks alone: the first of two p = its scaled sums; the second p +=
+    // its scaled sums, then acc += p. Pairs: acc += their scaled sums.
     constexpr bool kSecond = decltype(second)::value;
     if constexpr (kType == DType::kQ4_1) {
-      const auto sums = hn::LoadU(dm, xsums + b * kBlockRows);
-      if constexpr (kSecond) {
-        pm = hn::MulAdd(hn::Set(dm, minimum), sums, pm);
+      // The first unit's terms into pm, the second's added to them, then pm
+      // into minv. A pair's two terms: their own chain (one through both
+      // units' four bounded the batch-1 loop).
+      auto terms = hn::Mul(m0, hn::LoadU(dm, xsums + b * kBlockRows));
+      if constexpr (kPairBlocks<kType> == 2) {
+        terms = hn::MulAdd(m1, hn::LoadU(dm, xsums + (b + 1) * kBlockRows), terms);
+        if constexpr (kSecond) {
+          minv = hn::Add(minv, hn::Add(pm, terms));
+        } else {
+          pm = terms;
+        }
+      } else if constexpr (kSecond) {
+        pm = hn::MulAdd(m0, hn::LoadU(dm, xsums + b * kBlockRows), pm);
         minv = hn::Add(minv, pm);
       } else {
-        pm = hn::Mul(hn::Set(dm, minimum), sums);
+        pm = terms;
       }
     }
 #define TANDEM_ACCUMULATE(r)                                                         \
   if constexpr (R > r) {                                                             \
-    if constexpr (kSecond) {                                                         \
+    if constexpr (!kSplit) {                                                         \
+      acc##r = hn::MulAdd(sum(s##r, t##r), d, acc##r);                               \
+    } else if constexpr (kSecond) {                                                  \
       p##r = hn::MulAdd(sum(s##r, t##r), d, p##r);                                   \
       acc##r = hn::Add(acc##r, p##r);                                                \
     } else {                                                                         \
@@ -495,13 +590,16 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     TANDEM_ACCUMULATE(4) TANDEM_ACCUMULATE(5) TANDEM_ACCUMULATE(6) TANDEM_ACCUMULATE(7)
 #undef TANDEM_ACCUMULATE
   };
+  // An odd count's last block pairs with this one: zero quants and scales.
+  static constexpr uint8_t kZeroBlock[kBlockBytes<DType::kQ8_0>] = {};
+  constexpr int64_t kUnit = kPairBlocks<kType>;
   int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2, src += 2 * kBytes) {
-    block(b, src, std::false_type());
-    block(b + 1, src + kBytes, std::true_type());
+  for (; b + 2 * kUnit <= blocks; b += 2 * kUnit, src += 2 * kUnit * kBytes) {
+    block(b, src, src + kBytes, std::false_type());
+    block(b + kUnit, src + kUnit * kBytes, src + (kUnit + 1) * kBytes, std::true_type());
   }
-  if (b < blocks) {  // an odd count's last block: its pair's second is zero
-    block(b, src, std::false_type());
+  for (; b < blocks; b += kUnit, src += kUnit * kBytes) {  // the last unit or two, alone
+    block(b, src, b + 1 < blocks ? src + kBytes : kZeroBlock, std::false_type());
 #define TANDEM_FLUSH(r) \
   if constexpr (R > r) acc##r = hn::Add(acc##r, p##r);
     TANDEM_FLUSH(0) TANDEM_FLUSH(1) TANDEM_FLUSH(2) TANDEM_FLUSH(3)
@@ -528,37 +626,40 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
 }
 
 // Weight rows [j0, j1) of blocks times the n rows of a, kBlockRows at a time.
-// scratch: x's int16 quants (n * k / 2 floats' room), its scale per row (n
-// floats), its block sums (n + 8 rows of k / 32: groups of kBlockRows rows,
-// then one row's).
+// scratch: x's int16 quants (n * PaddedBlocks * 16 floats' room), its scale
+// per row (n floats), its block sums (n + 8 rows of PaddedBlocks: groups of
+// kBlockRows rows, then one row's).
 template <DType kType>
 HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
                                   float* scratch) {
   const int64_t blocks = k / 32;
+  const int64_t padded = PaddedBlocks<kType>(blocks);
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
   int16_t* xq = reinterpret_cast<int16_t*>(scratch);
-  float* xs = scratch + n * k / 2;
+  float* xs = scratch + n * padded * 16;
   // Q4_1: x's block sums, block-major in groups of kBlockRows rows (zero
-  // past row n), from a row's sums at `row_sums`.
+  // past row n and past the last block), from a row's sums at `row_sums`.
   float* sums = xs + n;
   const int64_t groups = (n + kBlockRows - 1) / kBlockRows;
-  float* row_sums = sums + groups * kBlockRows * blocks;
-  for (int64_t r = 0; r < n; ++r) QuantizeRowI16(a + r * lda, blocks, xq + r * k, xs + r);
+  float* row_sums = sums + groups * kBlockRows * padded;
+  for (int64_t r = 0; r < n; ++r) {
+    QuantizeRowI16<kType>(a + r * lda, blocks, xq + r * padded * 32, xs + r);
+  }
   if constexpr (kType == DType::kQ4_1) {
     std::fill(sums, row_sums, 0.f);
     for (int64_t r = 0; r < n; ++r) {
       BlockSums(a + r * lda, blocks, row_sums);
-      float* group = sums + (r / kBlockRows) * kBlockRows * blocks;
+      float* group = sums + (r / kBlockRows) * kBlockRows * padded;
       for (int64_t b = 0; b < blocks; ++b) group[b * kBlockRows + r % kBlockRows] = row_sums[b];
     }
   }
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
     for (int64_t r = 0; r < n; r += kBlockRows) {
-      const int16_t* q = xq + r * k;
+      const int16_t* q = xq + r * padded * 32;
       const float* s = xs + r;
-      const float* m = sums + r * blocks;  // r's group (r: a multiple of kBlockRows)
+      const float* m = sums + r * padded;  // r's group (r: a multiple of kBlockRows)
       float* out = c + r * ldc + j;
       switch (std::min<int64_t>(kBlockRows, n - r)) {
         case 8: DotBlocksRows<kType, kBlockRows == 8 ? 8 : 1>(q, s, m, src, blocks, out, ldc); break;
@@ -1121,10 +1222,12 @@ void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uin
 int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsImpl)(); }
 
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
-  // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float), then
-  // its scale per row and its block sums (rows rounded up to groups of up to
-  // 8, and one more); above, 4 widened weight rows.
-  return std::max(4 * k, n * k / 2 + n + (n + 8) * (k / 32));
+  // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float; its
+  // blocks rounded up to an even count, the block pairs' layout), then its
+  // scale per row and its block sums (rows rounded up to groups of up to 8,
+  // and one more); above, 4 widened weight rows.
+  const int64_t padded = (k / 32 + 1) / 2 * 2;
+  return std::max(4 * k, n * padded * 16 + n + (n + 8) * padded);
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
