@@ -334,6 +334,14 @@ using DSF = hn::Rebind<float, DS>;           // those sums as f32
 #else
 #define TANDEM_BLOCK_PAIRS 0
 #endif
+// x86 from AVX2 up: a unit's quants are one or two vectors, and each row of
+// x is multiplied and accumulated before the next (DotBlocksRows).
+#undef TANDEM_ROWS_APART
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define TANDEM_ROWS_APART 1
+#else
+#define TANDEM_ROWS_APART 0
+#endif
 template <DType kType>
 constexpr int64_t kPairBlocks = TANDEM_BLOCK_PAIRS && kType != DType::kQ8_0 ? 2 : 1;
 
@@ -373,7 +381,7 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
 // registers on x86 (the 8 rows' sums and accumulators fit), 4 elsewhere. A
 // verification step of 1 + 4 tokens then reads and decodes each block once,
 // not twice.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 constexpr int64_t kBlockRows = 8;
 #elif HWY_TARGET == HWY_SCALAR
 constexpr int64_t kBlockRows = 1;  // vectors of one lane: Q4_1's minimum terms
@@ -478,46 +486,6 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     hwy::Prefetch(src + kBlocksPrefetchBytes);
     auto s0 = hn::Zero(ds), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
     auto t0 = s0, t1 = s0, t2 = s0, t3 = s0, t4 = s0, t5 = s0, t6 = s0, t7 = s0;
-#if TANDEM_BLOCK_PAIRS
-    if constexpr (kPairBlocks<kType> == 2) {
-      // Both blocks' 16 bytes widened into one vector: low nibbles, then
-      // high ones.
-      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
-      const hn::Rebind<uint8_t, DQ> d8;
-      const hn::Half<decltype(d8)> d8h;
-      const auto bytes =
-          hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at)));
-      auto lo = hn::And(bytes, hn::Set(dq, 0xF));
-      auto hi = hn::ShiftRight<4>(bytes);
-      if constexpr (kType == DType::kQ4_0) {  // centred at 8
-        lo = hn::Sub(lo, hn::Set(dq, 8));
-        hi = hn::Sub(hi, hn::Set(dq, 8));
-      }
-      TANDEM_MUL_ROWS(lo, o);
-      TANDEM_MUL_ROWS(hi, o + 32);
-    } else  // NOLINT(readability/braces): the Q8_0 branch below
-#endif
-    if constexpr (kType == DType::kQ8_0) {
-      const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
-      for (size_t i = 0; i < 32; i += N) {
-        const auto w = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q + i));
-        TANDEM_MUL_ROWS(w, o + i);
-      }
-    } else {
-      const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
-      const auto mask = hn::Set(dq, 0xF);
-      for (size_t i = 0; i < 16; i += N) {
-        const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), q + i));
-        auto lo = hn::And(bytes, mask);
-        auto hi = hn::ShiftRight<4>(bytes);
-        if constexpr (kType == DType::kQ4_0) {  // centred at 8
-          lo = hn::Sub(lo, hn::Set(dq, 8));
-          hi = hn::Sub(hi, hn::Set(dq, 8));
-        }
-        TANDEM_MUL_ROWS(lo, o + i);
-        TANDEM_MUL_ROWS(hi, o + 16 + i);
-      }
-    }
     // The block's scale as a vector (with pairs, each block's in the half of
     // the lanes its sums are in), shared by the rows: x's scale is one per
     // row and multiplies the sum once, after the blocks. Q4_1: its minimum
@@ -586,8 +554,75 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       p##r = hn::Mul(sum(s##r, t##r), d);                                            \
     }                                                                                \
   }
+#if TANDEM_ROWS_APART
+    // The unit's quants: one or two vectors (wa, wb at x's offsets oa, ob).
+    hn::Vec<DQ> wa, wb;
+    size_t oa = o, ob = o + N;
+    constexpr bool kTwo = !(kType == DType::kQ8_0 && hn::MaxLanes(DQ()) == 32);
+    if constexpr (kPairBlocks<kType> == 2) {
+      // Both blocks' 16 bytes widened into one vector: low nibbles, then
+      // high ones.
+      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
+      const hn::Rebind<uint8_t, DQ> d8;
+      const hn::Half<decltype(d8)> d8h;
+      const auto bytes =
+          hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at)));
+      wa = hn::And(bytes, hn::Set(dq, 0xF));
+      wb = hn::ShiftRight<4>(bytes);
+      ob = o + 32;
+    } else if constexpr (kType == DType::kQ8_0) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+      wa = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q));
+      if constexpr (kTwo) wb = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q + N));
+    } else {  // a Q4 block alone: 16 lanes
+      const auto bytes = hn::PromoteTo(
+          dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), src + (kType == DType::kQ4_1 ? 4 : 2)));
+      wa = hn::And(bytes, hn::Set(dq, 0xF));
+      wb = hn::ShiftRight<4>(bytes);
+    }
+    if constexpr (kType == DType::kQ4_0) {  // centred at 8
+      wa = hn::Sub(wa, hn::Set(dq, 8));
+      wb = hn::Sub(wb, hn::Set(dq, 8));
+    }
+    // Each row's multiply-adds, then its accumulation, before the next
+    // row's: one row's sums live at a time, not R (same integer sums, so
+    // the same bits as all rows' products first).
+#define TANDEM_ROW(r)                                                                  \
+  if constexpr (R > r) {                                                               \
+    s##r = hn::ReorderWidenMulAccumulate(ds, wa, hn::LoadU(dq, q##r + oa), s##r, t##r); \
+    if constexpr (kTwo) {                                                              \
+      s##r = hn::ReorderWidenMulAccumulate(ds, wb, hn::LoadU(dq, q##r + ob), s##r, t##r); \
+    }                                                                                  \
+  }                                                                                    \
+  TANDEM_ACCUMULATE(r)
+    TANDEM_ROW(0) TANDEM_ROW(1) TANDEM_ROW(2) TANDEM_ROW(3)
+    TANDEM_ROW(4) TANDEM_ROW(5) TANDEM_ROW(6) TANDEM_ROW(7)
+#undef TANDEM_ROW
+#else
+    if constexpr (kType == DType::kQ8_0) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(src + 2);
+      for (size_t i = 0; i < 32; i += N) {
+        const auto w = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q + i));
+        TANDEM_MUL_ROWS(w, o + i);
+      }
+    } else {
+      const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
+      const auto mask = hn::Set(dq, 0xF);
+      for (size_t i = 0; i < 16; i += N) {
+        const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), q + i));
+        auto lo = hn::And(bytes, mask);
+        auto hi = hn::ShiftRight<4>(bytes);
+        if constexpr (kType == DType::kQ4_0) {  // centred at 8
+          lo = hn::Sub(lo, hn::Set(dq, 8));
+          hi = hn::Sub(hi, hn::Set(dq, 8));
+        }
+        TANDEM_MUL_ROWS(lo, o + i);
+        TANDEM_MUL_ROWS(hi, o + 16 + i);
+      }
+    }
     TANDEM_ACCUMULATE(0) TANDEM_ACCUMULATE(1) TANDEM_ACCUMULATE(2) TANDEM_ACCUMULATE(3)
     TANDEM_ACCUMULATE(4) TANDEM_ACCUMULATE(5) TANDEM_ACCUMULATE(6) TANDEM_ACCUMULATE(7)
+#endif
 #undef TANDEM_ACCUMULATE
   };
   // An odd count's last block pairs with this one: zero quants and scales.
@@ -654,6 +689,33 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
       for (int64_t b = 0; b < blocks; ++b) group[b * kBlockRows + r % kBlockRows] = row_sums[b];
     }
   }
+  // Weight rows [j0, j1) times R rows of x from row r: the row count chosen
+  // once, outside the loop over weight rows (a choice per weight row, with
+  // every count's loop inlined in one function, cost batch-1 decode 4% on
+  // the AVX2 target).
+  const auto rows = [&](int64_t r, auto count) TANDEM_ALWAYS_INLINE {
+    constexpr int kRows = decltype(count)::value;
+    const int16_t* q = xq + r * padded * 32;
+    const float* m = sums + r * padded;  // r's group (r: a multiple of kBlockRows)
+    for (int64_t j = j0; j < j1; ++j) {
+      DotBlocksRows<kType, kRows>(q, xs + r, m, w + j * row_bytes, blocks, c + r * ldc + j, ldc);
+    }
+  };
+  using I = std::integral_constant<int, 1>;  // for the counts a target has not
+  const auto dispatch = [&](int64_t r) TANDEM_ALWAYS_INLINE {
+    switch (std::min<int64_t>(kBlockRows, n - r)) {
+      case 8: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 8>, I>());
+      case 7: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 7>, I>());
+      case 6: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 6>, I>());
+      case 5: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 5>, I>());
+      case 4: return rows(r, std::integral_constant<int, 4>());
+      case 3: return rows(r, std::integral_constant<int, 3>());
+      case 2: return rows(r, std::integral_constant<int, 2>());
+      default: return rows(r, I());
+    }
+  };
+  if (n <= kBlockRows) return dispatch(0);
+  // More rows than a pass takes: each weight row once for all of them.
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* src = w + j * row_bytes;
     for (int64_t r = 0; r < n; r += kBlockRows) {
