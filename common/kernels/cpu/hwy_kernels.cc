@@ -377,10 +377,11 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   }
 }
 
-// Rows of x per pass over a weight row's blocks: 8 where there are 32 vector
-// registers on x86 (the 8 rows' sums and accumulators fit), 4 elsewhere. A
-// verification step of 1 + 4 tokens then reads and decodes each block once,
-// not twice.
+// Rows of x per pass over a weight row's blocks: 8 on x86 from AVX2 up
+// (rows taken one after another, TANDEM_ROWS_APART: only the accumulators
+// stay live, which fit AVX2's 16 registers too; with every row's sums live
+// at once AVX2 spilled from 4 rows on), 4 elsewhere. A verification step
+// of 1 + 4 tokens then reads and decodes each block once, not twice.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 constexpr int64_t kBlockRows = 8;
 #elif HWY_TARGET == HWY_SCALAR
