@@ -314,22 +314,23 @@ using DQ = hn::CappedTag<int16_t, 32>;
 using DS = hn::Repartition<int32_t, DQ>;     // sums of adjacent products
 using DSF = hn::Rebind<float, DS>;           // those sums as f32
 
-// Q4 blocks in pairs on AVX-512: a vector of 32 int16 lanes holds one
-// block's low nibbles (elements 0-15) in its lower half and the next
-// block's above, the following vector their high nibbles (16-31), so that
-// the multiply-adds' int32 sums of adjacent products (vpmaddwd) keep the
-// two blocks in separate halves, and one conversion and one multiply-add
-// by the pair's scales (a vector of each block's scale in its half) serve
-// two blocks instead of one. SmolLM2 Q4_1 decode on a Zen 5 core, batch 1
-// and 5, 1 and 2 threads: 6-11% faster (docs/benchmarks.md, "Q4 block
-// pairs"). Not kept where measured slower: Q8_0 (a block's 32 bytes widen
-// to a whole vector, and putting halves together costs more than the
-// conversions it saves: batch 1 3-4% slower on AVX-512, 6% on AVX2) and
-// Q4 on AVX2 (four shuffles a pair, 16 registers: 10-11% slower). Arm's
+// Q4 blocks in pairs on x86: a pair's quants fill vectors of int16 lanes
+// with half of each from each block (AVX-512: a vector of both blocks' low
+// nibbles, elements 0-15 of each, then one of their high nibbles; AVX2: four
+// vectors of 8 elements from each), so that the multiply-adds' int32 sums
+// of adjacent products (vpmaddwd) keep the two blocks in separate halves,
+// and one conversion and one multiply-add by the pair's scales (a vector of
+// each block's scale in its half) serve two blocks instead of one. SmolLM2
+// Q4_1 decode on a Zen 5 core, AVX-512: batches 1 and 5 6-11% faster at 1
+// and 2 threads; AVX2 (with rows of x taken one after another): batches 5
+// and 8 7-9% faster, batch 1 unchanged (docs/benchmarks.md, "Q4 block
+// pairs"). Not kept for Q8_0, measured slower: a block's 32 bytes widen to
+// whole vectors, and putting halves together costs more than the
+// conversions it saves (batch 1 3-4% slower on AVX-512, 6% on AVX2). Arm's
 // widening multiply-adds (Highway's ReorderWidenMulAccumulate) sum a
 // vector's halves rather than adjacent lanes, so the blocks would mix.
 #undef TANDEM_BLOCK_PAIRS  // this file is compiled once per target
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define TANDEM_BLOCK_PAIRS 1
 #else
 #define TANDEM_BLOCK_PAIRS 0
@@ -369,9 +370,9 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   if (PaddedBlocks<kType>(blocks) > blocks) std::fill(q + k - 32, q + k + 32, int16_t{0});
   for (int64_t i = 0; i < k; i += N) {
     int64_t at = i;
-    if constexpr (kPairBlocks<kType> == 2) {  // N == 16
-      const int64_t b = i / 32, e = i % 32;
-      at = (b / 2) * 64 + e * 2 + (b % 2) * 16;
+    if constexpr (kPairBlocks<kType> == 2) {  // N: half a vector of int16
+      const int64_t b = i / 32, e = i % 32, h = static_cast<int64_t>(N);
+      at = (b / 2) * 64 + e / h * 2 * h + (b % 2) * h;
     }
     hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + at);
   }
@@ -506,12 +507,21 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       const auto all = hn::PromoteTo(
           dsf, hn::BitCast(dh, hn::Set(hn::Repartition<uint64_t, decltype(dh)>(),
                                        first | uint64_t{second_block} << 32)));
-      alignas(64) static constexpr int32_t kScales[16] = {0, 0, 0, 0, 0, 0, 0, 0,
-                                                          2, 2, 2, 2, 2, 2, 2, 2};
-      d = hn::TableLookupLanes(all, hn::SetTableIndices(dsf, kScales));
+      // Lane i takes block (i < half ? 0 : 1)'s scale: lane 0 or 2.
+      alignas(64) static constexpr int32_t kScales16[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                            2, 2, 2, 2, 2, 2, 2, 2};
+      alignas(32) static constexpr int32_t kScales8[8] = {0, 0, 0, 0, 2, 2, 2, 2};
+      d = hn::TableLookupLanes(
+          all, hn::SetTableIndices(dsf, hn::MaxLanes(dsf) == 16 ? kScales16 : kScales8));
       if constexpr (kType == DType::kQ4_1) {
-        m0 = hn::Broadcast<1>(hn::LowerHalf(all));
-        m1 = hn::Broadcast<3>(hn::LowerHalf(all));
+        // [d0 m0 d1 m1] in every 128-bit block of the minimums' vectors.
+        if constexpr (hn::MaxLanes(dm) == hn::MaxLanes(dsf)) {
+          m0 = hn::Broadcast<1>(all);
+          m1 = hn::Broadcast<3>(all);
+        } else {
+          m0 = hn::Broadcast<1>(hn::LowerHalf(all));
+          m1 = hn::Broadcast<3>(hn::LowerHalf(all));
+        }
       }
     } else  // NOLINT(readability/braces): one block
 #endif
@@ -557,10 +567,29 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   }
 #if TANDEM_ROWS_APART
     // The unit's quants: one or two vectors (wa, wb at x's offsets oa, ob).
-    hn::Vec<DQ> wa, wb;
+    hn::Vec<DQ> wa, wb, wc, wd;
     size_t oa = o, ob = o + N;
     constexpr bool kTwo = !(kType == DType::kQ8_0 && hn::MaxLanes(DQ()) == 32);
-    if constexpr (kPairBlocks<kType> == 2) {
+    constexpr bool kFour = kPairBlocks<kType> == 2 && hn::MaxLanes(DQ()) == 16;
+    if constexpr (kFour) {
+      // AVX2: both blocks' 16 bytes in one vector, each 128-bit half
+      // widened by interleaving with zeros: [block 0's 8 | block 1's 8].
+      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
+      const hn::Repartition<uint8_t, DQ> d8;
+      const hn::Half<decltype(d8)> d8h;
+      const auto bytes = hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at));
+      const auto lo = hn::And(bytes, hn::Set(d8, 0xF));
+      const auto hi = hn::ShiftRight<4>(bytes);
+      const auto zero = hn::Zero(d8);
+      wa = hn::BitCast(dq, hn::InterleaveLower(d8, lo, zero));  // elements 0-7
+      wb = hn::BitCast(dq, hn::InterleaveUpper(d8, lo, zero));  // 8-15
+      wc = hn::BitCast(dq, hn::InterleaveLower(d8, hi, zero));  // 16-23
+      wd = hn::BitCast(dq, hn::InterleaveUpper(d8, hi, zero));  // 24-31
+      if constexpr (kType == DType::kQ4_0) {  // centred at 8
+        wc = hn::Sub(wc, hn::Set(dq, 8));
+        wd = hn::Sub(wd, hn::Set(dq, 8));
+      }
+    } else if constexpr (kPairBlocks<kType> == 2) {
       // Both blocks' 16 bytes widened into one vector: low nibbles, then
       // high ones.
       const size_t at = kType == DType::kQ4_1 ? 4 : 2;
@@ -593,6 +622,10 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     s##r = hn::ReorderWidenMulAccumulate(ds, wa, hn::LoadU(dq, q##r + oa), s##r, t##r); \
     if constexpr (kTwo) {                                                              \
       s##r = hn::ReorderWidenMulAccumulate(ds, wb, hn::LoadU(dq, q##r + ob), s##r, t##r); \
+    }                                                                                  \
+    if constexpr (kFour) {                                                             \
+      s##r = hn::ReorderWidenMulAccumulate(ds, wc, hn::LoadU(dq, q##r + o + 32), s##r, t##r); \
+      s##r = hn::ReorderWidenMulAccumulate(ds, wd, hn::LoadU(dq, q##r + o + 48), s##r, t##r); \
     }                                                                                  \
   }                                                                                    \
   TANDEM_ACCUMULATE(r)
