@@ -335,8 +335,9 @@ using DSF = hn::Rebind<float, DS>;           // those sums as f32
 #else
 #define TANDEM_BLOCK_PAIRS 0
 #endif
-// x86 from AVX2 up: a unit's quants are one or two vectors, and each row of
-// x is multiplied and accumulated before the next (DotBlocksRows).
+// x86 from AVX2 up: a unit's quants (a block or a pair) are one, two or
+// four vectors, and each row of x is multiplied and accumulated before the
+// next (DotBlocksRows).
 #undef TANDEM_ROWS_APART
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define TANDEM_ROWS_APART 1
@@ -353,9 +354,10 @@ constexpr int64_t PaddedBlocks(int64_t blocks) {
 }
 
 // x rounded to int16, PaddedBlocks(blocks) * 32 elements at q. With block
-// pairs, each pair's 64 elements as its weights' vectors hold them: block
-// 0's [0, 16), block 1's [0, 16), block 0's [16, 32), block 1's [16, 32)
-// (an odd count's last block pairs with zeros).
+// pairs, each pair's 64 elements as its weights' vectors hold them, in
+// chunks of half a vector (h = 16 on AVX-512, 8 on AVX2): block 0's [0, h),
+// block 1's [0, h), block 0's [h, 2h), ... (an odd count's last block pairs
+// with zeros).
 template <DType kType>
 HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float* scale) {
   const DF df;
@@ -566,7 +568,8 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     }                                                                                \
   }
 #if TANDEM_ROWS_APART
-    // The unit's quants: one or two vectors (wa, wb at x's offsets oa, ob).
+    // The unit's quants: one, two or four vectors (wa, wb at x's offsets oa,
+    // ob; AVX2's pairs also wc, wd at o + 32, o + 48).
     hn::Vec<DQ> wa, wb, wc, wd;
     size_t oa = o, ob = o + N;
     constexpr bool kTwo = !(kType == DType::kQ8_0 && hn::MaxLanes(DQ()) == 32);
