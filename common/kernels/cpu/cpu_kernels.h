@@ -54,8 +54,8 @@ void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64
 // blocks), n <= kSmallMatmulMaxRows: each block multiplied in registers, as
 // integers, by x's rows rounded to int16 with one scale per row (relative
 // error 2^-16 of the row's largest element), 8 rows of x per pass over the
-// blocks on AVX-512 targets, 4 elsewhere.
-// Up to BlocksIntegerMaxRows() rows (8 on AVX-512 targets, 32 elsewhere: the
+// blocks on x86 from AVX2 up, 4 elsewhere.
+// Up to BlocksIntegerMaxRows() rows (16 on AVX-512 targets, 32 elsewhere: the
 // faster way on each, measured) a row's result is the same bits whatever n is
 // (speculative verification steps give plain decoding's logits); above, each
 // group of 4 weight rows is widened once to f32 and multiplied by the f32

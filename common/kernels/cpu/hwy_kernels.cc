@@ -1212,9 +1212,13 @@ float ExpImpl(float x) { return hn::GetLane(hn::Exp(DV(), hn::Set(DV(), x))); }
 // interleaved runs: on the AVX-512 target batch 32 33.3 ms this way, 48.0 all
 // integer, batch 8 10.9 ms integer, 13.5 this way; on the AVX2 target (2 x 4
 // tiles) batch 32 71.4 ms all integer, 80.7 this way. Other targets keep the
-// integer path throughout, as before the tiles.
+// integer path throughout, as before the tiles. Since rows of x are taken
+// one after another the integer path also wins at 9-16 rows on AVX-512
+// (SmolLM2 Q4_1 / Q8_0, 2 threads: batch 12 14.4 / 16.6 -> 12.1 / 12.3 ms,
+// batch 16 17.1 / 19.5 -> 16.2 / 16.7) and still loses above (Q4_1 batch 24
+// 24.6 -> 26.9 ms, batch 32 30.9 -> 36.1).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int64_t kBlocksIntegerRows = 8;
+constexpr int64_t kBlocksIntegerRows = 16;
 #else
 constexpr int64_t kBlocksIntegerRows = 32;
 #endif
