@@ -380,6 +380,18 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   }
 }
 
+// Lane kLane of each 128-bit block of v in every lane of a vector of d (as
+// many lanes as v, or half as many). A template, so that clang does not
+// check the branch a target does not take.
+template <int kLane, class D, class V>
+HWY_INLINE hn::Vec<D> BroadcastLane(D /*d*/, V v) {
+  if constexpr (hn::MaxLanes(D()) == hn::MaxLanes(hn::DFromV<V>())) {
+    return hn::Broadcast<kLane>(v);
+  } else {
+    return hn::Broadcast<kLane>(hn::LowerHalf(v));
+  }
+}
+
 // Rows of x per pass over a weight row's blocks: 8 on x86 from AVX2 up
 // (rows taken one after another, TANDEM_ROWS_APART: only the accumulators
 // stay live, which fit AVX2's 16 registers too; with every row's sums live
@@ -516,14 +528,8 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       d = hn::TableLookupLanes(
           all, hn::SetTableIndices(dsf, hn::MaxLanes(dsf) == 16 ? kScales16 : kScales8));
       if constexpr (kType == DType::kQ4_1) {
-        // [d0 m0 d1 m1] in every 128-bit block of the minimums' vectors.
-        if constexpr (hn::MaxLanes(dm) == hn::MaxLanes(dsf)) {
-          m0 = hn::Broadcast<1>(all);
-          m1 = hn::Broadcast<3>(all);
-        } else {
-          m0 = hn::Broadcast<1>(hn::LowerHalf(all));
-          m1 = hn::Broadcast<3>(hn::LowerHalf(all));
-        }
+        m0 = BroadcastLane<1>(dm, all);
+        m1 = BroadcastLane<3>(dm, all);
       }
     } else  // NOLINT(readability/braces): one block
 #endif
