@@ -688,7 +688,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
 #undef TANDEM_MUL_ROWS
   // Q4_1: lane r, row r's minimum term (the first kBlockRows of 8 used; 8,
   // the rows the macros below name, whatever the target).
-  HWY_ALIGN float mins[8];
+  HWY_ALIGN float mins[8] = {};  // zeroed: GCC cannot tell only Q4_1 reads it
   if constexpr (kType == DType::kQ4_1) hn::Store(minv, dm, mins);
 #define TANDEM_ROW_OUT(r)                                                        \
   if constexpr (R > r) {                                                         \
@@ -736,47 +736,34 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
   // once, outside the loop over weight rows (a choice per weight row, with
   // every count's loop inlined in one function, cost batch-1 decode 4% on
   // the AVX2 target).
-  const auto rows = [&](int64_t r, auto count) TANDEM_ALWAYS_INLINE {
+  const auto rows = [&](int64_t r, int64_t ja, int64_t jb, auto count) HWY_NOINLINE {
     constexpr int kRows = decltype(count)::value;
     const int16_t* q = xq + r * padded * 32;
     const float* m = sums + r * padded;  // r's group (r: a multiple of kBlockRows)
-    for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t j = ja; j < jb; ++j) {
       DotBlocksRows<kType, kRows>(q, xs + r, m, w + j * row_bytes, blocks, c + r * ldc + j, ldc);
     }
   };
+  // `rows` is not inlined: its one copy of each row count's loop serves both
+  // calls of `dispatch` below (inlined twice, the file took clang twice as
+  // long to compile).
   using I = std::integral_constant<int, 1>;  // for the counts a target has not
-  const auto dispatch = [&](int64_t r) TANDEM_ALWAYS_INLINE {
+  const auto dispatch = [&](int64_t r, int64_t ja, int64_t jb) TANDEM_ALWAYS_INLINE {
     switch (std::min<int64_t>(kBlockRows, n - r)) {
-      case 8: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 8>, I>());
-      case 7: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 7>, I>());
-      case 6: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 6>, I>());
-      case 5: return rows(r, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 5>, I>());
-      case 4: return rows(r, std::integral_constant<int, 4>());
-      case 3: return rows(r, std::integral_constant<int, 3>());
-      case 2: return rows(r, std::integral_constant<int, 2>());
-      default: return rows(r, I());
+      case 8: return rows(r, ja, jb, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 8>, I>());
+      case 7: return rows(r, ja, jb, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 7>, I>());
+      case 6: return rows(r, ja, jb, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 6>, I>());
+      case 5: return rows(r, ja, jb, std::conditional_t<kBlockRows == 8, std::integral_constant<int, 5>, I>());
+      case 4: return rows(r, ja, jb, std::integral_constant<int, 4>());
+      case 3: return rows(r, ja, jb, std::integral_constant<int, 3>());
+      case 2: return rows(r, ja, jb, std::integral_constant<int, 2>());
+      default: return rows(r, ja, jb, I());
     }
   };
-  if (n <= kBlockRows) return dispatch(0);
+  if (n <= kBlockRows) return dispatch(0, j0, j1);
   // More rows than a pass takes: each weight row once for all of them.
   for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* src = w + j * row_bytes;
-    for (int64_t r = 0; r < n; r += kBlockRows) {
-      const int16_t* q = xq + r * padded * 32;
-      const float* s = xs + r;
-      const float* m = sums + r * padded;  // r's group (r: a multiple of kBlockRows)
-      float* out = c + r * ldc + j;
-      switch (std::min<int64_t>(kBlockRows, n - r)) {
-        case 8: DotBlocksRows<kType, kBlockRows == 8 ? 8 : 1>(q, s, m, src, blocks, out, ldc); break;
-        case 7: DotBlocksRows<kType, kBlockRows == 8 ? 7 : 1>(q, s, m, src, blocks, out, ldc); break;
-        case 6: DotBlocksRows<kType, kBlockRows == 8 ? 6 : 1>(q, s, m, src, blocks, out, ldc); break;
-        case 5: DotBlocksRows<kType, kBlockRows == 8 ? 5 : 1>(q, s, m, src, blocks, out, ldc); break;
-        case 4: DotBlocksRows<kType, 4>(q, s, m, src, blocks, out, ldc); break;
-        case 3: DotBlocksRows<kType, 3>(q, s, m, src, blocks, out, ldc); break;
-        case 2: DotBlocksRows<kType, 2>(q, s, m, src, blocks, out, ldc); break;
-        default: DotBlocksRows<kType, 1>(q, s, m, src, blocks, out, ldc); break;
-      }
-    }
+    for (int64_t r = 0; r < n; r += kBlockRows) dispatch(r, j, j + 1);
   }
 }
 
