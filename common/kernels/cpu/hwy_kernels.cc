@@ -329,20 +329,14 @@ using DSF = hn::Rebind<float, DS>;           // those sums as f32
 // conversions it saves (batch 1 3-4% slower on AVX-512, 6% on AVX2). Arm's
 // widening multiply-adds (Highway's ReorderWidenMulAccumulate) sum a
 // vector's halves rather than adjacent lanes, so the blocks would mix.
+// The same targets (x86 from AVX2 up) take rows of x apart: a unit's quants
+// (a block or a pair) are one, two or four vectors, and each row of x is
+// multiplied and accumulated before the next (DotBlocksRows).
 #undef TANDEM_BLOCK_PAIRS  // this file is compiled once per target
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define TANDEM_BLOCK_PAIRS 1
 #else
 #define TANDEM_BLOCK_PAIRS 0
-#endif
-// x86 from AVX2 up: a unit's quants (a block or a pair) are one, two or
-// four vectors, and each row of x is multiplied and accumulated before the
-// next (DotBlocksRows).
-#undef TANDEM_ROWS_APART
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-#define TANDEM_ROWS_APART 1
-#else
-#define TANDEM_ROWS_APART 0
 #endif
 template <DType kType>
 constexpr int64_t kPairBlocks = TANDEM_BLOCK_PAIRS && kType != DType::kQ8_0 ? 2 : 1;
@@ -393,8 +387,8 @@ HWY_INLINE hn::Vec<D> BroadcastLane(D /*d*/, V v) {
 }
 
 // Rows of x per pass over a weight row's blocks: 8 on x86 from AVX2 up
-// (rows taken one after another, TANDEM_ROWS_APART: only the accumulators
-// stay live, which fit AVX2's 16 registers too; with every row's sums live
+// (rows taken one after another on the TANDEM_BLOCK_PAIRS targets: only the
+// accumulators stay live, which fit AVX2's 16 registers too; with every row's sums live
 // at once AVX2 spilled from 4 rows on), 4 elsewhere. A verification step
 // of 1 + 4 tokens then reads and decodes each block once, not twice.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -433,6 +427,8 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   const size_t N = hn::Lanes(dq);
   constexpr size_t kBytes = kBlockBytes<kType>;
   const int64_t stride = 32 * PaddedBlocks<kType>(blocks);  // between rows' quants
+  // Where a Q4 block's quants start: after its f16 scale (and Q4_1's minimum).
+  constexpr size_t kQuantsAt = kType == DType::kQ4_1 ? 4 : 2;
   const int16_t* q0 = xq;
   const int16_t* q1 = xq + (R > 1 ? 1 * stride : 0);
   const int16_t* q2 = xq + (R > 2 ? 2 * stride : 0);
@@ -573,7 +569,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       p##r = hn::Mul(sum(s##r, t##r), d);                                            \
     }                                                                                \
   }
-#if TANDEM_ROWS_APART
+#if TANDEM_BLOCK_PAIRS  // and rows of x apart
     // The unit's quants: one, two or four vectors (wa, wb at x's offsets oa,
     // ob; AVX2's pairs also wc, wd at o + 32, o + 48).
     hn::Vec<DQ> wa, wb, wc, wd;
@@ -583,10 +579,10 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     if constexpr (kFour) {
       // AVX2: both blocks' 16 bytes in one vector, each 128-bit half
       // widened by interleaving with zeros: [block 0's 8 | block 1's 8].
-      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
       const hn::Repartition<uint8_t, DQ> d8;
       const hn::Half<decltype(d8)> d8h;
-      const auto bytes = hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at));
+      const auto bytes =
+          hn::Combine(d8, hn::LoadU(d8h, src1 + kQuantsAt), hn::LoadU(d8h, src + kQuantsAt));
       const auto lo = hn::And(bytes, hn::Set(d8, 0xF));
       const auto hi = hn::ShiftRight<4>(bytes);
       const auto zero = hn::Zero(d8);
@@ -601,11 +597,11 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     } else if constexpr (kPairBlocks<kType> == 2) {
       // Both blocks' 16 bytes widened into one vector: low nibbles, then
       // high ones.
-      const size_t at = kType == DType::kQ4_1 ? 4 : 2;
       const hn::Rebind<uint8_t, DQ> d8;
       const hn::Half<decltype(d8)> d8h;
       const auto bytes =
-          hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, src1 + at), hn::LoadU(d8h, src + at)));
+          hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, src1 + kQuantsAt),
+                                        hn::LoadU(d8h, src + kQuantsAt)));
       wa = hn::And(bytes, hn::Set(dq, 0xF));
       wb = hn::ShiftRight<4>(bytes);
       ob = o + 32;
@@ -614,8 +610,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       wa = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q));
       if constexpr (kTwo) wb = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<int8_t, DQ>(), q + N));
     } else {  // a Q4 block alone: 16 lanes
-      const auto bytes = hn::PromoteTo(
-          dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), src + (kType == DType::kQ4_1 ? 4 : 2)));
+      const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), src + kQuantsAt));
       wa = hn::And(bytes, hn::Set(dq, 0xF));
       wb = hn::ShiftRight<4>(bytes);
     }
@@ -649,7 +644,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
         TANDEM_MUL_ROWS(w, o + i);
       }
     } else {
-      const uint8_t* q = src + (kType == DType::kQ4_1 ? 4 : 2);
+      const uint8_t* q = src + kQuantsAt;
       const auto mask = hn::Set(dq, 0xF);
       for (size_t i = 0; i < 16; i += N) {
         const auto bytes = hn::PromoteTo(dq, hn::LoadU(hn::Rebind<uint8_t, DQ>(), q + i));
