@@ -6,6 +6,7 @@
 #include "common/base/flags.h"
 #include "common/base/logging.h"
 #include "common/serving/engine_flags.h"
+#include "common/serving/kv_transfer.h"
 #include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "decode_worker/decode_service.h"
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
                       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
   args.SetMaxReceiveMessageSize(8 << 20);
+  tandem::SetKvReceiveWindow(&args);
   // Reconnect to a restarted prefill worker within ~2 s, not gRPC's default 2 min.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);

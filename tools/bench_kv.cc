@@ -5,7 +5,9 @@
 //     prefix cache, so the stream is not waiting for compute. The stream is
 //     read as the decode worker reads it (bytes, each chunk checksummed), or
 //     also with protobuf messages (--goodput-readers=bytes,protobuf, in
-//     alternating turns).
+//     alternating turns). A third line times gRPC alone on the link (a
+//     prebuilt buffer streamed in the same chunks by an in-process server):
+//     the ceiling any gRPC stream can reach there.
 //  2. The TTFT overhead of disaggregation, per prompt length: the pair's TTFT
 //     (a decode worker fed by the prefill worker) minus an aggregated decode
 //     worker's TTFT on the same cores, split into the prefill worker's compute
@@ -166,6 +168,118 @@ double RawSocketSeconds(const Link& link, size_t total, size_t chunk) {
   sender.join();
   close(conn);
   close(listener);
+  return secs;
+}
+
+// gRPC's own ceiling on the link: seconds for a reader on the near side to
+// get `total` bytes that an in-process gRPC server on the far side streams in
+// `chunk`-byte messages of one prebuilt buffer (no copy, no checksum, nothing
+// parsed: only gRPC's framing, flow control and threads), first message to
+// last. Next to the raw socket's time it says how much of the gap between the
+// KV stream and TCP the transport itself takes.
+class BareStreamer : public grpc::ServerGenericBidiReactor {
+ public:
+  BareStreamer(const grpc::ByteBuffer* chunk, size_t total) : chunk_(chunk), total_(total) {
+    StartRead(&request_);
+  }
+  void OnReadDone(bool) override { Next(); }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+    sent_ += chunk_->Length();
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (sent_ >= total_) return Finish(grpc::Status::OK);
+    StartWrite(chunk_);
+  }
+  const grpc::ByteBuffer* chunk_;
+  size_t total_;
+  size_t sent_ = 0;
+  grpc::ByteBuffer request_;
+};
+
+class BareService : public grpc::CallbackGenericService {
+ public:
+  BareService(size_t total, size_t chunk) : bytes_(chunk, 'k'), total_(total) {
+    grpc::Slice slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
+    chunk_ = grpc::ByteBuffer(&slice, 1);
+  }
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new BareStreamer(&chunk_, total_);
+  }
+
+ private:
+  std::vector<char> bytes_;
+  grpc::ByteBuffer chunk_;
+  size_t total_;
+};
+
+class BareRead : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit BareRead(grpc::GenericStub* stub) {
+    stub->PrepareBidiStreamingCall(&context_, "/tandem.bench.Bare/Stream", grpc::StubOptions(),
+                                   this);
+    grpc::Slice empty("", 0);
+    request_ = grpc::ByteBuffer(&empty, 1);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&response_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (got_ == 0) first_ = Clock::now();
+    got_ += response_.Length();
+    last_ = Clock::now();
+    StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    finished_.Notify();
+  }
+  // Seconds from the first message to the last; nullopt if the call failed.
+  std::optional<double> Wait(size_t total) {
+    finished_.WaitForNotification();
+    if (!status_.ok() || got_ < total) return std::nullopt;
+    return Seconds(last_ - first_);
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_, response_;
+  size_t got_ = 0;
+  Clock::time_point first_, last_;
+  grpc::Status status_;
+  absl::Notification finished_;
+};
+
+std::optional<double> BareGrpcSeconds(const Link& link, size_t total, size_t chunk) {
+  BareService service(total, chunk);
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  // Built on a thread moved to the far side: its listening socket is there.
+  std::thread start([&] {
+    if (!link.EnterFar()) return;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(link.far_ip() + ":0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(&service);
+    server = builder.BuildAndStart();
+  });
+  start.join();
+  if (!server || port == 0) return std::nullopt;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(chunk) + 4096);
+  SetKvReceiveWindow(&args);  // read as the decode worker reads its KV
+  grpc::GenericStub stub(grpc::CreateCustomChannel(absl::StrCat(link.far_ip(), ":", port),
+                                                   grpc::InsecureChannelCredentials(), args));
+  std::optional<double> secs;
+  {
+    BareRead read(&stub);
+    secs = read.Wait(total);
+  }
+  server->Shutdown();
   return secs;
 }
 
@@ -480,6 +594,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   // 1. Goodput: the same prompt twice, timed the second time (cached).
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(8 << 20);
+  SetKvReceiveWindow(&channel_args);  // as the decode worker's channels
   auto channel = grpc::CreateCustomChannel(prefill.address, grpc::InsecureChannelCredentials(),
                                           channel_args);
   PrefillStubs stubs{RawPrefillStub(channel), v1::Prefill::NewStub(channel)};
@@ -505,13 +620,19 @@ int RunKvBench(const std::vector<std::string>& args) {
       grpc_gbps[which].push_back(timed.bytes / timed.transfer_s / 1e9);
     }
   }
+  std::vector<double> bare_gbps;
   for (int i = 0; i < iters; ++i) {
     raw_gbps.push_back(kv_bytes / RawSocketSeconds(link, kv_bytes, max_chunk) / 1e9);
+    const std::optional<double> bare = BareGrpcSeconds(link, kv_bytes, max_chunk);
+    if (!bare) return Fail("the bare gRPC stream failed");
+    bare_gbps.push_back(kv_bytes / *bare / 1e9);
   }
   const double r = Median(raw_gbps);
   std::printf("\ngoodput: %d cached prompt tokens, %.1f MiB of KV in chunks of <= %.2f MiB, "
               "median of %d\n", goodput_tokens, kv_bytes / 1048576.0, max_chunk / 1048576.0, iters);
   std::printf("  raw TCP socket                   %7.3f GB/s\n", r);
+  std::printf("  bare gRPC stream (the ceiling)   %7.3f GB/s  ratio %5.2f\n", Median(bare_gbps),
+              Median(bare_gbps) / r);
   for (size_t j = 0; j < readers.size(); ++j) {
     const double g = Median(grpc_gbps[j]);
     std::printf("  prefill stream, read as %-8s %7.3f GB/s  ratio %5.2f\n", readers[j].c_str(), g,

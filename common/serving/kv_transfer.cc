@@ -134,6 +134,11 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   return w;
 }
 
+void SetKvReceiveWindow(grpc::ChannelArguments* args) {
+  args->SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kKvReceiveWindowBytes);
+}
+
 absl::StatusOr<ReceivedMessage> ParseReceived(grpc::ByteBuffer* buffer) {
   auto slices = std::make_shared<std::vector<grpc::Slice>>();
   std::vector<absl::string_view> pieces;
