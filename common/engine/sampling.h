@@ -19,7 +19,7 @@ struct SamplingParams {
   float top_p = 1.f;        // in (0, 1]
   int32_t top_k = -1;       // -1 or 0: no top-k
   uint64_t seed = 0;        // 0: unseeded
-  std::vector<int32_t> stop_token_ids;
+  std::vector<int32_t> stop_token_ids = {};
   bool ignore_eos = false;
 };
 

@@ -62,7 +62,7 @@ struct PreStep {
 
 struct DecStep {
   enum Kind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
-  std::string a, b;
+  std::string a = {}, b = {};
   int start = 0, stop = 0;
   std::string prepend_scheme = "always";
 };

@@ -127,7 +127,9 @@ TEST(DTypeTest, NonFiniteValuesQuantizeToDefinedBlocks) {
     std::vector<float> back(32);
     ConvertToF32(blocks.data(), dt, back.data(), 32);
     for (int i = 0; i < 32; ++i) {
-      if (i != 5) EXPECT_NEAR(back[i], in[i], 0.6f) << DTypeName(dt) << " " << i;
+      if (i != 5) {
+        EXPECT_NEAR(back[i], in[i], 0.6f) << DTypeName(dt) << " " << i;
+      }
     }
     EXPECT_NEAR(back[5], 0.f, 0.6f) << DTypeName(dt);
 

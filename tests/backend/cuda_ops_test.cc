@@ -292,7 +292,6 @@ void RunAttention(Rig* rig, const AttentionCase& c) {
   const int num_blocks = 600;
   const int row = (8 + 2 * 2) * hd;
   auto qkv = rig->Random({c.padded_rows, row}, -1, 1);
-  KvLayer cpu_kv, gpu_kv;
   auto k = rig->Random({num_blocks, bs, 2, hd}, -1, 1);
   auto v = rig->Random({num_blocks, bs, 2, hd}, -1, 1);
   std::vector<int32_t> blocks(num_blocks);

@@ -55,7 +55,9 @@ TEST(JinjaTest, MatchesPythonJinja2OnTheCorpus) {
       ++errors;
     } else {
       EXPECT_TRUE(out.ok()) << out.status();
-      if (out.ok()) EXPECT_EQ(*out, c["expected"].get<std::string>());
+      if (out.ok()) {
+        EXPECT_EQ(*out, c["expected"].get<std::string>());
+      }
       ++rendered;
     }
   }

@@ -18,7 +18,7 @@ using testing::HttpGet;
 using testing::Process;
 using testing::StartWorker;
 
-std::string ProcMaps() {
+[[maybe_unused]] std::string ProcMaps() {
   std::ifstream in("/proc/self/maps");
   std::stringstream ss;
   ss << in.rdbuf();

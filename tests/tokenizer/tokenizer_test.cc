@@ -177,7 +177,7 @@ TEST(TokenizerTest, SmolLm2GgufMatchesTokenizers) {
 TEST(TokenizerTest, QwenFixtureTokenizerMatchesTokenizersFromBothFormats) {
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_qwen2";
   const Json exp = Json::parse(ReadFile(dir + "/tokenizer_expected.json"));
-  for (const std::string spec : {dir, dir + "/model-f32.gguf"}) {
+  for (const std::string& spec : {dir, dir + "/model-f32.gguf"}) {
     SCOPED_TRACE(spec);
     auto tok = LoadTokenizer(spec);
     ASSERT_TRUE(tok.ok()) << tok.status();
