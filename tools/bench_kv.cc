@@ -177,15 +177,20 @@ double RawSocketSeconds(const Link& link, size_t total, size_t chunk) {
 // parsed: only gRPC's framing, flow control and threads), first message to
 // last. Next to the raw socket's time it says how much of the gap between the
 // KV stream and TCP the transport itself takes.
+// The bare stream's method: the generic service below answers any name.
+constexpr char kBareMethod[] = "/tandem.bench.Bare/Stream";
+
+// Streams exactly `total` bytes of `bytes` (one chunk's worth, never copied:
+// each message's slice points into it), then finishes.
 class BareStreamer : public grpc::ServerGenericBidiReactor {
  public:
-  BareStreamer(const grpc::ByteBuffer* chunk, size_t total) : chunk_(chunk), total_(total) {
+  BareStreamer(const std::vector<char>* bytes, size_t total) : bytes_(bytes), total_(total) {
     StartRead(&request_);
   }
   void OnReadDone(bool) override { Next(); }
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
-    sent_ += chunk_->Length();
+    sent_ += message_.Length();
     Next();
   }
   void OnDone() override { delete this; }
@@ -193,35 +198,33 @@ class BareStreamer : public grpc::ServerGenericBidiReactor {
  private:
   void Next() {
     if (sent_ >= total_) return Finish(grpc::Status::OK);
-    StartWrite(chunk_);
+    grpc::Slice slice(bytes_->data(), std::min(bytes_->size(), total_ - sent_),
+                      grpc::Slice::STATIC_SLICE);
+    message_ = grpc::ByteBuffer(&slice, 1);
+    StartWrite(&message_);
   }
-  const grpc::ByteBuffer* chunk_;
+  const std::vector<char>* bytes_;
   size_t total_;
   size_t sent_ = 0;
-  grpc::ByteBuffer request_;
+  grpc::ByteBuffer request_, message_;
 };
 
 class BareService : public grpc::CallbackGenericService {
  public:
-  BareService(size_t total, size_t chunk) : bytes_(chunk, 'k'), total_(total) {
-    grpc::Slice slice(bytes_.data(), bytes_.size(), grpc::Slice::STATIC_SLICE);
-    chunk_ = grpc::ByteBuffer(&slice, 1);
-  }
+  BareService(size_t total, size_t chunk) : bytes_(chunk, 'k'), total_(total) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    return new BareStreamer(&chunk_, total_);
+    return new BareStreamer(&bytes_, total_);
   }
 
  private:
   std::vector<char> bytes_;
-  grpc::ByteBuffer chunk_;
   size_t total_;
 };
 
 class BareRead : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit BareRead(grpc::GenericStub* stub) {
-    stub->PrepareBidiStreamingCall(&context_, "/tandem.bench.Bare/Stream", grpc::StubOptions(),
-                                   this);
+    stub->PrepareBidiStreamingCall(&context_, kBareMethod, grpc::StubOptions(), this);
     grpc::Slice empty("", 0);
     request_ = grpc::ByteBuffer(&empty, 1);
     StartWriteLast(&request_, grpc::WriteOptions());
@@ -242,7 +245,7 @@ class BareRead : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   // Seconds from the first message to the last; nullopt if the call failed.
   std::optional<double> Wait(size_t total) {
     finished_.WaitForNotification();
-    if (!status_.ok() || got_ < total) return std::nullopt;
+    if (!status_.ok() || got_ != total) return std::nullopt;
     return Seconds(last_ - first_);
   }
 
