@@ -562,6 +562,9 @@ int RunKvBench(const std::vector<std::string>& args) {
     }
   }
 
+  // The readers below stand in for the decode worker: the same allocator
+  // thresholds as the workers (RunWorker), for them and for the ceiling lines.
+  KeepKvBuffersInHeap();
   Link link;
   if (link_kind == "veth") {
     if (!link.Veth(link_rate)) return Fail("could not make the veth link (root and iproute2?)");

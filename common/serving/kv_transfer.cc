@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -137,6 +141,16 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
 void SetKvReceiveWindow(grpc::ChannelArguments* args) {
   args->SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kKvReceiveWindowBytes);
+}
+
+bool KeepKvBuffersInHeap() {
+#if defined(__GLIBC__)
+  // Setting either threshold fixes both (glibc stops adjusting them), so both
+  // are set: the mmap threshold alone would leave the trim threshold at 128 KiB.
+  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 64 << 20) == 1;
+#else
+  return false;
+#endif
 }
 
 absl::StatusOr<ReceivedMessage> ParseReceived(grpc::ByteBuffer* buffer) {

@@ -155,6 +155,20 @@ inline constexpr char kPrefillMethod[] = "/tandem.v1.Prefill/Prefill";
 inline constexpr int kKvReceiveWindowBytes = 16 << 20;
 void SetKvReceiveWindow(grpc::ChannelArguments* args);
 
+// Keeps a KV stream's buffers in the allocator's heap. glibc's malloc serves
+// a block above its mmap threshold with a fresh mapping (the threshold starts
+// at 128 KiB and follows the largest block freed) and returns free memory at
+// a heap's top above its trim threshold to the system; a stream's MiB-sized
+// buffers (gRPC's read slices, the encoded chunks) were then mapped, faulted
+// in page by page, zeroed and unmapped again for every chunk. On a 2-vCPU
+// Zen 5 the prefill stream, read as the decode worker reads it, moved 1.4-2.1
+// GB/s on loopback with glibc's defaults and 3.4-3.5 with these thresholds in
+// the same session (`tandem bench kv --prompt-tokens=16 --iters=6`;
+// docs/benchmarking.md). Blocks above 32 MiB (weights, the KV cache) are still
+// mapped; a heap keeps up to 64 MiB free. Call before threads start; returns
+// false where the allocator is not glibc's (a sanitizer's, another libc).
+bool KeepKvBuffersInHeap();
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_SERVING_KV_TRANSFER_H_

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 
 #include "common/base/logging.h"
+#include "common/serving/kv_transfer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -99,6 +100,10 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   const pthread_t main_thread = pthread_self();
+  if (!KeepKvBuffersInHeap()) {
+    TANDEM_LOG(INFO) << options.role << " worker: the allocator's thresholds are its own "
+                        "(not glibc's malloc): KV stream buffers may be mapped per chunk";
+  }
 
   if (options.max_connection_age_seconds < 0 || options.drain_seconds < 0) {
     TANDEM_LOG(ERROR) << options.role << " worker: --max-connection-age-seconds="
