@@ -1,6 +1,12 @@
 #include "common/serving/kv_transfer.h"
 
 #include <cstring>
+#include <memory>
+#include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "gtest/gtest.h"
 
@@ -326,6 +332,25 @@ TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {
   const int per = TokensPerChunk(3 * 64 * sizeof(float));
   EXPECT_LE(static_cast<size_t>(per) * 3 * 64 * 4 * 2, kMaxChunkBytes);
   EXPECT_GT(static_cast<size_t>(per + 1) * 3 * 64 * 4 * 2, kMaxChunkBytes);
+}
+
+// A KV stream's MiB-sized buffers come from malloc's heap and stay there once
+// freed, instead of a fresh mapping (page faults, zeroing) for every chunk.
+TEST(KvTransferTest, StreamBuffersStayInTheHeap) {
+#if defined(__GLIBC__)
+  if (!KeepKvBuffersInHeap()) GTEST_SKIP() << "the allocator is not glibc's (a sanitizer's)";
+  const size_t mapped = mallinfo2().hblks;
+  std::vector<std::unique_ptr<char[]>> chunks;
+  for (int i = 0; i < 4; ++i) {
+    chunks.emplace_back(new char[kMaxChunkBytes]);
+    chunks.back()[0] = static_cast<char>(i);  // touched, as a chunk is
+  }
+  EXPECT_EQ(mallinfo2().hblks, mapped) << "a chunk-sized block was given its own mapping";
+  chunks.clear();
+  EXPECT_GE(mallinfo2().fordblks, 4 * kMaxChunkBytes) << "freed chunks went back to the system";
+#else
+  GTEST_SKIP() << "not glibc";
+#endif
 }
 
 }  // namespace
