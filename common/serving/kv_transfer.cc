@@ -143,8 +143,19 @@ void SetKvReceiveWindow(grpc::ChannelArguments* args) {
   args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kKvReceiveWindowBytes);
 }
 
+// A sanitizer's allocator serves malloc in place of glibc's, which mallopt
+// would still configure (TSan does not intercept it): nothing to keep there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TANDEM_SANITIZER_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define TANDEM_SANITIZER_MALLOC 1
+#endif
+#endif
+
 bool KeepKvBuffersInHeap() {
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && !defined(TANDEM_SANITIZER_MALLOC)
   // Setting either threshold fixes both (glibc stops adjusting them), so both
   // are set: the mmap threshold alone would leave the trim threshold at 128 KiB.
   return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 64 << 20) == 1;
