@@ -161,7 +161,7 @@ void SetKvReceiveWindow(grpc::ChannelArguments* args);
 // a heap's top above its trim threshold to the system; a stream's MiB-sized
 // buffers (gRPC's read slices, the encoded chunks) were then mapped, faulted
 // in page by page, zeroed and unmapped again for every chunk. On a 2-vCPU
-// Zen 5 the prefill stream, read as the decode worker reads it, moved 1.4-2.1
+// Zen 5 the prefill stream, read as the decode worker reads it, moved 1.7-2.1
 // GB/s on loopback with glibc's defaults and 3.4-3.5 with these thresholds in
 // the same session (`tandem bench kv --prompt-tokens=16 --iters=6`;
 // docs/benchmarking.md). Blocks above 32 MiB (weights, the KV cache) are still
