@@ -171,12 +171,6 @@ double RawSocketSeconds(const Link& link, size_t total, size_t chunk) {
   return secs;
 }
 
-// gRPC's own ceiling on the link: seconds for a reader on the near side to
-// get `total` bytes that an in-process gRPC server on the far side streams in
-// `chunk`-byte messages of one prebuilt buffer (no copy, no checksum, nothing
-// parsed: only gRPC's framing, flow control and threads), first message to
-// last. Next to the raw socket's time it says how much of the gap between the
-// KV stream and TCP the transport itself takes.
 // The bare stream's method: the generic service below answers any name.
 constexpr char kBareMethod[] = "/tandem.bench.Bare/Stream";
 
@@ -258,6 +252,12 @@ class BareRead : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuff
   absl::Notification finished_;
 };
 
+// gRPC's own ceiling on the link: seconds for a reader on the near side to
+// get `total` bytes that an in-process gRPC server on the far side streams in
+// `chunk`-byte messages of one prebuilt buffer (no copy, no checksum, nothing
+// parsed: only gRPC's framing, flow control and threads), first message to
+// last. Next to the raw socket's time it says how much of the gap between the
+// KV stream and TCP the transport itself takes.
 std::optional<double> BareGrpcSeconds(const Link& link, size_t total, size_t chunk) {
   BareService service(total, chunk);
   std::unique_ptr<grpc::Server> server;
