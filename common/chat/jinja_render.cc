@@ -3,6 +3,7 @@
 // the current one), Python's operators, and the limits that stop a hostile
 // template.
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
@@ -25,10 +26,17 @@ class Frame {
     return nullptr;
   }
   void Set(const std::string& name, Value v) { vars_[name] = std::move(v); }
+  // Expires when this frame ends: a macro stored in a namespace can outlive
+  // the loop body that defined it, and must not read that body's frame then.
+  std::weak_ptr<const void> LifeToken() const {
+    if (life_ == nullptr) life_ = std::make_shared<char>(0);
+    return life_;
+  }
 
  private:
   const Frame* parent_;
   std::unordered_map<std::string, Value> vars_;
+  mutable std::shared_ptr<const void> life_;
 };
 
 absl::Status TypeError(absl::string_view what) { return absl::InvalidArgumentError(what); }
@@ -182,6 +190,12 @@ absl::StatusOr<Value> Slice(const Value& obj, const Value& start_v, const Value&
 class Renderer {
  public:
   explicit Renderer(const RenderLimits& limits) : limits_(limits) {}
+  // A namespace can be made to hold itself (`set ns.me = ns`, or through a
+  // list, a dict or a bound method); it lives only as long as the render,
+  // so emptying the ones assigned to frees any such cycle.
+  ~Renderer() {
+    for (auto& [dict, ns] : assigned_namespaces_) dict->items.clear();
+  }
 
   absl::Status Exec(const Body& body, Frame* frame, std::string* out) {
     for (const Stmt& st : body) {
@@ -265,6 +279,7 @@ class Renderer {
                                                st.targets[0], "'")), st.line);
         }
         ns->dict().Set(st.attr, std::move(v));
+        assigned_namespaces_.try_emplace(&ns->dict(), *ns);
         return absl::OkStatus();
       }
       case Stmt::Kind::kSetBlock:
@@ -349,7 +364,12 @@ class Renderer {
   }
 
   Value MakeMacro(const Stmt& st, const Frame* defined_in) {
-    return Value::Callable([this, &st, defined_in](CallArgs& a) -> absl::StatusOr<Value> {
+    return Value::Callable([this, &st, defined_in, alive = defined_in->LifeToken()](
+                               CallArgs& a) -> absl::StatusOr<Value> {
+      if (alive.expired()) {
+        return TypeError(absl::StrCat("macro '", st.name,
+                                      "' called after the scope that defined it ended"));
+      }
       if (call_depth_ >= limits_.max_call_depth) {
         return absl::ResourceExhaustedError(absl::StrCat("macro '", st.name, "': calls nested deeper than ",
                                                          limits_.max_call_depth));
@@ -540,6 +560,7 @@ class Renderer {
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  std::unordered_map<ValueDict*, Value> assigned_namespaces_;
 };
 
 }  // namespace
