@@ -1,0 +1,70 @@
+// The block-weight matmul kernel alone (cpu::MatmulBlocks, one thread), at
+// SmolLM2-135M's shapes and the row counts a decode step gives it: 1 (plain
+// decoding), 5 (a verification step of 1 + 4 tokens), 8. Whole-step timings
+// (`tandem bench step`) swing 20-40% on shared 2-vCPU machines; the minimum
+// of repetitions here holds to a few percent, so kernel changes are compared
+// with it:
+//   build/bin/matmul_blocks_benchmark --benchmark_repetitions=9 \
+//     --benchmark_report_aggregates_only=true   # quote the min
+//   TANDEM_CPU_TARGET=AVX2 build/bin/matmul_blocks_benchmark ...
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "common/backend/tensor.h"
+#include "common/kernels/cpu/cpu_kernels.h"
+
+namespace tandem {
+namespace {
+
+// Weights of `dtype`, K x N (SmolLM2: q/o 576 x 576, gate/up 576 x 1536,
+// down 1536 x 576), times n rows of x.
+void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
+  const int64_t n = state.range(0), k = state.range(1), rows = state.range(2);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<float> w(rows * k), x(n * k), out(n * rows);
+  for (float& v : w) v = uni(rng);
+  for (float& v : x) v = uni(rng);
+  std::vector<uint8_t> stored(DTypeBytes(dtype, rows * k));
+  ConvertFromF32(w.data(), dtype, stored.data(), rows * k);
+  std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(n, k));
+  for (auto _ : state) {
+    cpu::MatmulBlocks(dtype, x.data(), k, n, stored.data(), k, 0, rows, out.data(), rows,
+                      scratch.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(stored.size()));
+  state.SetLabel(cpu::Target());
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "K", "N"});
+  b->ComputeStatistics("min", [](const std::vector<double>& v) {
+    return *std::min_element(v.begin(), v.end());
+  });
+  for (int64_t n : {1, 5, 8}) {
+    b->Args({n, 576, 1536});
+    b->Args({n, 1536, 576});
+    b->Args({n, 576, 576});
+  }
+}
+BENCHMARK_CAPTURE(BM_MatmulBlocks, q4_1, DType::kQ4_1)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_MatmulBlocks, q8_0, DType::kQ8_0)->Apply(Shapes);
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  if (const char* t = std::getenv("TANDEM_CPU_TARGET"); t != nullptr && *t != '\0') {
+    if (!tandem::cpu::UseTarget(t)) return 2;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  return 0;
+}
