@@ -17,6 +17,7 @@
 #include <cctype>
 #include <cmath>
 #include <ctime>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -99,6 +100,22 @@ class Args {
 absl::StatusOr<int64_t> ToInt(const Value& v, const char* what) {
   if (v.is_int() || v.is_bool()) return v.as_int();
   return TypeError(absl::StrCat(what, " must be an integer, got ", v.TypeName()));
+}
+
+// Python's int(float): truncation toward zero. Python's ints are unbounded
+// and these are 64-bit, so a float beyond them is an error naming it (a cast
+// would be undefined behaviour), as NaN and infinity are in Python too.
+absl::StatusOr<int64_t> FloatToInt(double d, absl::string_view what) {
+  if (std::isnan(d)) return TypeError(absl::StrCat(what, ": cannot convert float NaN to integer"));
+  if (std::isinf(d)) {
+    return TypeError(absl::StrCat(what, ": cannot convert float infinity to integer"));
+  }
+  const double t = std::trunc(d);
+  if (t < -9223372036854775808.0 || t >= 9223372036854775808.0) {
+    return Unsupported(absl::StrCat(what, ": ", FormatPythonFloat(d),
+                                    " is beyond the 64-bit integers of this interpreter"));
+  }
+  return static_cast<int64_t>(t);
 }
 
 absl::StatusOr<std::string> ToStr(const Value& v, const char* what) {
@@ -616,7 +633,12 @@ std::string PercentFormat(const std::string& fmt, const ValueList& args, absl::S
     } else if (c == 'r') {
       out += v.Repr();
     } else if ((c == 'd' || c == 'i') && v.is_number()) {
-      out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_double()) : v.as_int());
+      absl::StatusOr<int64_t> i = v.is_float() ? FloatToInt(v.as_double(), "format: %d") : v.as_int();
+      if (!i.ok()) {
+        *status = i.status();
+        return out;
+      }
+      out += std::to_string(*i);
     } else {
       *status = Unsupported(absl::StrCat("format: the conversion %", std::string(1, c), " is not supported"));
       return out;
@@ -934,7 +956,12 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
   }
   if (name == "abs") {
     if (x.is_float()) return done(Value::Float(std::fabs(x.as_double())));
-    if (x.is_number()) return done(Value::Int(std::llabs(x.as_int())));
+    if (x.is_number()) {
+      if (x.as_int() == std::numeric_limits<int64_t>::min()) {
+        return Unsupported("abs(): the result is beyond the 64-bit integers of this interpreter");
+      }
+      return done(Value::Int(std::llabs(x.as_int())));
+    }
     return TypeError(absl::StrCat("bad operand type for abs(): '", x.TypeName(), "'"));
   }
   if (name == "int" || name == "float") {
@@ -944,8 +971,10 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
     if (to_int) a.Get(1, "base");
     RETURN_IF_ERROR(a.Done());
     if (x.is_number()) {
-      return to_int ? Value::Int(x.is_float() ? static_cast<int64_t>(x.as_double()) : x.as_int())
-                    : Value::Float(x.as_double());
+      if (!to_int) return Value::Float(x.as_double());
+      if (!x.is_float()) return Value::Int(x.as_int());
+      ASSIGN_OR_RETURN(const int64_t i, FloatToInt(x.as_double(), "int"));
+      return Value::Int(i);
     }
     if (x.is_string()) {
       const std::string s = Strip(x.as_string(), Value(), true, true);
@@ -957,7 +986,9 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
       }
       const double d = std::strtod(s.c_str(), &end);
       if (!s.empty() && end == s.c_str() + s.size()) {
-        return to_int ? Value::Int(static_cast<int64_t>(d)) : Value::Float(d);
+        if (!to_int) return Value::Float(d);
+        ASSIGN_OR_RETURN(const int64_t i, FloatToInt(d, "int"));
+        return Value::Int(i);
       }
     }
     return def;
@@ -1036,7 +1067,10 @@ absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& x, CallArgs
       ASSIGN_OR_RETURN(d, ToInt(a.Get(0, "num"), "divisibleby's argument"));
       if (d == 0) return TypeError("divisibleby: division by zero");
     }
-    const int64_t v = x.is_float() ? static_cast<int64_t>(x.as_double()) : x.as_int();
+    int64_t v = x.as_int();
+    if (x.is_float()) {
+      ASSIGN_OR_RETURN(v, FloatToInt(x.as_double(), name));
+    }
     r = name == "odd" ? v % 2 != 0 : v % d == 0;
   } else if (name == "in") {
     const Value seq = a.Get(0, "seq");
@@ -1099,7 +1133,11 @@ Value BuiltinGlobals() {
                                     kMaxRange, ")."));
     }
     ValueList out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(Value::Int(i));
+    // The last step may pass the 64-bit limit: the loop ends there.
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+      out.push_back(Value::Int(i));
+      if (__builtin_add_overflow(i, step, &i)) break;
+    }
     return Value::List(std::move(out));
   }, "range"));
   auto make_dict = [](bool ns) {

@@ -60,6 +60,13 @@ absl::StatusOr<Value> Repeat(const ValueList* list, const std::string* str, int6
   return Value::String(std::move(out));
 }
 
+// Integers are 64-bit here, Python's unbounded: a result beyond them is an
+// error, not a wrapped value (signed overflow is undefined behaviour).
+absl::Status IntegerOverflow(const std::string& op) {
+  return absl::UnimplementedError(absl::StrCat("integer ", op,
+                                               ": the result is beyond the 64-bit integers of this interpreter"));
+}
+
 absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
@@ -106,10 +113,20 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
     return Value::Float(m != 0 && ((m < 0) != (y < 0)) ? m + y : m);
   }
   const int64_t x = a.as_int(), y = b.as_int();
-  if (op == "+") return Value::Int(x + y);
-  if (op == "-") return Value::Int(x - y);
-  if (op == "*") return Value::Int(x * y);
+  int64_t r = 0;
+  if (op == "+" || op == "-" || op == "*") {
+    const bool over = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                      : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                  : __builtin_mul_overflow(x, y, &r);
+    if (over) return IntegerOverflow(op);
+    return Value::Int(r);
+  }
   if (y == 0) return TypeError("integer division or modulo by zero");
+  if (y == -1) {  // x / -1 overflows for the smallest x (and traps on x86)
+    if (op == "%") return Value::Int(0);
+    if (__builtin_sub_overflow(int64_t{0}, x, &r)) return IntegerOverflow(op);
+    return Value::Int(r);
+  }
   int64_t q = x / y, m = x % y;
   if (m != 0 && ((m < 0) != (y < 0))) {
     --q;
@@ -513,7 +530,10 @@ class Renderer {
           return TypeError(absl::StrCat("bad operand type for unary ", e.name, ": '", x.TypeName(), "'"));
         }
         if (e.name == "+") return x.is_float() ? x : Value::Int(x.as_int());
-        return x.is_float() ? Value::Float(-x.as_double()) : Value::Int(-x.as_int());
+        if (x.is_float()) return Value::Float(-x.as_double());
+        int64_t r = 0;
+        if (__builtin_sub_overflow(int64_t{0}, x.as_int(), &r)) return IntegerOverflow(e.name);
+        return Value::Int(r);
       }
       case Expr::Kind::kBinary: {
         ASSIGN_OR_RETURN(Value a, Eval(*e.args[0], frame));

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/chat/chat_template.h"
 #include "common/chat/jinja.h"
@@ -165,6 +167,37 @@ TEST(JinjaTest, MacroCalledAfterItsScopeEndedIsAnError) {
   EXPECT_NE(r.status().message().find("macro 'm' called after the scope that defined it ended"),
             std::string::npos)
       << r.status();
+}
+
+// Integers are 64-bit here (Python's are unbounded): a result beyond them,
+// and NaN or infinity made an int, is an error naming the operation, never
+// a wrapped value or undefined behaviour (UBSan checks this in CI).
+TEST(JinjaTest, IntegersBeyond64BitsAreAnError) {
+  for (const char* source :
+       {"{{ 7.7e26|int }}", "{{ '7.7e26'|int }}", "{{ (1e308 * 10)|int }}", "{{ '%d'|format(7.7e26) }}",
+        "{{ 7.7e26 is even }}", "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+        "{{ 9223372036854775807 * 2 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+        "{{ -(-9223372036854775807 - 1) }}", "{{ (-9223372036854775807 - 1)|abs }}"}) {
+    auto t = jinja::Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    auto r = t->Render(jinja::Value::Dict());
+    EXPECT_FALSE(r.ok()) << source << " rendered " << *r;
+  }
+  // In range, Python's answers.
+  for (const auto& [source, want] : std::vector<std::pair<const char*, const char*>>{
+           {"{{ 2.9|int }}{{ -2.9|int }}", "2-2"},
+           {"{{ (-9223372036854775807 - 1) % -1 }}", "0"},
+           {"{{ 9223372036854775806 + 1 }}", "9223372036854775807"},
+           {"{{ range(9223372036854775800, 9223372036854775807, 4)|list }}",
+            "[9223372036854775800, 9223372036854775804]"},
+           {"{{ range(9223372036854775800, 9223372036854775807, 5)|list }}",  // the next would overflow
+            "[9223372036854775800, 9223372036854775805]"}}) {
+    auto t = jinja::Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source;
+    auto r = t->Render(jinja::Value::Dict());
+    ASSERT_TRUE(r.ok()) << source << ": " << r.status();
+    EXPECT_EQ(*r, want) << source;
+  }
 }
 
 TEST(JinjaTest, PythonFloatRepr) {
