@@ -98,6 +98,9 @@ absl::StatusOr<Value> GetAttr(const Value& obj, const std::string& name);
 absl::StatusOr<Value> GetItem(const Value& obj, const Value& key);
 // The error for using an undefined value.
 absl::Status UndefinedError(const Value& undefined);
+// Integers are 64-bit here, Python's unbounded: `what`'s result beyond them
+// is this error, never a wrapped value (signed overflow is undefined behaviour).
+absl::Status IntegerOverflow(absl::string_view what);
 // range, namespace, dict, raise_exception, strftime_now.
 Value BuiltinGlobals();
 // The items a for loop visits: a list's items, a dict's keys, a string's

@@ -653,6 +653,11 @@ std::string PercentFormat(const std::string& fmt, const ValueList& args, absl::S
 bool IsKnownFilter(const std::string& name) { return Filters().count(name) > 0; }
 bool IsKnownTest(const std::string& name) { return Tests().count(name) > 0; }
 
+absl::Status IntegerOverflow(absl::string_view what) {
+  return absl::UnimplementedError(
+      absl::StrCat(what, ": the result is beyond the 64-bit integers of this interpreter"));
+}
+
 absl::Status UndefinedError(const Value& undefined) {
   return absl::InvalidArgumentError(
       undefined.undefined_hint().empty() ? "a value is undefined" : undefined.undefined_hint());
@@ -958,7 +963,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
     if (x.is_float()) return done(Value::Float(std::fabs(x.as_double())));
     if (x.is_number()) {
       if (x.as_int() == std::numeric_limits<int64_t>::min()) {
-        return Unsupported("abs(): the result is beyond the 64-bit integers of this interpreter");
+        return IntegerOverflow("abs()");
       }
       return done(Value::Int(std::llabs(x.as_int())));
     }

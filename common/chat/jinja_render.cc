@@ -60,13 +60,6 @@ absl::StatusOr<Value> Repeat(const ValueList* list, const std::string* str, int6
   return Value::String(std::move(out));
 }
 
-// Integers are 64-bit here, Python's unbounded: a result beyond them is an
-// error, not a wrapped value (signed overflow is undefined behaviour).
-absl::Status IntegerOverflow(const std::string& op) {
-  return absl::UnimplementedError(absl::StrCat("integer ", op,
-                                               ": the result is beyond the 64-bit integers of this interpreter"));
-}
-
 absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
@@ -118,13 +111,13 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
     const bool over = op == "+"   ? __builtin_add_overflow(x, y, &r)
                       : op == "-" ? __builtin_sub_overflow(x, y, &r)
                                   : __builtin_mul_overflow(x, y, &r);
-    if (over) return IntegerOverflow(op);
+    if (over) return IntegerOverflow(absl::StrCat("integer ", op));
     return Value::Int(r);
   }
   if (y == 0) return TypeError("integer division or modulo by zero");
   if (y == -1) {  // x / -1 overflows for the smallest x (and traps on x86)
     if (op == "%") return Value::Int(0);
-    if (__builtin_sub_overflow(int64_t{0}, x, &r)) return IntegerOverflow(op);
+    if (__builtin_sub_overflow(int64_t{0}, x, &r)) return IntegerOverflow(absl::StrCat("integer ", op));
     return Value::Int(r);
   }
   int64_t q = x / y, m = x % y;
@@ -532,7 +525,7 @@ class Renderer {
         if (e.name == "+") return x.is_float() ? x : Value::Int(x.as_int());
         if (x.is_float()) return Value::Float(-x.as_double());
         int64_t r = 0;
-        if (__builtin_sub_overflow(int64_t{0}, x.as_int(), &r)) return IntegerOverflow(e.name);
+        if (__builtin_sub_overflow(int64_t{0}, x.as_int(), &r)) return IntegerOverflow(absl::StrCat("integer ", e.name));
         return Value::Int(r);
       }
       case Expr::Kind::kBinary: {
