@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   int queue_timeout_ms = 30000;
   double prefill_timeout_s = 60, prefill_timeout_per_token_ms = 10, first_message_timeout_s = 5;
   int kv_streams = 1;
+  int kv_receive_window = tandem::kKvReceiveWindowBytes;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
@@ -54,6 +55,9 @@ int main(int argc, char** argv) {
   flags.Add("kv-streams", &kv_streams,
             "Prefill streams per request, each on its own connection, its layers split "
             "between them (1-16): for links where one connection is the limit");
+  flags.Add("kv-receive-window-bytes", &kv_receive_window,
+            "HTTP/2 receive window of each KV stream (64 KiB - 1 GiB): how much KV may be in "
+            "flight to this worker unread; cover the link's bandwidth-delay product");
   tandem::OpenAiOptions openai;
   std::string chat_template_path;
   flags.Add("http-address", &openai.http_address,
@@ -129,6 +133,13 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: --kv-streams must be in [1, 16], got " << kv_streams << std::endl;
     return 2;
   }
+  if (kv_receive_window < tandem::kMinKvReceiveWindowBytes ||
+      kv_receive_window > tandem::kMaxKvReceiveWindowBytes) {
+    std::cerr << "decode_worker: --kv-receive-window-bytes must be in ["
+              << tandem::kMinKvReceiveWindowBytes << ", " << tandem::kMaxKvReceiveWindowBytes
+              << "], got " << kv_receive_window << std::endl;
+    return 2;
+  }
   decode.prefill_timeout = absl::Seconds(prefill_timeout_s);
   decode.prefill_timeout_per_token = absl::Milliseconds(prefill_timeout_per_token_ms);
   decode.first_message_timeout = absl::Seconds(first_message_timeout_s);
@@ -143,7 +154,7 @@ int main(int argc, char** argv) {
                       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
   args.SetMaxReceiveMessageSize(8 << 20);
-  tandem::SetKvReceiveWindow(&args);
+  tandem::SetKvReceiveWindow(&args, kv_receive_window);
   // Reconnect to a restarted prefill worker within ~2 s, not gRPC's default 2 min.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);

@@ -138,9 +138,9 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   return w;
 }
 
-void SetKvReceiveWindow(grpc::ChannelArguments* args) {
+void SetKvReceiveWindow(grpc::ChannelArguments* args, int bytes) {
   args->SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kKvReceiveWindowBytes);
+  args->SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, bytes);
 }
 
 // A sanitizer's allocator serves malloc in place of glibc's, which mallopt

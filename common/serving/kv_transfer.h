@@ -144,7 +144,8 @@ using RawPrefillStub = grpc::TemplatedGenericStub<v1::PrefillRequest, grpc::Byte
 inline constexpr char kPrefillMethod[] = "/tandem.v1.Prefill/Prefill";
 
 // The HTTP/2 receive window of a channel that reads KV streams: a fixed
-// kKvReceiveWindowBytes per stream instead of gRPC's BDP probing. On loopback
+// `bytes` per stream (the decode worker's --kv-receive-window-bytes, by
+// default kKvReceiveWindowBytes) instead of gRPC's BDP probing. On loopback
 // the probing's estimate keeps the window small and the sender waits for
 // window updates: on a 2-vCPU Zen 5 the prefill stream read as bytes moved
 // 1.6 GB/s median with probing, 1.9 with this (4 interleaved runs each), and
@@ -153,7 +154,11 @@ inline constexpr char kPrefillMethod[] = "/tandem.v1.Prefill/Prefill";
 // at the wire's rate (docs/benchmarking.md). 16 MiB covers a link's
 // bandwidth-delay product up to 13 Gbit/s at 10 ms.
 inline constexpr int kKvReceiveWindowBytes = 16 << 20;
-void SetKvReceiveWindow(grpc::ChannelArguments* args);
+// HTTP/2's smallest initial window (64 KiB - 1, RFC 9113) rounded up, and a
+// bound far above any link's need that keeps the int arithmetic safe.
+inline constexpr int kMinKvReceiveWindowBytes = 64 << 10;
+inline constexpr int kMaxKvReceiveWindowBytes = 1 << 30;
+void SetKvReceiveWindow(grpc::ChannelArguments* args, int bytes = kKvReceiveWindowBytes);
 
 // Keeps a KV stream's buffers in the allocator's heap. glibc's malloc serves
 // a block above its mmap threshold with a fresh mapping (the threshold starts

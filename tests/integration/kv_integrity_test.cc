@@ -360,45 +360,54 @@ TEST(KvIntegrityTest, StalledReaderLosesItsLease) {
 }
 
 // A decode worker frozen (SIGSTOP) or killed while KV streams to it: the
-// prefill worker frees the request's blocks (lease, keepalive, or the
+// prefill worker frees the request's blocks (the export lease, or the
 // broken connection). The frozen one, resumed, ends its request with an
-// error, never a wrong token, and holds no block.
+// error, never a wrong token, and holds no block. The signal comes while
+// the prompt is still being computed (64 tokens a step, its KV streamed
+// chunk by chunk), and the decode worker's receive window is HTTP/2's
+// smallest, so the rest of the prompt's 4 MiB of KV cannot be in flight
+// when it stops reading. (Signalled once the prefill worker held all 250
+// blocks, with the default 16 MiB window, the whole stream had left before
+// any poll saw them, and neither signal found a transfer to break.)
 TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
-  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=4096",
+  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=64",
                                                   "--kv-export-timeout-seconds=2"});
   for (int sig : {SIGSTOP, SIGKILL}) {
     SCOPED_TRACE(sig);
-    Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
-    // 4,000 tokens: 250 blocks, 4 MiB of KV.
+    Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
+                                                  "--kv-receive-window-bytes=65536"});
+    // 4,000 tokens: 250 blocks, 4 MiB of KV, 63 prefill steps.
     const std::vector<int32_t> prompt = TestPrompt(4000, sig);
+    const double expired = Failures(prefill, "expired");
+    const double cancelled = Failures(prefill, "cancelled");
     GenerateResult r;
     std::thread client([&] {
       r = Generate(decode.address(), Request("big", prompt, 2), std::chrono::seconds(60));
     });
-    // Freeze or kill it once the prefill worker holds the prompt's KV.
+    // Freeze or kill it once the prefill worker holds the first steps' KV.
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    double held = 0;
     while (std::chrono::steady_clock::now() < end &&
-           prefill.Metric("tandem_kv_cache_blocks_in_use") < 250) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+           (held = prefill.Metric("tandem_kv_cache_blocks_in_use")) < 16) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     decode.process->Signal(sig);
+    ASSERT_GE(held, 16) << "the prefill worker never held the prompt's KV";
+    ASSERT_LT(held, 250) << "the prompt was computed before the signal: nothing to break";
     EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(20)), 0);
     if (sig == SIGSTOP) {
+      // The frozen reader loses its blocks to the lease.
+      EXPECT_EQ(Failures(prefill, "expired"), expired + 1);
       decode.process->Signal(SIGCONT);
       client.join();
-      if (r.status.ok()) {
-        EXPECT_EQ(r.tokens, LocalTokens(prompt, 2));  // it made it before the freeze
-      }
+      EXPECT_FALSE(r.status.ok()) << "frozen mid-stream, yet served";
       EXPECT_EQ(AwaitMetric(decode, "tandem_kv_cache_blocks_in_use", 0, std::chrono::seconds(15)),
                 0);
       StopWorker(decode);
     } else {
       client.join();
-      // Under load the whole transfer can end between two polls of the
-      // gauge: then the request finished before the kill, with its tokens.
-      if (r.status.ok()) {
-        EXPECT_EQ(r.tokens, LocalTokens(prompt, 2));
-      }
+      EXPECT_FALSE(r.status.ok()) << "killed, yet served";
+      EXPECT_EQ(Failures(prefill, "cancelled"), cancelled + 1);
     }
   }
   StopWorker(prefill);
