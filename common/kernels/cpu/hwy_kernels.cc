@@ -4,6 +4,12 @@
 // one the running CPU supports at the first call.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "common/kernels/cpu/hwy_kernels.cc"
+// Also compiled for AVX3_DL (AVX-512 with VNNI: Ice Lake and later Xeons,
+// Zen 4 and later), which Highway 1.0 builds only when asked: its integer
+// block dots take one instruction per multiply-add (MulAddPairs).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
@@ -386,6 +392,25 @@ HWY_INLINE hn::Vec<D> BroadcastLane(D /*d*/, V v) {
   }
 }
 
+// s + the sums of adjacent products of w and x's int16 lanes (ReorderWidenMulAccumulate:
+// vpmaddwd, then vpaddd on x86). AVX3_DL targets have VNNI's vpdpwssd, both
+// in one instruction (the same integer sums: no product pair of quants and
+// x rounded to +-32767 reaches int32's limit).
+template <class DS32, class V16>
+HWY_INLINE hn::Vec<DS32> MulAddPairs(DS32 ds, V16 w, V16 x, hn::Vec<DS32> s, hn::Vec<DS32>& t) {
+#if HWY_TARGET == HWY_AVX3_DL
+  if constexpr (hn::MaxLanes(DS32()) == 16) {
+    // Written out: Highway 1.0 compiles AVX3_DL without GCC's avx512vnni
+    // option, which the intrinsic needs (the target itself requires the
+    // feature at run time).
+    __m512i acc = s.raw;
+    asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(w.raw), "vm"(x.raw));
+    return hn::Vec<DS32>{acc};
+  }
+#endif
+  return hn::ReorderWidenMulAccumulate(ds, w, x, s, t);
+}
+
 // Rows of x per pass over a weight row's blocks: 8 on x86 from AVX2 up
 // (rows taken one after another on the TANDEM_BLOCK_PAIRS targets: only the
 // accumulators stay live, which fit AVX2's 16 registers too; with every row's sums live
@@ -623,13 +648,13 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     // the same bits as all rows' products first).
 #define TANDEM_ROW(r)                                                                  \
   if constexpr (R > r) {                                                               \
-    s##r = hn::ReorderWidenMulAccumulate(ds, wa, hn::LoadU(dq, q##r + oa), s##r, t##r); \
+    s##r = MulAddPairs(ds, wa, hn::LoadU(dq, q##r + oa), s##r, t##r);                  \
     if constexpr (kTwo) {                                                              \
-      s##r = hn::ReorderWidenMulAccumulate(ds, wb, hn::LoadU(dq, q##r + ob), s##r, t##r); \
+      s##r = MulAddPairs(ds, wb, hn::LoadU(dq, q##r + ob), s##r, t##r);                \
     }                                                                                  \
     if constexpr (kFour) {                                                             \
-      s##r = hn::ReorderWidenMulAccumulate(ds, wc, hn::LoadU(dq, q##r + o + 32), s##r, t##r); \
-      s##r = hn::ReorderWidenMulAccumulate(ds, wd, hn::LoadU(dq, q##r + o + 48), s##r, t##r); \
+      s##r = MulAddPairs(ds, wc, hn::LoadU(dq, q##r + o + 32), s##r, t##r);            \
+      s##r = MulAddPairs(ds, wd, hn::LoadU(dq, q##r + o + 48), s##r, t##r);            \
     }                                                                                  \
   }                                                                                    \
   TANDEM_ACCUMULATE(r)
