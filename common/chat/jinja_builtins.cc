@@ -21,6 +21,8 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -116,6 +118,105 @@ absl::StatusOr<int64_t> FloatToInt(double d, absl::string_view what) {
                                     " is beyond the 64-bit integers of this interpreter"));
   }
   return static_cast<int64_t>(t);
+}
+
+// Python's int(s, base) for a stripped str: the value, or nullopt where
+// Python raises ValueError (a base outside 0 and 2-36 included). Digits may
+// be separated by single underscores, and one may follow a 0x/0o/0b prefix;
+// base 0 takes the base from the prefix and refuses a decimal's leading
+// zeros. A value beyond 64 bits sets *overflow (Python's int is unbounded).
+// Written here: strtoll knows no underscores and reads 0x without being asked.
+std::optional<int64_t> ParsePyInt(absl::string_view s, int64_t base, bool* overflow) {
+  *overflow = false;
+  if (base != 0 && (base < 2 || base > 36)) return std::nullopt;
+  bool negative = false;
+  if (!s.empty() && (s[0] == '+' || s[0] == '-')) {
+    negative = s[0] == '-';
+    s.remove_prefix(1);
+  }
+  bool after_prefix = false;
+  if (s.size() >= 2 && s[0] == '0') {
+    const char p = absl::ascii_tolower(s[1]);
+    const int64_t prefix_base = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 0;
+    if (prefix_base != 0 && (base == 0 || base == prefix_base)) {
+      base = prefix_base;
+      s.remove_prefix(2);
+      after_prefix = true;
+    }
+  }
+  const bool decimal_of_base0 = base == 0;
+  if (base == 0) base = 10;
+  uint64_t value = 0;
+  const uint64_t limit = negative ? uint64_t{1} << 63 : (uint64_t{1} << 63) - 1;
+  bool digit_before = after_prefix, any = false, over = false;
+  for (char c : s) {
+    if (c == '_') {
+      if (!digit_before) return std::nullopt;
+      digit_before = false;
+      continue;
+    }
+    const int64_t d = absl::ascii_isdigit(c)   ? c - '0'
+                      : absl::ascii_isalpha(c) ? absl::ascii_tolower(c) - 'a' + 10
+                                               : 99;
+    if (d >= base) return std::nullopt;
+    if (!over && (__builtin_mul_overflow(value, static_cast<uint64_t>(base), &value) ||
+                  __builtin_add_overflow(value, static_cast<uint64_t>(d), &value) || value > limit)) {
+      over = true;
+    }
+    digit_before = any = true;
+  }
+  if (!any || !digit_before) return std::nullopt;  // no digits, or a trailing underscore
+  if (decimal_of_base0 && (over || value != 0) && s[0] == '0') return std::nullopt;  // "010"
+  if (over) {
+    *overflow = true;
+    return std::nullopt;
+  }
+  // -2^63 has no positive int64: negated as unsigned, then converted.
+  return negative ? static_cast<int64_t>(~value + 1) : static_cast<int64_t>(value);
+}
+
+// Python's float(s) for a stripped str, or nullopt where it raises
+// ValueError: decimal digits (single underscores between them), a point, an
+// exponent, or inf / infinity / nan in any case, after an optional sign. Not
+// strtod alone: it also reads hexadecimal floats and "nan(...)".
+std::optional<double> ParsePyFloat(absl::string_view s) {
+  absl::string_view body = s;
+  if (!body.empty() && (body[0] == '+' || body[0] == '-')) body.remove_prefix(1);
+  const bool negative = !s.empty() && s[0] == '-';
+  if (absl::EqualsIgnoreCase(body, "inf") || absl::EqualsIgnoreCase(body, "infinity")) {
+    return negative ? -HUGE_VAL : HUGE_VAL;
+  }
+  if (absl::EqualsIgnoreCase(body, "nan")) return std::nan("");
+  std::string clean(s.substr(0, s.size() - body.size()));
+  size_t i = 0;
+  // Digits with single underscores between them, appended to clean; the count.
+  auto digits = [&]() {
+    size_t n = 0;
+    while (i < body.size()) {
+      if (absl::ascii_isdigit(body[i])) {
+        clean.push_back(body[i++]);
+        ++n;
+      } else if (body[i] == '_' && n > 0 && i + 1 < body.size() && absl::ascii_isdigit(body[i + 1])) {
+        ++i;
+      } else {
+        break;
+      }
+    }
+    return n;
+  };
+  size_t mantissa = digits();
+  if (i < body.size() && body[i] == '.') {
+    clean.push_back(body[i++]);
+    mantissa += digits();
+  }
+  if (mantissa == 0) return std::nullopt;
+  if (i < body.size() && (body[i] == 'e' || body[i] == 'E')) {
+    clean.push_back(body[i++]);
+    if (i < body.size() && (body[i] == '+' || body[i] == '-')) clean.push_back(body[i++]);
+    if (digits() == 0) return std::nullopt;
+  }
+  if (i != body.size()) return std::nullopt;
+  return std::strtod(clean.c_str(), nullptr);
 }
 
 absl::StatusOr<std::string> ToStr(const Value& v, const char* what) {
@@ -970,31 +1071,40 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
     return TypeError(absl::StrCat("bad operand type for abs(): '", x.TypeName(), "'"));
   }
   if (name == "int" || name == "float") {
+    // jinja2's do_int: int(value) (a str: int(value, base)); where that
+    // raises ValueError or TypeError, int(float(value)); where that raises
+    // too, the default. So NaN, and a string of infinity, give the default,
+    // while a float infinity fails (int() raises OverflowError, which the
+    // first step does not catch). do_float: float(value), else the default.
     const bool to_int = name == "int";
     Value def = a.Get(0, "default");
     if (def.is_undefined()) def = to_int ? Value::Int(0) : Value::Float(0);
-    if (to_int) a.Get(1, "base");
+    const Value base = to_int ? a.Get(1, "base") : Value();
     RETURN_IF_ERROR(a.Done());
     if (x.is_number()) {
       if (!to_int) return Value::Float(x.as_double());
       if (!x.is_float()) return Value::Int(x.as_int());
+      if (std::isnan(x.as_double())) return def;
       ASSIGN_OR_RETURN(const int64_t i, FloatToInt(x.as_double(), "int"));
       return Value::Int(i);
     }
     if (x.is_string()) {
       const std::string s = Strip(x.as_string(), Value(), true, true);
-      char* end = nullptr;
-      if (to_int) {
-        errno = 0;
-        const long long v = std::strtoll(s.c_str(), &end, 10);
-        if (!s.empty() && end == s.c_str() + s.size() && errno == 0) return Value::Int(v);
+      if (to_int && (base.is_undefined() || base.is_int())) {
+        bool overflow = false;
+        if (auto i = ParsePyInt(s, base.is_undefined() ? 10 : base.as_int(), &overflow)) {
+          return Value::Int(*i);
+        }
+        if (overflow) {
+          return Unsupported(absl::StrCat("int: '", s, "' is beyond the 64-bit integers of this interpreter"));
+        }
       }
-      const double d = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end == s.c_str() + s.size()) {
-        if (!to_int) return Value::Float(d);
-        ASSIGN_OR_RETURN(const int64_t i, FloatToInt(d, "int"));
-        return Value::Int(i);
-      }
+      const std::optional<double> d = ParsePyFloat(s);
+      if (!d.has_value()) return def;
+      if (!to_int) return Value::Float(*d);
+      if (std::isnan(*d) || std::isinf(*d)) return def;
+      ASSIGN_OR_RETURN(const int64_t i, FloatToInt(*d, "int"));
+      return Value::Int(i);
     }
     return def;
   }

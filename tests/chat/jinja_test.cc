@@ -3,6 +3,7 @@
 // template, templates in the style of Qwen2.5, Llama 3.1, Mistral and Gemma,
 // and one template per construct, over fixed and random conversations);
 // plus the errors and limits a hostile or unsupported template meets.
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <string>
@@ -197,6 +198,70 @@ TEST(JinjaTest, IntegersBeyond64BitsAreAnError) {
     auto r = t->Render(jinja::Value::Dict());
     ASSERT_TRUE(r.ok()) << source << ": " << r.status();
     EXPECT_EQ(*r, want) << source;
+  }
+}
+
+// The int and float filters read strings as Python's int(s, base) and
+// float(s) do (underscores between digits, prefixes with a base, no
+// hexadecimal floats), and fall back as jinja2's filters do: NaN, and a
+// string of infinity, give the default. Answers from Python's jinja2 3.1.
+TEST(JinjaTest, IntAndFloatFiltersReadStringsAsPython) {
+  for (const auto& [source, want] : std::vector<std::pair<const char*, const char*>>{
+           {"{{ x|int }}", "0"},
+           {"{{ 'nan'|int }}", "0"},
+           {"{{ 'NaN'|int(7) }}", "7"},
+           {"{{ 'inf'|int }}", "0"},
+           {"{{ '-Infinity'|int(3) }}", "3"},
+           {"{{ '0x10'|int }}", "0"},
+           {"{{ '0x10'|int(base=16) }}", "16"},
+           {"{{ '0x_1f'|int(0, 16) }}", "31"},
+           {"{{ '1f'|int(base=16) }}", "31"},
+           {"{{ '0b101'|int(base=0) }}", "5"},
+           {"{{ '010'|int(base=0) }}", "10"},
+           {"{{ '00'|int(base=0) }}", "0"},
+           {"{{ '0o17'|int(base=8) }}", "15"},
+           {"{{ '12'|int(base=99) }}", "12"},
+           {"{{ 'z'|int(base=36) }}", "35"},
+           {"{{ '1_000'|int }}", "1000"},
+           {"{{ '1_000.5'|int }}", "1000"},
+           {"{{ '1__0'|int }}", "0"},
+           {"{{ '_1'|int }}", "0"},
+           {"{{ '1_'|int }}", "0"},
+           {"{{ 'nan(1)'|int }}", "0"},
+           {"{{ ' -12 '|int }}", "-12"},
+           {"{{ '+5'|int }}", "5"},
+           {"{{ '1e3'|int }}", "1000"},
+           {"{{ '.5e1'|int }}", "5"},
+           {"{{ '5.'|int }}", "5"},
+           {"{{ '.'|int }}", "0"},
+           {"{{ '1e'|int }}", "0"},
+           {"{{ '0_7'|int }}", "7"},
+           {"{{ '07'|int }}", "7"},
+           {"{{ '-9223372036854775808'|int }}", "-9223372036854775808"},
+           {"{{ '99999999999999999999x'|int }}", "0"},
+           {"{{ none|int }}", "0"},
+           {"{{ [1]|int(4) }}", "4"},
+           {"{{ '0x1p3'|float }}", "0.0"},
+           {"{{ '1_0.5'|float }}", "10.5"},
+           {"{{ '1._5'|float }}", "0.0"},
+           {"{{ '1.5_'|float }}", "0.0"},
+           {"{{ 'infinity'|float }}", "inf"},
+           {"{{ '-NAN'|float }}", "nan"},
+           {"{{ '1e1_0'|float }}", "10000000000.0"},
+           {"{{ 'abc'|float(2.5) }}", "2.5"}}) {
+    auto t = jinja::Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source << ": " << t.status();
+    jinja::Value g = jinja::Value::Dict();
+    g.dict().Set("x", jinja::Value::Float(std::nan("")));
+    auto r = t->Render(g);
+    ASSERT_TRUE(r.ok()) << source << ": " << r.status();
+    EXPECT_EQ(*r, want) << source;
+  }
+  // Beyond 64 bits: Python's int is unbounded, these are an error.
+  for (const char* source : {"{{ '9223372036854775808'|int }}", "{{ '1.5e300'|int }}"}) {
+    auto t = jinja::Template::Parse(source);
+    ASSERT_TRUE(t.ok()) << source;
+    EXPECT_FALSE(t->Render(jinja::Value::Dict()).ok()) << source;
   }
 }
 
