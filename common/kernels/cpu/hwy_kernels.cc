@@ -330,22 +330,33 @@ using DSF = hn::Rebind<float, DS>;           // those sums as f32
 // Q4_1 decode on a Zen 5 core, AVX-512: batches 1 and 5 6-11% faster at 1
 // and 2 threads; AVX2 (with rows of x taken one after another): batches 5
 // and 8 7-9% faster, batch 1 unchanged (docs/benchmarks.md, "Q4 block
-// pairs"). Not kept for Q8_0, measured slower: a block's 32 bytes widen to
-// whole vectors, and putting halves together costs more than the
-// conversions it saves (batch 1 3-4% slower on AVX-512, 6% on AVX2). Arm's
+// pairs"). Q8_0 blocks pair on AVX-512 only (TANDEM_Q8_PAIRS: elements 0-15
+// of both blocks in one vector, 16-31 in the next): on a Zen 5 core it was
+// measured slower (batch 1 3-4% on AVX-512, 6% on AVX2: a block's 32 bytes
+// widen to whole vectors, and putting halves together cost more than the
+// conversions it saved), on an Intel Xeon (family 6 model 207) it is 20% faster
+// at batch 1 and 21-27% at 5 rows of x (AVX3), 23-28% and 30-35% with VNNI's
+// multiply-add (AVX3_DL); docs/benchmarks.md, "Q8_0 block pairs". Arm's
 // widening multiply-adds (Highway's ReorderWidenMulAccumulate) sum a
 // vector's halves rather than adjacent lanes, so the blocks would mix.
 // The same targets (x86 from AVX2 up) take rows of x apart: a unit's quants
 // (a block or a pair) are one, two or four vectors, and each row of x is
 // multiplied and accumulated before the next (DotBlocksRows).
 #undef TANDEM_BLOCK_PAIRS  // this file is compiled once per target
+#undef TANDEM_Q8_PAIRS
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define TANDEM_BLOCK_PAIRS 1
 #else
 #define TANDEM_BLOCK_PAIRS 0
 #endif
+#if HWY_TARGET <= HWY_AVX3
+#define TANDEM_Q8_PAIRS 1
+#else
+#define TANDEM_Q8_PAIRS 0
+#endif
 template <DType kType>
-constexpr int64_t kPairBlocks = TANDEM_BLOCK_PAIRS && kType != DType::kQ8_0 ? 2 : 1;
+constexpr int64_t kPairBlocks =
+    TANDEM_BLOCK_PAIRS && (kType != DType::kQ8_0 || TANDEM_Q8_PAIRS) ? 2 : 1;
 
 // Blocks in x's quantized layout: rounded up to whole pairs (zeros after).
 template <DType kType>
@@ -599,7 +610,8 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     // ob; AVX2's pairs also wc, wd at o + 32, o + 48).
     hn::Vec<DQ> wa, wb, wc, wd;
     size_t oa = o, ob = o + N;
-    constexpr bool kTwo = !(kType == DType::kQ8_0 && hn::MaxLanes(DQ()) == 32);
+    constexpr bool kTwo =
+        !(kType == DType::kQ8_0 && kPairBlocks<kType> == 1 && hn::MaxLanes(DQ()) == 32);
     constexpr bool kFour = kPairBlocks<kType> == 2 && hn::MaxLanes(DQ()) == 16;
     if constexpr (kFour) {
       // AVX2: both blocks' 16 bytes in one vector, each 128-bit half
@@ -619,6 +631,15 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
         wc = hn::Sub(wc, hn::Set(dq, 8));
         wd = hn::Sub(wd, hn::Set(dq, 8));
       }
+    } else if constexpr (kType == DType::kQ8_0 && kPairBlocks<kType> == 2) {
+      // Elements 0-15 of both blocks in one vector, 16-31 in the next.
+      const hn::Rebind<int8_t, DQ> d8;
+      const hn::Half<decltype(d8)> d8h;
+      const int8_t* q0 = reinterpret_cast<const int8_t*>(src + 2);
+      const int8_t* q1 = reinterpret_cast<const int8_t*>(src1 + 2);
+      wa = hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, q1), hn::LoadU(d8h, q0)));
+      wb = hn::PromoteTo(dq, hn::Combine(d8, hn::LoadU(d8h, q1 + 16), hn::LoadU(d8h, q0 + 16)));
+      ob = o + 32;
     } else if constexpr (kPairBlocks<kType> == 2) {
       // Both blocks' 16 bytes widened into one vector: low nibbles, then
       // high ones.
