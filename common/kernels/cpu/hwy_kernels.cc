@@ -349,7 +349,7 @@ using DSF = hn::Rebind<float, DS>;           // those sums as f32
 #else
 #define TANDEM_BLOCK_PAIRS 0
 #endif
-#if HWY_TARGET <= HWY_AVX3
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define TANDEM_Q8_PAIRS 1
 #else
 #define TANDEM_Q8_PAIRS 0
