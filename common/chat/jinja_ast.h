@@ -98,6 +98,9 @@ absl::StatusOr<Value> GetAttr(const Value& obj, const std::string& name);
 absl::StatusOr<Value> GetItem(const Value& obj, const Value& key);
 // The error for using an undefined value.
 absl::Status UndefinedError(const Value& undefined);
+// Python's TypeError (and the ValueErrors a template can cause): the
+// template's own mistake, InvalidArgument.
+absl::Status TypeError(absl::string_view what);
 // Integers are 64-bit here, Python's unbounded: `what`'s result beyond them
 // is this error, never a wrapped value (signed overflow is undefined behaviour).
 absl::Status IntegerOverflow(absl::string_view what);

@@ -56,7 +56,6 @@ const std::set<std::string>& Tests() {
   return *names;
 }
 
-absl::Status TypeError(absl::string_view what) { return absl::InvalidArgumentError(what); }
 absl::Status Unsupported(absl::string_view what) { return absl::UnimplementedError(what); }
 
 // Reads a builtin's arguments as Python binds them: position or keyword.
@@ -753,6 +752,8 @@ std::string PercentFormat(const std::string& fmt, const ValueList& args, absl::S
 
 bool IsKnownFilter(const std::string& name) { return Filters().count(name) > 0; }
 bool IsKnownTest(const std::string& name) { return Tests().count(name) > 0; }
+
+absl::Status TypeError(absl::string_view what) { return absl::InvalidArgumentError(what); }
 
 absl::Status IntegerOverflow(absl::string_view what) {
   return absl::UnimplementedError(

@@ -39,8 +39,6 @@ class Frame {
   mutable std::shared_ptr<const void> life_;
 };
 
-absl::Status TypeError(absl::string_view what) { return absl::InvalidArgumentError(what); }
-
 absl::Status BinaryTypeError(const std::string& op, const Value& a, const Value& b) {
   return TypeError(absl::StrCat("unsupported operand type(s) for ", op, ": '", a.TypeName(),
                                 "' and '", b.TypeName(), "'"));
