@@ -22,7 +22,8 @@ namespace tandem {
 namespace {
 
 // Weights of `dtype`, K x N (SmolLM2: q/o 576 x 576, gate/up 576 x 1536,
-// down 1536 x 576), times n rows of x.
+// down 1536 x 576, and the output layer, 576 x 49152: 30 MB of Q8_0, which
+// streams from beyond the core's caches), times n rows of x.
 void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
   const int64_t n = state.range(0), k = state.range(1), rows = state.range(2);
   std::mt19937 rng(1);
@@ -52,6 +53,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
     b->Args({n, 576, 1536});
     b->Args({n, 1536, 576});
     b->Args({n, 576, 576});
+    b->Args({n, 576, 49152});
   }
 }
 BENCHMARK_CAPTURE(BM_MatmulBlocks, q4_1, DType::kQ4_1)->Apply(Shapes);
