@@ -113,8 +113,7 @@ absl::StatusOr<int64_t> FloatToInt(double d, absl::string_view what) {
   }
   const double t = std::trunc(d);
   if (t < -9223372036854775808.0 || t >= 9223372036854775808.0) {
-    return Unsupported(absl::StrCat(what, ": ", FormatPythonFloat(d),
-                                    " is beyond the 64-bit integers of this interpreter"));
+    return IntegerOverflow(absl::StrCat(what, "(", FormatPythonFloat(d), ")"));
   }
   return static_cast<int64_t>(t);
 }
@@ -1096,9 +1095,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
         if (auto i = ParsePyInt(s, base.is_undefined() ? 10 : base.as_int(), &overflow)) {
           return Value::Int(*i);
         }
-        if (overflow) {
-          return Unsupported(absl::StrCat("int: '", s, "' is beyond the 64-bit integers of this interpreter"));
-        }
+        if (overflow) return IntegerOverflow(absl::StrCat("int('", s, "')"));
       }
       const std::optional<double> d = ParsePyFloat(s);
       if (!d.has_value()) return def;
