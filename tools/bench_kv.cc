@@ -1,10 +1,11 @@
 // `tandem bench kv`: what the KV hand-off costs.
-//  1. Goodput of one request's KV stream (first chunk to last message) next
+//  1. Goodput of one request's KV (first chunk to last message) next
 //     to a raw TCP socket moving the same bytes in the same chunk sizes over
 //     the same link, in the same run. The prompt is in the prefill worker's
-//     prefix cache, so the stream is not waiting for compute. The stream is
-//     read as the decode worker reads it (bytes, each chunk checksummed), or
-//     also with protobuf messages (--goodput-readers=bytes,protobuf, in
+//     prefix cache, so the stream is not waiting for compute. The KV is read
+//     as the decode worker reads it (bytes, each chunk checksummed, over
+//     --kv-streams streams on connections of their own), or also with
+//     protobuf messages on one stream (--goodput-readers=bytes,protobuf, in
 //     alternating turns). A third line times gRPC alone on the link (a
 //     prebuilt buffer streamed in the same chunks by an in-process server):
 //     the ceiling any gRPC stream can reach there.
@@ -361,6 +362,7 @@ struct StreamResult {
   size_t bytes = 0;
   size_t max_chunk = 0;
   double transfer_s = 0;  // first chunk to the last message
+  std::chrono::steady_clock::time_point first, last;  // of the above
 };
 
 // What one Prefill stream's reader saw, message by message, as the decode
@@ -379,6 +381,7 @@ class StreamTally {
       result_.max_chunk = std::max(result_.max_chunk, c.k_bytes + c.v_bytes);
     } else if (msg->message.has_header()) {
       result_.layers = static_cast<int>(msg->message.header().fingerprint().num_layers());
+      header_ = true;
     } else if (msg->message.has_done()) {
       done_ = true;
       last_ = Clock::now();
@@ -388,13 +391,17 @@ class StreamTally {
   StreamResult Result(const grpc::Status& status) const {
     StreamResult r = result_;
     r.transfer_s = Seconds(last_ - first_);
+    r.first = first_;
+    r.last = last_;
     r.ok = done_ && status.ok();
     return r;
   }
+  bool has_header() const { return header_; }
 
  private:
   StreamResult result_;
   bool done_ = false;
+  bool header_ = false;
   Clock::time_point first_, last_;
 };
 
@@ -407,8 +414,12 @@ class TallyingRead : public Base {
     finished_.WaitForNotification();
     return tally_.Result(status_);
   }
+  // Until the stream's header arrived (the request is open on the prefill
+  // worker: its other streams may attach) or the stream ended.
+  void WaitForHeader() { opened_.WaitForNotification(); }
   void OnDone(const grpc::Status& s) override {
     status_ = s;
+    if (!opened_.HasBeenNotified()) opened_.Notify();
     finished_.Notify();
   }
 
@@ -417,6 +428,7 @@ class TallyingRead : public Base {
   // Counts a message; false ends the stream.
   void Take(absl::StatusOr<ReceivedMessage> msg) {
     if (!tally_.Add(msg)) return context_.TryCancel();
+    if (tally_.has_header() && !opened_.HasBeenNotified()) opened_.Notify();
     this->StartRead(&response_);
   }
 
@@ -427,7 +439,7 @@ class TallyingRead : public Base {
  private:
   StreamTally tally_;
   grpc::Status status_;
-  absl::Notification finished_;
+  absl::Notification opened_, finished_;
 };
 
 // The two ways to read: "bytes" (the decode worker's: each message's bytes
@@ -474,11 +486,15 @@ class ProtobufRead : public TallyingRead<ProtobufReactor> {
   }
 };
 
+// The goodput reader's channels: one per stream of a request, each its own
+// connection as the decode worker's (`--kv-streams`, PrefillPool).
 struct PrefillStubs {
-  RawPrefillStub bytes;
+  std::vector<std::unique_ptr<RawPrefillStub>> bytes;
   std::unique_ptr<v1::Prefill::Stub> protobuf;
 };
 
+// One request's KV over stubs.bytes.size() streams (the protobuf reader: one),
+// timed from the first chunk on any stream to the last stream's end.
 StreamResult PrefillStream(PrefillStubs& stubs, const std::string& reader,
                            const std::vector<int32_t>& prompt, const std::string& id) {
   v1::PrefillRequest req;
@@ -489,8 +505,30 @@ StreamResult PrefillStream(PrefillStubs& stubs, const std::string& reader,
     ProtobufRead read(stubs.protobuf.get(), std::move(req));
     return read.Wait();
   }
-  BytesRead read(&stubs.bytes, std::move(req));
-  return read.Wait();
+  const int n = static_cast<int>(stubs.bytes.size());
+  if (n > 1) req.set_num_streams(static_cast<uint32_t>(n));
+  std::vector<std::unique_ptr<BytesRead>> reads;
+  reads.push_back(std::make_unique<BytesRead>(stubs.bytes[0].get(), std::move(req)));
+  reads[0]->WaitForHeader();
+  for (int i = 1; i < n; ++i) {
+    v1::PrefillRequest attach;
+    attach.set_request_id(id);
+    attach.set_stream_index(static_cast<uint32_t>(i));
+    attach.set_num_streams(static_cast<uint32_t>(n));
+    reads.push_back(std::make_unique<BytesRead>(stubs.bytes[i].get(), std::move(attach)));
+  }
+  StreamResult all;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const StreamResult r = reads[i]->Wait();
+    all.ok = (i == 0 || all.ok) && r.ok;
+    all.layers = std::max(all.layers, r.layers);
+    all.bytes += r.bytes;
+    all.max_chunk = std::max(all.max_chunk, r.max_chunk);
+    if (r.bytes > 0 && (all.first == Clock::time_point() || r.first < all.first)) all.first = r.first;
+    all.last = std::max(all.last, r.last);
+  }
+  all.transfer_s = Seconds(all.last - all.first);
+  return all;
 }
 
 // Seconds to the first response of a one-token Generate; nullopt on error.
@@ -529,7 +567,7 @@ int RunKvBench(const std::vector<std::string>& args) {
   std::string prompt_tokens = "512,2048";
   int goodput_tokens = 2048;
   std::string goodput_readers = "bytes";
-  int kv_streams = 1;
+  int kv_streams = 2;  // the decode worker's default
   int iters = 3;
   int budget = 512;
   std::string link_kind = "loopback";
@@ -543,7 +581,9 @@ int RunKvBench(const std::vector<std::string>& args) {
   flags.Add("goodput-readers", &goodput_readers,
             "how the goodput's streams are read, in turns: bytes (as the decode worker reads "
             "them), protobuf (parsed into messages)");
-  flags.Add("kv-streams", &kv_streams, "the pair's decode worker's --kv-streams (its TTFT)");
+  flags.Add("kv-streams", &kv_streams,
+            "streams per request, each its own connection: the goodput's (bytes reader) and "
+            "the pair's decode worker's --kv-streams (its TTFT)");
   flags.Add("max-num-batched-tokens", &budget,
             "every worker's token budget per step (the prefill worker's default: 512)");
   flags.Add("link", &link_kind, "loopback, or veth (a shaped veth pair into a namespace; root)");
@@ -551,6 +591,10 @@ int RunKvBench(const std::vector<std::string>& args) {
   flags.Add("prefill-binary", &prefill_binary, "prefill_worker to start");
   flags.Add("decode-binary", &decode_binary, "decode_worker to start");
   if (auto code = ParseCommandLine(&flags, args)) return *code;
+  if (kv_streams < 1 || kv_streams > 16) {
+    return Fail(absl::StrCat("--kv-streams must be in [1, 16] (the decode worker's range), got ",
+                             kv_streams));
+  }
   auto lengths = ParseIntList(prompt_tokens, "--prompt-tokens");
   if (!lengths.ok()) return Fail(std::string(lengths.status().message()));
   int longest = goodput_tokens;
@@ -603,7 +647,15 @@ int RunKvBench(const std::vector<std::string>& args) {
   SetKvReceiveWindow(&channel_args);  // as the decode worker's channels
   auto channel = grpc::CreateCustomChannel(prefill.address, grpc::InsecureChannelCredentials(),
                                           channel_args);
-  PrefillStubs stubs{RawPrefillStub(channel), v1::Prefill::NewStub(channel)};
+  PrefillStubs stubs;
+  stubs.protobuf = v1::Prefill::NewStub(channel);
+  stubs.bytes.push_back(std::make_unique<RawPrefillStub>(channel));
+  for (int i = 1; i < kv_streams; ++i) {
+    grpc::ChannelArguments args = channel_args;
+    args.SetInt("tandem.kv_stream", i);  // a connection of its own
+    stubs.bytes.push_back(std::make_unique<RawPrefillStub>(
+        grpc::CreateCustomChannel(prefill.address, grpc::InsecureChannelCredentials(), args)));
+  }
   // Each reader times the same cached prompt, in turns whose order flips
   // every iteration, so a comparison of readers sees the same machine.
   std::vector<std::vector<double>> grpc_gbps(readers.size());
@@ -635,7 +687,8 @@ int RunKvBench(const std::vector<std::string>& args) {
   }
   const double r = Median(raw_gbps);
   std::printf("\ngoodput: %d cached prompt tokens, %.1f MiB of KV in chunks of <= %.2f MiB, "
-              "median of %d\n", goodput_tokens, kv_bytes / 1048576.0, max_chunk / 1048576.0, iters);
+              "%d stream%s (bytes reader), median of %d\n", goodput_tokens, kv_bytes / 1048576.0,
+              max_chunk / 1048576.0, kv_streams, kv_streams == 1 ? "" : "s", iters);
   std::printf("  raw TCP socket                   %7.3f GB/s\n", r);
   std::printf("  bare gRPC stream (the ceiling)   %7.3f GB/s  ratio %5.2f\n", Median(bare_gbps),
               Median(bare_gbps) / r);
