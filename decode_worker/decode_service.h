@@ -49,6 +49,7 @@
 #include "absl/time/time.h"
 #include "common/serving/in_flight_ids.h"
 #include "common/serving/engine_client.h"
+#include "common/serving/kv_transfer.h"
 #include "common/serving/metrics.h"
 #include "common/serving/open_stream.h"
 #include "common/serving/request_id.h"
@@ -80,6 +81,9 @@ struct DecodeOptions {
   // One attempt's wait for its first message (a worker sends its header at
   // admission), after which it is retried elsewhere.
   absl::Duration first_message_timeout = absl::Seconds(5);
+  // A request's KV gets one stream per this many bytes, up to the pool's
+  // kv_streams (KvStreamsFor); 0: always kv_streams.
+  int64_t kv_bytes_per_stream = kKvBytesPerStream;
 };
 
 class DecodeServiceImpl final : public v1::Decode::CallbackService, private PrefillClient::Host {

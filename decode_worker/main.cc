@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   tandem::DecodeOptions decode;
   int queue_timeout_ms = 30000;
   double prefill_timeout_s = 60, prefill_timeout_per_token_ms = 10, first_message_timeout_s = 5;
-  int kv_streams = 1;
+  int kv_streams = 2;  // docs/benchmarking.md, "Two streams per request"
   int kv_receive_window = tandem::kKvReceiveWindowBytes;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
@@ -54,7 +54,13 @@ int main(int argc, char** argv) {
             "at admission) is set aside for 10 s and the prefill retried on another one");
   flags.Add("kv-streams", &kv_streams,
             "Prefill streams per request, each on its own connection, its layers split "
-            "between them (1-16): for links where one connection is the limit");
+            "between them (1-16): one connection's reader and writer threads were the limit "
+            "of a request's KV stream on loopback and on a 10 Gbit/s link");
+  int64_t kv_bytes_per_stream = tandem::kKvBytesPerStream;
+  flags.Add("kv-bytes-per-stream", &kv_bytes_per_stream,
+            "a request's KV takes one stream, and one more per this many bytes of it, up to "
+            "--kv-streams (0: always --kv-streams): a short prompt's KV is not worth a "
+            "second stream's attach round trip");
   flags.Add("kv-receive-window-bytes", &kv_receive_window,
             "HTTP/2 receive window of each KV stream (64 KiB - 1 GiB): how much KV may be in "
             "flight to this worker unread; cover the link's bandwidth-delay product");
@@ -133,6 +139,12 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: --kv-streams must be in [1, 16], got " << kv_streams << std::endl;
     return 2;
   }
+  if (kv_bytes_per_stream < 0) {
+    std::cerr << "decode_worker: --kv-bytes-per-stream must be >= 0, got " << kv_bytes_per_stream
+              << std::endl;
+    return 2;
+  }
+  decode.kv_bytes_per_stream = kv_bytes_per_stream;
   if (kv_receive_window < tandem::kMinKvReceiveWindowBytes ||
       kv_receive_window > tandem::kMaxKvReceiveWindowBytes) {
     std::cerr << "decode_worker: --kv-receive-window-bytes must be in ["
@@ -175,7 +187,8 @@ int main(int argc, char** argv) {
     pool = std::make_unique<tandem::PrefillPool>(prefill_address, *prefill_credentials, args,
                                                  absl::Seconds(10), kv_streams);
     TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address
-                     << ", " << kv_streams << " KV stream(s) per request";
+                     << ", up to " << kv_streams << " KV stream(s) per request (one more per "
+                     << kv_bytes_per_stream << " bytes of KV)";
   }
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");

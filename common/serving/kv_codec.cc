@@ -40,6 +40,13 @@ int TokensPerChunk(size_t slot_bytes, size_t max_bytes) {
   return static_cast<int>(std::max<size_t>(1, max_bytes / per_token));
 }
 
+int KvStreamsFor(int64_t kv_bytes, int max_streams, int64_t bytes_per_stream) {
+  const int64_t most = std::max(1, max_streams);
+  if (bytes_per_stream <= 0) return static_cast<int>(most);
+  const int64_t wanted = std::max<int64_t>(kv_bytes, 0) / bytes_per_stream + 1;
+  return static_cast<int>(std::min(wanted, most));
+}
+
 ReceivedChunk ReceivedChunk::Of(v1::KvChunk chunk) {
   auto owned = std::make_shared<v1::KvChunk>(std::move(chunk));
   ReceivedChunk c;

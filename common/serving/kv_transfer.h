@@ -37,6 +37,18 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
 // `slot_bytes`: bytes of one token's K (and of its V) in one layer.
 int TokensPerChunk(size_t slot_bytes, size_t max_bytes = kMaxChunkBytes);
 
+// Streams for a request whose KV is `kv_bytes`, up to `max_streams` (the
+// decode worker's --kv-streams): one, and one more for each whole
+// `bytes_per_stream` of KV (its --kv-bytes-per-stream, by default
+// kKvBytesPerStream; 0: max_streams at once).
+// On a 2-vCPU Xeon two streams moved a 90 MiB KV 1.3x as fast as one on
+// loopback and at the wire's rate on a 10 Gbit/s link where one stream
+// reached 0.80-0.85 of it; for the serving mix's 64-token chats (3 MiB) a
+// second stream only added its attach round trip and threads (goodput at 2
+// requests/s 4% lower). docs/benchmarking.md, "Two streams per request".
+inline constexpr int64_t kKvBytesPerStream = int64_t{8} << 20;
+int KvStreamsFor(int64_t kv_bytes, int max_streams, int64_t bytes_per_stream = kKvBytesPerStream);
+
 // One stream message as its bytes on the wire. A chunk is encoded by hand
 // (tandem.proto's field numbers; any protobuf parser reads it as the
 // PrefillResponse it is) so that its K and V rows go from the cache straight

@@ -528,10 +528,16 @@ TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
     EXPECT_EQ(rows, (std::map<uint32_t, int>{{0, 200}, {1, 200}, {2, 200}, {3, 200}}));
     EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_cache_blocks_in_use", 0), 0);
   }
+  // The test model's KV: 1,024 bytes a token (4 layers, K and V of 2 heads x
+  // 16 f32), 204,800 for these 200 tokens: one stream, and one more per whole
+  // 100,000 bytes, is three (by default, 8 MiB a stream, it would be one).
   Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address(),
-                                                "--kv-streams=3"});
+                                                "--kv-streams=3", "--kv-bytes-per-stream=100000"});
+  const double streams_before = prefill.Metric("tandem_kv_transfer_seconds_count");
   GenerateResult r = Generate(decode.address(), Request("through-three", prompt, 6));
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(AwaitMetric(prefill, "tandem_kv_transfer_seconds_count", streams_before + 3),
+            streams_before + 3);
   EXPECT_EQ(r.tokens, LocalTokens(prompt, 6));
   ExpectBlocksFreed(prefill, decode);
   {

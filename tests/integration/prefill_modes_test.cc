@@ -178,7 +178,7 @@ TEST(PrefillModesFlagsTest, BadPrefillFlagsExitTwo) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--prefill=remote"}, {"--prefill=elsewhere"},
         {"--prefill-fallback=maybe"}, {"--local-prefill-max-tokens=-1"},
-        {"--kv-streams=0"}, {"--kv-receive-window-bytes=1024"},
+        {"--kv-streams=0"}, {"--kv-bytes-per-stream=-1"}, {"--kv-receive-window-bytes=1024"},
         {"--kv-receive-window-bytes=2147483647"}}) {
     Process p({BinDir() + "/decode_worker", "--grpc-address=127.0.0.1:0",
                "--metrics-address=127.0.0.1:0", flags[0]},

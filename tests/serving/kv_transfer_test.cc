@@ -336,6 +336,20 @@ TEST(KvTransferTest, ChunksStayUnderOneMebibyte) {
 
 // A KV stream's MiB-sized buffers come from malloc's heap and stay there once
 // freed, instead of a fresh mapping (page faults, zeroing) for every chunk.
+TEST(KvTransferTest, ShortPromptsTakeOneStreamLongOnesUpToTheLimit) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  EXPECT_EQ(KvStreamsFor(0, 2), 1);
+  EXPECT_EQ(KvStreamsFor(3 * kMiB, 2), 1);  // a 64-token chat of SmolLM2, f32 KV
+  EXPECT_EQ(KvStreamsFor(kKvBytesPerStream - 1, 2), 1);
+  EXPECT_EQ(KvStreamsFor(kKvBytesPerStream, 2), 2);
+  EXPECT_EQ(KvStreamsFor(90 * kMiB, 2), 2);  // 2,048 tokens: the limit
+  EXPECT_EQ(KvStreamsFor(90 * kMiB, 16), 12);
+  EXPECT_EQ(KvStreamsFor(90 * kMiB, 1), 1);
+  EXPECT_EQ(KvStreamsFor(5 * kMiB, 4, kMiB), 4);
+  EXPECT_EQ(KvStreamsFor(0, 3, 0), 3);  // 0 bytes per stream: always the limit
+  EXPECT_EQ(KvStreamsFor(-1, 0), 1);
+}
+
 TEST(KvTransferTest, StreamBuffersStayInTheHeap) {
 #if defined(__GLIBC__)
   if (!KeepKvBuffersInHeap()) GTEST_SKIP() << "the allocator is not glibc's (a sanitizer's)";
