@@ -92,10 +92,8 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.deadline = std::min(call->client_deadline,
                            std::chrono::system_clock::now() + absl::ToChronoMilliseconds(budget));
   args.first_message_timeout = options_.first_message_timeout;
-  EngineClient* client = client_.load();
-  const int64_t kv_bytes = static_cast<int64_t>(args.tokens.size() - cached) * 2 *
-                           static_cast<int64_t>(client->slot_bytes()) *
-                           client->model_config().num_hidden_layers;
+  const int64_t kv_bytes = (static_cast<int64_t>(args.tokens.size()) - cached) *
+                           static_cast<int64_t>(client_.load()->token_bytes());
   args.num_streams = KvStreamsFor(kv_bytes, pool_->kv_streams(), options_.kv_bytes_per_stream);
   PrefillPool::Endpoint* endpoint =
       call->prefill_endpoint != nullptr ? call->prefill_endpoint : pool_->Pick();

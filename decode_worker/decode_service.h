@@ -81,8 +81,8 @@ struct DecodeOptions {
   // One attempt's wait for its first message (a worker sends its header at
   // admission), after which it is retried elsewhere.
   absl::Duration first_message_timeout = absl::Seconds(5);
-  // A request's KV gets one stream per this many bytes, up to the pool's
-  // kv_streams (KvStreamsFor); 0: always kv_streams.
+  // A request's KV takes one stream, and one more per this many bytes of it,
+  // up to the pool's kv_streams (KvStreamsFor); 0: always kv_streams.
   int64_t kv_bytes_per_stream = kKvBytesPerStream;
 };
 

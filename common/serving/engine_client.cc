@@ -8,6 +8,7 @@ EngineClient::EngineClient(EngineLoop* loop)
     : loop_(loop),
       fingerprint_(MakeFingerprint(loop->model_config(), loop->kv_cache().dtype())),
       slot_bytes_(loop->kv_cache().slot_bytes()),
+      token_bytes_(loop->kv_cache().token_bytes()),
       block_size_(loop->kv_cache().block_size()) {}
 
 void EngineClient::FailOnLoop(LlmEngine& engine, const std::string& id,

@@ -73,6 +73,8 @@ class EngineClient {
   int max_num_batched_tokens() const { return loop_->max_num_batched_tokens(); }
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
   size_t slot_bytes() const { return slot_bytes_; }
+  // One token's K and V in every layer (KvCache::token_bytes).
+  size_t token_bytes() const { return token_bytes_; }
   int block_size() const { return block_size_; }
   // Whether a step's KV rows become final layer by layer inside it (the
   // layer hook; the CPU) rather than only after the step.
@@ -87,6 +89,7 @@ class EngineClient {
   EngineLoop* loop_;
   v1::ModelFingerprint fingerprint_;
   size_t slot_bytes_;
+  size_t token_bytes_;
   int block_size_;
 };
 
