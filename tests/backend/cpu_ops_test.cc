@@ -222,7 +222,7 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
         // Prefill-sized batches over bf16 weights take bf16 dot products
         // where the CPU has them: x is rounded to bf16 first.
         std::vector<float> xs(x.f32(), x.f32() + x.numel());
-        if (tc.dt == DType::kBF16 && n > cpu::kSmallMatmulMaxRows && cpu::HasAvx512Bf16()) {
+        if (tc.dt == DType::kBF16 && n > cpu::kSmallMatmulMaxRows && cpu::PreferDpBf16()) {
           std::vector<uint16_t> bits(xs.size());
           ConvertFromF32(xs.data(), DType::kBF16, bits.data(), x.numel());
           ConvertToF32(bits.data(), DType::kBF16, xs.data(), x.numel());

@@ -255,6 +255,54 @@ TEST(PortableKernelsTest, Bf16RoundingEqualsTheScalarConversionOnEveryTarget) {
   });
 }
 
+// The AVX512-BF16 prefill kernel where the CPU has it (whether or not the
+// matmul op prefers it here: DpBf16Speedup decides that): x rounded to bf16
+// then multiplied exactly as the reference, for K with a masked tail (37,
+// 100) and without (64, 576), tiles of 4 x 4 and the rows and columns left
+// over; columns outside [j0, j1) untouched.
+TEST(PortableKernelsTest, Avx512Bf16PrefillKernelMatchesItsDefinition) {
+  if (!cpu::HasAvx512Bf16()) {
+    EXPECT_EQ(cpu::DpBf16Speedup(), 0);
+    EXPECT_FALSE(cpu::PreferDpBf16());
+    GTEST_SKIP() << "no AVX512-BF16 on this CPU (or the kernels run below AVX-512)";
+  }
+  EXPECT_GT(cpu::DpBf16Speedup(), 0);
+  EXPECT_EQ(cpu::PreferDpBf16(), cpu::DpBf16Speedup() > 1);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const int64_t cols = 11, j0 = 1, j1 = 10;
+  for (int64_t k : {int64_t{37}, int64_t{64}, int64_t{100}, int64_t{576}}) {
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{33}, int64_t{70}}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " n=" + std::to_string(n));
+      std::vector<float> x(n * k), w(cols * k);
+      for (float& v : x) v = uni(rng);
+      for (float& v : w) v = uni(rng);
+      std::vector<uint16_t> wb(cols * k), xb(n * k);
+      ConvertFromF32(w.data(), DType::kBF16, wb.data(), cols * k);
+      ConvertFromF32(x.data(), DType::kBF16, xb.data(), n * k);
+      std::vector<float> wr(cols * k), xr(n * k);
+      ConvertToF32(wb.data(), DType::kBF16, wr.data(), cols * k);
+      ConvertToF32(xb.data(), DType::kBF16, xr.data(), n * k);
+      std::vector<float> out(n * cols, -1.f);
+      cpu::MatmulDpBf16(x.data(), k, n, wb.data(), k, j0, j1, out.data(), cols);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          if (j < j0 || j >= j1) {
+            ASSERT_EQ(out[i * cols + j], -1.f) << i << "," << j;
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t d = 0; d < k; ++d) {
+            ref += double{xr[i * k + d]} * wr[j * k + d];
+            mag += std::fabs(double{xr[i * k + d]} * wr[j * k + d]);
+          }
+          ASSERT_NEAR(out[i * cols + j], ref, 1e-5 * mag + 1e-6) << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
 // The row-wise kernels on every target, at lengths with a masked tail:
 // softmax, SiLU x up, RMSNorm (with and without the residual add), RoPE and
 // the bias add against

@@ -131,9 +131,21 @@ float ExpForTest(float x);
 // instruction of the f32 FMA tiles. For prefill-sized n with bf16 weights
 // (--dtype=bf16), where the multiply, not the weight stream, is the cost
 // (SmolLM2 512-token prefill: 1217 / 632 ms widening for sgemm, 640 / 340 ms
-// this way, at 1 / 2 threads). Decode keeps MatmulBf16: a decode step waits
-// on the weight stream, and rounding x would change its logits.
+// this way, at 1 / 2 threads, on a Zen 5). Decode keeps MatmulBf16: a decode
+// step waits on the weight stream, and rounding x would change its logits.
+// HasAvx512Bf16: the CPU has the instruction and the kernels run on an
+// AVX-512 target.
 bool HasAvx512Bf16();
+// How many times the f32 FMA's products per second vdpbf16ps makes on this
+// core (its 32 products per instruction against the FMA's 16), measured
+// once (about 1 ms): 0 without AVX512-BF16. Not every core that has it runs
+// it at the FMA's rate: on an Intel Xeon (family 6 model 207) one issues
+// every 2 cycles against 2 FMAs a cycle (0.49x), and a 512-token bf16
+// prefill took 1.76 s at one thread this way against 1.30-1.50 s with
+// MatmulBf16's f32 FMAs (docs/benchmarks.md, "bf16 prefill on Intel").
+double DpBf16Speedup();
+// Prefill over bf16 weights by MatmulDpBf16: where DpBf16Speedup() > 1.
+bool PreferDpBf16();
 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
                   int64_t j0, int64_t j1, float* out, int64_t ldo);
 

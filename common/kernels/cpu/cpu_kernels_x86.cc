@@ -8,6 +8,10 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 #include "common/base/logging.h"
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as a merge operand
@@ -27,13 +31,6 @@ namespace {
 #define TANDEM_AVX512_BF16                                                          \
   __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,fma,f16c"), \
                  no_sanitize("thread")))
-
-// 32 f32 of x (masked to `m` lanes of 32) as 32 bf16, rounded to nearest even.
-TANDEM_AVX512_BF16 inline __m512bh XToBf16(const float* p, __mmask32 m) {
-  const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m), p);
-  const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m >> 16), p + 16);
-  return _mm512_cvtne2ps_pbh(hi, lo);
-}
 
 // The sum of a vector's 16 lanes (the masked forms: the unmasked reduction
 // trips GCC 12's warning).
@@ -71,11 +68,26 @@ TANDEM_AVX512_BF16 inline __m512 Reduce16(const __m512 (&a)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
-// An R x C tile of x rows (f32, rounded to bf16 as they are loaded) against
+// x's rows [0, n) rounded to bf16 (nearest even, as vcvtne2ps2bf16 rounds),
+// `ldb` elements apart with zeros from K up to ldb (a multiple of 32).
+TANDEM_AVX512_BF16 inline void RowsToBf16(const float* x, int64_t ldx, int64_t n, int64_t K,
+                                          uint16_t* xb, int64_t ldb) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < ldb; k += 32) {
+      const __mmask32 m =
+          K - k >= 32 ? ~__mmask32{0} : K > k ? static_cast<__mmask32>((1u << (K - k)) - 1u) : 0;
+      const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m), x + i * ldx + k);
+      const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m >> 16), x + i * ldx + k + 16);
+      _mm512_storeu_si512(xb + i * ldb + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+// An R x C tile of x rows (already bf16, `ldb` apart, zero past K) against
 // bf16 weight rows with vdpbf16ps: 32 products per instruction into f32
 // accumulators, reduced at the end.
 template <int R, int C>
-TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uint16_t* w,
+TANDEM_AVX512_BF16 inline void TileDpBf16(const uint16_t* x, int64_t ldb, const uint16_t* w,
                                           int64_t K, float* out, int64_t ldo) {
   __m512 acc[R][C];
 #pragma GCC unroll 8
@@ -91,7 +103,7 @@ TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uin
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512bh xv = XToBf16(x + r * ldx + k, m);
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + r * ldb + k));
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
     }
@@ -111,11 +123,11 @@ TANDEM_AVX512_BF16 inline void TileDpBf16(const float* x, int64_t ldx, const uin
 }
 
 template <int C>
-TANDEM_AVX512_BF16 void RowsDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w,
+TANDEM_AVX512_BF16 void RowsDpBf16(const uint16_t* x, int64_t ldb, int64_t n, const uint16_t* w,
                                    int64_t K, float* out, int64_t ldo) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) TileDpBf16<4, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
-  for (; i < n; ++i) TileDpBf16<1, C>(x + i * ldx, ldx, w, K, out + i * ldo, ldo);
+  for (; i + 4 <= n; i += 4) TileDpBf16<4, C>(x + i * ldb, ldb, w, K, out + i * ldo, ldo);
+  for (; i < n; ++i) TileDpBf16<1, C>(x + i * ldb, ldb, w, K, out + i * ldo, ldo);
 }
 
 }  // namespace
@@ -127,19 +139,75 @@ bool HasAvx512Bf16() {
   return cpu && TargetHasAvx512();
 }
 
+namespace {
+
+// Seconds per instruction of 12 independent chains of vdpbf16ps (dp) or of
+// vfmadd231ps, the fastest of 5 runs of 20,000 rounds. The chains are
+// variables, not an array, and the empty asm names them all once a round:
+// an array of them was stored every instruction, and the stores, not the
+// FMAs, set the rate.
+template <bool kDp>
+TANDEM_AVX512_BF16 __attribute__((noinline)) double SecondsPerInstruction() {
+  constexpr int kRounds = 20000;
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // 1.0
+  const __m512 f = _mm512_set1_ps(1e-9f);
+  double best = 1e9;
+  for (int run = 0; run < 5; ++run) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kRounds; ++i) {
+#define TANDEM_PROBE_OP(a) a = kDp ? _mm512_dpbf16_ps(a, b, b) : _mm512_fmadd_ps(f, f, a);
+      TANDEM_PROBE_OP(a0) TANDEM_PROBE_OP(a1) TANDEM_PROBE_OP(a2) TANDEM_PROBE_OP(a3)
+      TANDEM_PROBE_OP(a4) TANDEM_PROBE_OP(a5) TANDEM_PROBE_OP(a6) TANDEM_PROBE_OP(a7)
+      TANDEM_PROBE_OP(a8) TANDEM_PROBE_OP(a9) TANDEM_PROBE_OP(a10) TANDEM_PROBE_OP(a11)
+#undef TANDEM_PROBE_OP
+      asm volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                   "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    }
+    const std::chrono::duration<double> t = std::chrono::steady_clock::now() - t0;
+    best = std::min(best, t.count() / (double{kRounds} * 12));
+  }
+  return best;
+}
+
+}  // namespace
+
+double DpBf16Speedup() {
+  static const double speedup = HasAvx512Bf16() ? 2 * SecondsPerInstruction<false>() /
+                                                      SecondsPerInstruction<true>()
+                                                : 0;
+  return speedup;
+}
+
+bool PreferDpBf16() { return DpBf16Speedup() > 1; }
+
 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
                   int64_t j0, int64_t j1, float* out, int64_t ldo) {
+  // x rounded to bf16 once per call, not once per tile of weight columns:
+  // converting in the tiles cost a conversion and a second load for every
+  // four vdpbf16ps, which on an Intel Xeon (family 6 model 207) made a
+  // 512-token bf16 prefill 1.7-2x slower than widening the weights to f32
+  // (docs/benchmarks.md, "bf16 prefill: x rounded once"). The same bits:
+  // the same rounding, zeros past K where the tiles masked. Per thread,
+  // reused across calls (the pool's threads live as long as the backend).
+  thread_local std::vector<uint16_t> xb;
+  const int64_t ldb = (K + 31) / 32 * 32;
+  if (static_cast<int64_t>(xb.size()) < n * ldb) xb.resize(n * ldb);
+  RowsToBf16(x, ldx, n, K, xb.data(), ldb);
   ForEachTileGroup(n, j0, j1, [&](int64_t i0, int64_t rows, int64_t j, int c) {
-    const float* xb = x + i0 * ldx;
+    const uint16_t* xr = xb.data() + i0 * ldb;
     float* ob = out + i0 * ldo + j;
-    if (c == 4) return RowsDpBf16<4>(xb, ldx, rows, w + j * K, K, ob, ldo);
-    RowsDpBf16<1>(xb, ldx, rows, w + j * K, K, ob, ldo);
+    if (c == 4) return RowsDpBf16<4>(xr, ldb, rows, w + j * K, K, ob, ldo);
+    RowsDpBf16<1>(xr, ldb, rows, w + j * K, K, ob, ldo);
   });
 }
 
 #else  // !__x86_64__
 
 bool HasAvx512Bf16() { return false; }
+double DpBf16Speedup() { return 0; }
+bool PreferDpBf16() { return false; }
 
 void MatmulDpBf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t,
                   float*, int64_t) {

@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/backend/cpu/cpu_stream.h"
 #include "common/base/logging.h"
@@ -23,6 +25,16 @@
 
 namespace tandem {
 namespace {
+
+// The start-up log's word on bf16 prefill where the CPU has AVX512-BF16:
+// which kernel multiplies it, and the measurement that chose it.
+std::string Bf16PrefillNote() {
+  if (!cpu::HasAvx512Bf16()) return "";
+  return absl::StrFormat(" (AVX512-BF16's vdpbf16ps at %.2fx the FMA's rate here: %s)",
+                         cpu::DpBf16Speedup(),
+                         cpu::PreferDpBf16() ? "bf16 prefill by vdpbf16ps"
+                                             : "bf16 prefill by f32 FMAs");
+}
 
 class CpuOps : public Ops {
  public:
@@ -46,7 +58,7 @@ class CpuOps : public Ops {
     }
     TANDEM_LOG(INFO) << "cpu backend: " << pool_->num_threads() << " threads, "
                      << "Highway kernels on " << cpu::Target()
-                     << (cpu::HasAvx512Bf16() ? " (+ AVX512-BF16 prefill over bf16)" : "")
+                     << Bf16PrefillNote()
                      << (cpu::TargetHasAvx512()
                              ? std::string()
                              : std::string(", prefill by OpenBLAS sgemm (") +
@@ -172,7 +184,7 @@ class CpuOps : public Ops {
     const uint8_t* b = w.as<uint8_t>();
     const size_t row_bytes = DTypeBytes(wt, k);
     const bool small = n <= cpu::kSmallMatmulMaxRows;
-    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::HasAvx512Bf16();
+    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16();
     // Prefill-sized f32 products: the register tiles on AVX-512 targets,
     // OpenBLAS's sgemm below them. SmolLM2 512-token f32 prefill on a 2-vCPU
     // Zen 5, 2 threads: AVX-512 tiles 324 GFLOP/s, 1.35x the sgemm probe;
