@@ -272,7 +272,8 @@ TEST(PortableKernelsTest, Avx512Bf16PrefillKernelMatchesItsDefinition) {
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
   const int64_t cols = 11, j0 = 1, j1 = 10;
   for (int64_t k : {int64_t{37}, int64_t{64}, int64_t{100}, int64_t{576}}) {
-    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{33}, int64_t{70}}) {
+    // 70 and 133: more than one block of kDpBf16RowBlock rows.
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{33}, int64_t{70}, int64_t{133}}) {
       SCOPED_TRACE("k=" + std::to_string(k) + " n=" + std::to_string(n));
       std::vector<float> x(n * k), w(cols * k);
       for (float& v : x) v = uni(rng);
@@ -284,7 +285,8 @@ TEST(PortableKernelsTest, Avx512Bf16PrefillKernelMatchesItsDefinition) {
       ConvertToF32(wb.data(), DType::kBF16, wr.data(), cols * k);
       ConvertToF32(xb.data(), DType::kBF16, xr.data(), n * k);
       std::vector<float> out(n * cols, -1.f);
-      cpu::MatmulDpBf16(x.data(), k, n, wb.data(), k, j0, j1, out.data(), cols);
+      std::vector<uint16_t> scratch(cpu::MatmulDpBf16ScratchElems(k));
+      cpu::MatmulDpBf16(x.data(), k, n, wb.data(), k, j0, j1, out.data(), cols, scratch.data());
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < cols; ++j) {
           if (j < j0 || j >= j1) {

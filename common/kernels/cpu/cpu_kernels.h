@@ -146,8 +146,12 @@ bool HasAvx512Bf16();
 double DpBf16Speedup();
 // Prefill over bf16 weights by MatmulDpBf16: where DpBf16Speedup() > 1.
 bool PreferDpBf16();
+// scratch: MatmulDpBf16ScratchElems(K) elements (x's rows rounded to bf16,
+// kDpBf16RowBlock at a time).
+inline constexpr int64_t kDpBf16RowBlock = 64;
+int64_t MatmulDpBf16ScratchElems(int64_t K);
 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
-                  int64_t j0, int64_t j1, float* out, int64_t ldo);
+                  int64_t j0, int64_t j1, float* out, int64_t ldo, uint16_t* scratch);
 
 // Whether the kernels run on an AVX-512 target (for HasAvx512Bf16).
 bool TargetHasAvx512();

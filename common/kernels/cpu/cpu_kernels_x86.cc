@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <vector>
 
 #include "common/base/logging.h"
 
@@ -182,25 +181,27 @@ double DpBf16Speedup() {
 
 bool PreferDpBf16() { return DpBf16Speedup() > 1; }
 
+int64_t MatmulDpBf16ScratchElems(int64_t K) { return kDpBf16RowBlock * ((K + 31) / 32 * 32); }
+
 void MatmulDpBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64_t K,
-                  int64_t j0, int64_t j1, float* out, int64_t ldo) {
-  // x rounded to bf16 once per call, not once per tile of weight columns:
-  // converting in the tiles cost a conversion and a second load for every
-  // four vdpbf16ps, which on an Intel Xeon (family 6 model 207) made a
-  // 512-token bf16 prefill 1.7-2x slower than widening the weights to f32
-  // (docs/benchmarks.md, "bf16 prefill: x rounded once"). The same bits:
-  // the same rounding, zeros past K where the tiles masked. Per thread,
-  // reused across calls (the pool's threads live as long as the backend).
-  thread_local std::vector<uint16_t> xb;
+                  int64_t j0, int64_t j1, float* out, int64_t ldo, uint16_t* scratch) {
+  // Each block of rows of x rounded to bf16 once, into `scratch`, then
+  // multiplied by every tile of weight columns: rounding inside the tiles
+  // cost a conversion and a second load for every four vdpbf16ps, and a
+  // 512-token bf16 prefill on an Intel Xeon (family 6 model 207) took
+  // 2.53-2.60 s that way against 1.75-1.80 s this way at one thread
+  // (docs/benchmarks.md, "bf16 prefill on Intel"). The same bits: the same
+  // rounding, zeros past K where the tiles masked.
   const int64_t ldb = (K + 31) / 32 * 32;
-  if (static_cast<int64_t>(xb.size()) < n * ldb) xb.resize(n * ldb);
-  RowsToBf16(x, ldx, n, K, xb.data(), ldb);
-  ForEachTileGroup(n, j0, j1, [&](int64_t i0, int64_t rows, int64_t j, int c) {
-    const uint16_t* xr = xb.data() + i0 * ldb;
-    float* ob = out + i0 * ldo + j;
-    if (c == 4) return RowsDpBf16<4>(xr, ldb, rows, w + j * K, K, ob, ldo);
-    RowsDpBf16<1>(xr, ldb, rows, w + j * K, K, ob, ldo);
-  });
+  for (int64_t i0 = 0; i0 < n; i0 += kDpBf16RowBlock) {
+    const int64_t rows = std::min(kDpBf16RowBlock, n - i0);
+    RowsToBf16(x + i0 * ldx, ldx, rows, K, scratch, ldb);
+    ForEachTileGroup(rows, j0, j1, [&](int64_t, int64_t r, int64_t j, int c) {
+      float* ob = out + i0 * ldo + j;
+      if (c == 4) return RowsDpBf16<4>(scratch, ldb, r, w + j * K, K, ob, ldo);
+      RowsDpBf16<1>(scratch, ldb, r, w + j * K, K, ob, ldo);
+    });
+  }
 }
 
 #else  // !__x86_64__
@@ -209,8 +210,10 @@ bool HasAvx512Bf16() { return false; }
 double DpBf16Speedup() { return 0; }
 bool PreferDpBf16() { return false; }
 
+int64_t MatmulDpBf16ScratchElems(int64_t K) { return kDpBf16RowBlock * ((K + 31) / 32 * 32); }
+
 void MatmulDpBf16(const float*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, int64_t,
-                  float*, int64_t) {
+                  float*, int64_t, uint16_t*) {
   TANDEM_CHECK(false) << "MatmulDpBf16 is an x86 kernel: callers check HasAvx512Bf16(), which "
                          "is false on this architecture";
 }

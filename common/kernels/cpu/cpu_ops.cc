@@ -184,7 +184,8 @@ class CpuOps : public Ops {
     const uint8_t* b = w.as<uint8_t>();
     const size_t row_bytes = DTypeBytes(wt, k);
     const bool small = n <= cpu::kSmallMatmulMaxRows;
-    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16();
+    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16() &&
+                         cpu::MatmulDpBf16ScratchElems(k) <= 2 * kScratchFloats;
     // Prefill-sized f32 products: the register tiles on AVX-512 targets,
     // OpenBLAS's sgemm below them. SmolLM2 512-token f32 prefill on a 2-vCPU
     // Zen 5, 2 threads: AVX-512 tiles 324 GFLOP/s, 1.35x the sgemm probe;
@@ -209,11 +210,11 @@ class CpuOps : public Ops {
           return cpu::MatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
                                  big_n);
         }
+        float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
         if (dp_bf16) {
           return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
-                                   big_n);
+                                   big_n, reinterpret_cast<uint16_t*>(rows));
         }
-        float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
         if (small && cpu::MatmulBlocksScratchFloats(n, k) <= kScratchFloats) {
           // Decode: blocks multiplied as integers in registers.
           return cpu::MatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
