@@ -490,6 +490,17 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   // row cost 10% of a 5-row step.
   const hn::CappedTag<float, kBlockRows> dm;
   auto minv = hn::Zero(dm), pm = minv;
+  // On 16-lane targets a pair's minimum terms for 8 rows take one
+  // multiply-add: lanes 0-7 the first block's minimum times rows 0-7's sums,
+  // lanes 8-15 the second's (x's sums are block-major, so the pair's 16 are
+  // adjacent), into one accumulator per unit of the loop's two; the halves
+  // are added once, after the blocks. The broadcasts, the multiply and the
+  // adds of the 8-lane form cost 3 more vector instructions a pair (SmolLM2
+  // Q4_1 decode on an Intel Xeon, family 6 model 207: docs/benchmarks.md,
+  // "Q4_1 minimums in one multiply-add").
+  constexpr bool kMinPairs = kType == DType::kQ4_1 && kPairBlocks<kType> == 2 &&
+                             hn::MaxLanes(DSF()) == 16 && kBlockRows == 8;
+  [[maybe_unused]] auto mina = hn::Zero(dsf), minb = mina;
   // Sums of the products of w (elements [i, i + N)) with each row's x there.
   // sum1: the odd products on targets whose widening multiply keeps them
   // apart (RearrangeToOddPlusEven adds them back).
@@ -561,7 +572,13 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
       alignas(32) static constexpr int32_t kScales8[8] = {0, 0, 0, 0, 2, 2, 2, 2};
       d = hn::TableLookupLanes(
           all, hn::SetTableIndices(dsf, hn::MaxLanes(dsf) == 16 ? kScales16 : kScales8));
-      if constexpr (kType == DType::kQ4_1) {
+      if constexpr (kMinPairs) {
+        alignas(64) static constexpr int32_t kMins16[16] = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                            3, 3, 3, 3, 3, 3, 3, 3};
+        const auto m = hn::TableLookupLanes(all, hn::SetTableIndices(dsf, kMins16));
+        auto& acc = decltype(second)::value ? minb : mina;
+        acc = hn::MulAdd(m, hn::LoadU(dsf, xsums + b * kBlockRows), acc);
+      } else if constexpr (kType == DType::kQ4_1) {
         m0 = BroadcastLane<1>(dm, all);
         m1 = BroadcastLane<3>(dm, all);
       }
@@ -577,7 +594,7 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
     // Blocks alone: the first of two p = its scaled sums; the second p +=
     // its scaled sums, then acc += p. Pairs: acc += their scaled sums.
     constexpr bool kSecond = decltype(second)::value;
-    if constexpr (kType == DType::kQ4_1) {
+    if constexpr (kType == DType::kQ4_1 && !kMinPairs) {
       // The first unit's terms into pm, the second's added to them, then pm
       // into minv. A pair's two terms: their own chain (one through both
       // units' four bounded the batch-1 loop).
@@ -732,7 +749,16 @@ HWY_INLINE void DotBlocksRows(const int16_t* xq, const float* xs, const float* x
   // Q4_1: lane r, row r's minimum term (the first kBlockRows of 8 used; 8,
   // the rows the macros below name, whatever the target).
   HWY_ALIGN float mins[8] = {};  // zeroed: GCC cannot tell only Q4_1 reads it
-  if constexpr (kType == DType::kQ4_1) hn::Store(minv, dm, mins);
+#if TANDEM_BLOCK_PAIRS  // kMinPairs' targets (UpperHalf: not on every target)
+  if constexpr (kMinPairs) {
+    const auto both = hn::Add(mina, minb);
+    const hn::Half<DSF> dh;
+    hn::Store(hn::Add(hn::LowerHalf(dh, both), hn::UpperHalf(dh, both)), dh, mins);
+  } else  // NOLINT(readability/braces)
+#endif
+  if constexpr (kType == DType::kQ4_1) {
+    hn::Store(minv, dm, mins);
+  }
 #define TANDEM_ROW_OUT(r)                                                        \
   if constexpr (R > r) {                                                         \
     if constexpr (kType == DType::kQ4_1) {                                       \
