@@ -67,18 +67,13 @@ TANDEM_AVX512_BF16 inline __m512 Reduce16(const __m512 (&a)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
-// x's rows [0, n) rounded to bf16 (nearest even, as vcvtne2ps2bf16 rounds),
-// `ldb` elements apart with zeros from K up to ldb (a multiple of 32).
-TANDEM_AVX512_BF16 inline void RowsToBf16(const float* x, int64_t ldx, int64_t n, int64_t K,
-                                          uint16_t* xb, int64_t ldb) {
+// x's rows [0, n) rounded to bf16 (ToBf16: nearest even), `ldb` elements
+// apart with zeros from K up to ldb (a multiple of 32).
+inline void RowsToBf16(const float* x, int64_t ldx, int64_t n, int64_t K, uint16_t* xb,
+                       int64_t ldb) {
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < ldb; k += 32) {
-      const __mmask32 m =
-          K - k >= 32 ? ~__mmask32{0} : K > k ? static_cast<__mmask32>((1u << (K - k)) - 1u) : 0;
-      const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m), x + i * ldx + k);
-      const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(m >> 16), x + i * ldx + k + 16);
-      _mm512_storeu_si512(xb + i * ldb + k, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-    }
+    ToBf16(x + i * ldx, xb + i * ldb, K);
+    std::fill(xb + i * ldb + K, xb + (i + 1) * ldb, uint16_t{0});
   }
 }
 
