@@ -144,6 +144,45 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
   });
 }
 
+// AVX-VNNI's multiply-add gives the AVX2 target's integer sums exactly (no
+// pair of products of a quant and x, rounded to +-32767, reaches int32's
+// limit; vpdpwssd does not saturate): the same bits for every block type and
+// row count, extremes included (x and the weights at their largest). Skips on
+// CPUs without AVX-VNNI or the AVX2 target (Arm, under qemu).
+TEST(PortableKernelsTest, AvxVnniBlockDotsEqualTheAvx2Target) {
+  const std::vector<std::string> targets = cpu::Targets();
+  if (std::find(targets.begin(), targets.end(), cpu::kAvx2Vnni) == targets.end()) {
+    GTEST_SKIP() << "no AVX-VNNI on this CPU (targets: " << targets.front() << " ...)";
+  }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const int64_t rows = 9, k = 544, max_n = 13;
+  std::vector<float> w(rows * k), x(max_n * k);
+  for (float& v : w) v = uni(rng);
+  for (float& v : x) v = uni(rng);
+  for (int64_t i = 0; i < k; ++i) {  // row 0 of x and of w at full scale
+    x[i] = i % 2 ? 1.f : -1.f;
+    w[i] = i % 3 ? 1.f : -1.f;
+  }
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    std::vector<uint8_t> stored(DTypeBytes(dt, rows * k));
+    ConvertFromF32(w.data(), dt, stored.data(), rows * k);
+    std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(max_n, k));
+    const auto product = [&](const std::string& target, int64_t n) {
+      EXPECT_TRUE(cpu::UseTarget(target));
+      EXPECT_EQ(cpu::Target(), target);
+      std::vector<float> out(n * rows);
+      cpu::MatmulBlocks(dt, x.data(), k, n, stored.data(), k, 0, rows, out.data(), rows,
+                        scratch.data());
+      return out;
+    };
+    for (int64_t n = 1; n <= max_n; ++n) {
+      EXPECT_EQ(product(cpu::kAvx2Vnni, n), product("AVX2", n)) << DTypeName(dt) << " n=" << n;
+    }
+  }
+  ASSERT_TRUE(cpu::UseTarget(""));
+}
+
 // Attention's kernels against double-precision definitions on every target,
 // for head sizes of whole vectors and not (64, 128, 80, 6) and contexts with
 // tails: the scores over K transposed, the weighted sum of V rows, and the

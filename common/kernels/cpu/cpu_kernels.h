@@ -25,9 +25,16 @@
 namespace tandem::cpu {
 
 // The Highway target the kernels run on, e.g. "AVX3" (AVX-512) or "AVX2"
-// (start-up log); the targets this CPU can run, best first.
+// (start-up log); the targets this CPU can run, best first. On x86 CPUs with
+// AVX-VNNI, "AVX2_VNNI" (kAvx2Vnni) precedes "AVX2": Highway's AVX2 target
+// with its integer block dots in AVX-VNNI's multiply-add (AvxVnni()), the best
+// on such a CPU without AVX-512 (Intel's cores from Alder Lake on).
 const char* Target();
 std::vector<std::string> Targets();
+inline constexpr char kAvx2Vnni[] = "AVX2_VNNI";
+// Whether the AVX2 target's block dots use AVX-VNNI: on a CPU that has it,
+// unless UseTarget chose another target (plain "AVX2" included).
+bool AvxVnni();
 // Runs the kernels on the named target from now on (one of Targets(), any
 // case; "" restores the best): for benchmarks and tests of a target other
 // than the CPU's best (TANDEM_CPU_TARGET). False (nothing changed) for a
