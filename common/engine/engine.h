@@ -147,9 +147,10 @@ class LlmEngine {
     return backend_->device->host_memory() && runner_->resolved_mode() != CudaGraphMode::kFull;
   }
   // Reads rows [first, first + count) of `layer` of a request's cached KV
-  // (final only below KvReadyTokens(id, layer)).
-  absl::Status ReadKv(const std::string& id, int layer, int64_t first, int64_t count, void* k,
-                      void* v) const;
+  // (final only below KvReadyTokens(id, layer)) into k and v; returns the
+  // CRC32C of the k rows followed by the v rows, taken as they are copied.
+  absl::StatusOr<uint32_t> ReadKv(const std::string& id, int layer, int64_t first,
+                                  int64_t count, void* k, void* v) const;
 
   // Runs one scheduling step and the model; returns the outputs of the
   // requests that advanced, finished or now wait for remote KV. Each request

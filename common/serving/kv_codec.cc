@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "common/serving/crc32c.h"
+#include "common/base/crc32c.h"
 #include "common/serving/kv_transfer.h"
 
 namespace tandem {

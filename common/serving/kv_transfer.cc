@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
-#include "common/serving/crc32c.h"
 
 namespace tandem {
 
@@ -125,8 +124,7 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   char* k = PutVarint(PutTag(p, 4, kLen), rows);
   char* v = PutVarint(PutTag(k + rows, 5, kLen), rows);
   p = PutTag(v + rows, 6, kFixed32);
-  RETURN_IF_ERROR(engine.ReadKv(id_, layer_, next_, n, k, v));
-  const uint32_t crc = Crc32c(Crc32c(0, k, rows), v, rows);
+  ASSIGN_OR_RETURN(const uint32_t crc, engine.ReadKv(id_, layer_, next_, n, k, v));
   for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(crc >> (8 * i));  // little-endian
   TANDEM_CHECK(p == w.data.get() + w.size) << "KV chunk encoding: " << p - w.data.get()
                                            << " bytes written, " << w.size << " sized";

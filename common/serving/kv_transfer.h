@@ -81,8 +81,8 @@ class KvExporter {
              size_t slot_bytes, int num_layers, int stream_index = 0, int num_streams = 1);
   v1::PrefillResponse Header() const;
   // The next chunk, or nullopt when its rows are not computed yet (more after
-  // the engine's next layer or step); check done() first. Its CRC32C is taken from
-  // the buffer while the rows are still in the core's cache.
+  // the engine's next layer or step); check done() first. Its CRC32C is taken
+  // as the rows are copied out of the cache (LlmEngine::ReadKv), in one pass.
   absl::StatusOr<std::optional<WireMessage>> Next(const LlmEngine& engine);
   bool done() const { return run_end_ >= num_tokens_ && layer_ >= num_layers_; }
 

@@ -1,5 +1,6 @@
-#include "common/serving/crc32c.h"
+#include "common/base/crc32c.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -60,6 +61,29 @@ TEST(Crc32cTest, InterleavedChainsEqualTablesOnLongInputs) {
         const uint8_t* p = data.data() + offset;
         ASSERT_EQ(Crc32c(0x1234567u, p, n), Crc32cPortable(0x1234567u, p, n))
             << "offset " << offset << " length " << n;
+      }
+    }
+  }
+}
+
+// Copying while checksumming: the destination equals the source and the
+// result equals Crc32c's, for lengths around the spans' multiples and every
+// offset of source and destination; no byte past the destination is written.
+TEST(Crc32cTest, CopyingEqualsMemcpyThenCrc) {
+  std::vector<uint8_t> data(3 * 8192 + 3 * 256 + 64);
+  uint32_t x = 99;
+  for (uint8_t& b : data) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{3 * 256 - 1},
+                   size_t{3 * 256 + 5}, size_t{3 * 8192}, size_t{3 * 8192 + 3 * 256 + 13}}) {
+    for (size_t from : {size_t{0}, size_t{5}}) {
+      for (size_t to : {size_t{0}, size_t{3}}) {
+        std::vector<uint8_t> out(n + to + 16, 0xAB);
+        const uint8_t* src = data.data() + from;
+        ASSERT_EQ(Crc32cCopy(0x5u, out.data() + to, src, n), Crc32c(0x5u, src, n))
+            << "length " << n << " offsets " << from << ", " << to;
+        ASSERT_TRUE(std::equal(src, src + n, out.begin() + to)) << "length " << n;
+        for (size_t i = 0; i < to; ++i) ASSERT_EQ(out[i], 0xAB) << i;
+        for (size_t i = n + to; i < out.size(); ++i) ASSERT_EQ(out[i], 0xAB) << i;
       }
     }
   }

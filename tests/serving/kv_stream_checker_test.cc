@@ -2,7 +2,7 @@
 // announced range exactly once, before any of it is used.
 #include "common/serving/kv_stream_checker.h"
 
-#include "common/serving/crc32c.h"
+#include "common/base/crc32c.h"
 #include "gtest/gtest.h"
 
 namespace tandem {

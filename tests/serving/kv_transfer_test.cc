@@ -8,6 +8,7 @@
 #include <malloc.h>
 #endif
 
+#include "common/base/crc32c.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -90,10 +91,15 @@ TEST(KvTransferTest, RoundTripAcrossBlockSizes) {
       << short_rows;
   for (int layer = 0; layer < 4; ++layer) {
     std::vector<float> k1(37 * w), v1(37 * w), k2(37 * w), v2(37 * w);
-    ASSERT_TRUE(src->ReadKv("x", layer, 0, 37, k1.data(), v1.data()).ok());
-    ASSERT_TRUE(dst->ReadKv("x", layer, 0, 37, k2.data(), v2.data()).ok());
+    absl::StatusOr<uint32_t> crc1 = src->ReadKv("x", layer, 0, 37, k1.data(), v1.data());
+    absl::StatusOr<uint32_t> crc2 = dst->ReadKv("x", layer, 0, 37, k2.data(), v2.data());
+    ASSERT_TRUE(crc1.ok() && crc2.ok());
     EXPECT_EQ(k1, k2);
     EXPECT_EQ(v1, v2);
+    // The checksum taken while copying is the rows' CRC32C, K's then V's.
+    const size_t bytes = k1.size() * sizeof(float);
+    EXPECT_EQ(*crc1, Crc32c(Crc32c(0, k1.data(), bytes), v1.data(), bytes)) << layer;
+    EXPECT_EQ(*crc2, *crc1) << layer;
   }
   v1::KvChunk bad = (*messages)[1].chunk();
   bad.mutable_k()->at(7) ^= 0x10;

@@ -1,4 +1,4 @@
-#include "common/serving/crc32c.h"
+#include "common/base/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -104,12 +104,24 @@ inline uint64_t Load64(const uint8_t* p) {
   return v;
 }
 
+// An 8-byte word of p at i, also stored at d + i when copying (d: nullptr
+// otherwise, and kCopy false so that the store is compiled out).
+template <bool kCopy>
+__attribute__((always_inline)) inline uint64_t Take64(const uint8_t* p, uint8_t* d, size_t i) {
+  const uint64_t v = Load64(p + i);
+  if constexpr (kCopy) std::memcpy(d + i, &v, 8);
+  return v;
+}
+
 // The register c extended over p[0, size) with Step (one 8-byte step of the
-// CPU's CRC instruction) and Byte (one byte), three chains at a time.
-// Inlined into each target-specific caller so the instructions inline too.
-template <uint64_t (*Step)(uint64_t, uint64_t), uint32_t (*Byte)(uint32_t, uint8_t)>
+// CPU's CRC instruction) and Byte (one byte), three chains at a time; with
+// kCopy each word is also stored to d as it is read, so a copy costs no
+// second pass over the bytes (the KV exporter's rows: read once from the
+// cache). Inlined into each target-specific caller so the instructions
+// inline too.
+template <bool kCopy, uint64_t (*Step)(uint64_t, uint64_t), uint32_t (*Byte)(uint32_t, uint8_t)>
 __attribute__((always_inline)) inline uint32_t Interleaved(uint32_t c, const uint8_t* p,
-                                                           size_t size) {
+                                                           uint8_t* d, size_t size) {
   uint64_t c0 = c;
   for (const auto& [span, zeros] :
        {std::pair<size_t, const ZeroTable*>{kLongSpan, &LongZeros()},
@@ -117,19 +129,26 @@ __attribute__((always_inline)) inline uint32_t Interleaved(uint32_t c, const uin
     while (size >= 3 * span) {
       uint64_t c1 = 0, c2 = 0;
       for (size_t i = 0; i < span; i += 8) {
-        c0 = Step(c0, Load64(p + i));
-        c1 = Step(c1, Load64(p + span + i));
-        c2 = Step(c2, Load64(p + 2 * span + i));
+        c0 = Step(c0, Take64<kCopy>(p, d, i));
+        c1 = Step(c1, Take64<kCopy>(p, d, span + i));
+        c2 = Step(c2, Take64<kCopy>(p, d, 2 * span + i));
       }
       c0 = (*zeros)(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c1);
       c0 = (*zeros)(static_cast<uint32_t>(c0)) ^ static_cast<uint32_t>(c2);
       p += 3 * span;
+      if constexpr (kCopy) d += 3 * span;
       size -= 3 * span;
     }
   }
-  for (; size >= 8; p += 8, size -= 8) c0 = Step(c0, Load64(p));
+  for (; size >= 8; p += 8, size -= 8) {
+    c0 = Step(c0, Take64<kCopy>(p, d, 0));
+    if constexpr (kCopy) d += 8;
+  }
   c = static_cast<uint32_t>(c0);
-  while (size-- > 0) c = Byte(c, *p++);
+  while (size-- > 0) {
+    if constexpr (kCopy) *d++ = *p;
+    c = Byte(c, *p++);
+  }
   return c;
 }
 
@@ -144,7 +163,11 @@ __attribute__((target("sse4.2"))) inline uint32_t Byte(uint32_t c, uint8_t b) {
 }
 __attribute__((target("sse4.2"))) uint32_t HardwareUpdate(uint32_t c, const uint8_t* p,
                                                           size_t size) {
-  return Interleaved<Step, Byte>(c, p, size);
+  return Interleaved<false, Step, Byte>(c, p, nullptr, size);
+}
+__attribute__((target("sse4.2"))) uint32_t HardwareCopy(uint32_t c, const uint8_t* p, uint8_t* d,
+                                                        size_t size) {
+  return Interleaved<true, Step, Byte>(c, p, d, size);
 }
 bool HasHardware() { return __builtin_cpu_supports("sse4.2"); }
 constexpr const char* kHardwareName = "sse4.2";
@@ -157,12 +180,17 @@ __attribute__((target("+crc"))) inline uint32_t Byte(uint32_t c, uint8_t b) {
 }
 __attribute__((target("+crc"))) uint32_t HardwareUpdate(uint32_t c, const uint8_t* p,
                                                         size_t size) {
-  return Interleaved<Step, Byte>(c, p, size);
+  return Interleaved<false, Step, Byte>(c, p, nullptr, size);
+}
+__attribute__((target("+crc"))) uint32_t HardwareCopy(uint32_t c, const uint8_t* p, uint8_t* d,
+                                                      size_t size) {
+  return Interleaved<true, Step, Byte>(c, p, d, size);
 }
 bool HasHardware() { return (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0; }
 constexpr const char* kHardwareName = "arm-crc";
 #else
 uint32_t HardwareUpdate(uint32_t c, const uint8_t*, size_t) { return c; }
+uint32_t HardwareCopy(uint32_t c, const uint8_t*, uint8_t*, size_t) { return c; }
 bool HasHardware() { return false; }
 constexpr const char* kHardwareName = "tables";
 #endif
@@ -195,6 +223,14 @@ uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size) {
 uint32_t Crc32c(uint32_t crc, const void* data, size_t size) {
   if (!UseHardware()) return Crc32cPortable(crc, data, size);
   return ~HardwareUpdate(~crc, static_cast<const uint8_t*>(data), size);
+}
+
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
+  if (!UseHardware()) {
+    std::memcpy(dst, src, size);
+    return Crc32cPortable(crc, dst, size);
+  }
+  return ~HardwareCopy(~crc, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), size);
 }
 
 const char* Crc32cImplementation() { return UseHardware() ? kHardwareName : "tables"; }

@@ -3,8 +3,8 @@
 // AArch64, detected at run time), else slicing-by-8 tables. Written here
 // because Debian 12 packages neither Google's crc32c library nor Abseil's
 // absl/crc (Abseil 20220623 predates it).
-#ifndef TANDEM_COMMON_SERVING_CRC32C_H_
-#define TANDEM_COMMON_SERVING_CRC32C_H_
+#ifndef TANDEM_COMMON_BASE_CRC32C_H_
+#define TANDEM_COMMON_BASE_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +13,9 @@ namespace tandem {
 
 // Extends `crc` (0 to start) over `size` bytes.
 uint32_t Crc32c(uint32_t crc, const void* data, size_t size);
+// Copies `size` bytes from src to dst (not overlapping) and extends `crc` over
+// them, reading each byte once: the same result as memcpy, then Crc32c.
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size);
 
 // The table-driven form, whatever the CPU (tests and benchmarks compare the two).
 uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size);
@@ -21,4 +24,4 @@ const char* Crc32cImplementation();
 
 }  // namespace tandem
 
-#endif  // TANDEM_COMMON_SERVING_CRC32C_H_
+#endif  // TANDEM_COMMON_BASE_CRC32C_H_
