@@ -416,8 +416,9 @@ HWY_INLINE hn::Vec<D> BroadcastLane(D /*d*/, V v) {
 // kVnni (AVX2 target only): AVX-VNNI's VEX-encoded vpdpwssd on 256-bit
 // vectors, for CPUs that have it without AVX-512 (Intel's cores from Alder
 // Lake on, Sierra Forest; AvxVnni()): on an Intel Xeon (family 6 model 207)
-// running the AVX2 kernels, SmolLM2 Q4_1 at 5 rows of x 25-30% faster, batch 1
-// 3-7% (docs/benchmarks.md, "AVX-VNNI on the AVX2 target").
+// running the AVX2 kernels, SmolLM2's Q4_1 products at 5 rows of x 15-25%
+// faster, batch 1 2-6%, Q8_0 at 5 rows 3-10% (docs/benchmarks.md, "AVX-VNNI
+// on the AVX2 target").
 template <bool kVnni, class DS32, class V16>
 HWY_INLINE hn::Vec<DS32> MulAddPairs(DS32 ds, V16 w, V16 x, hn::Vec<DS32> s, hn::Vec<DS32>& t) {
 #if HWY_TARGET == HWY_AVX3_DL
