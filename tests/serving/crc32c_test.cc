@@ -15,7 +15,7 @@ using Crc = uint32_t (*)(uint32_t, const void*, size_t);
 
 // RFC 3720's check values, for the instruction form and the tables alike.
 TEST(Crc32cTest, KnownVectors) {
-  for (Crc crc : {&Crc32c, &Crc32cPortable}) {
+  for (Crc crc : {&Crc32c, &Crc32cByInstruction, &Crc32cPortable}) {
     EXPECT_EQ(crc(0, "123456789", 9), 0xE3069283u);
     EXPECT_EQ(crc(0, "", 0), 0u);
     const std::string zeros(32, '\0'), ones(32, '\xff');
@@ -29,8 +29,9 @@ TEST(Crc32cTest, KnownVectors) {
   }
 }
 
-// Every length and alignment (the 8-byte steps and the byte tail), and
-// extension at every split, give the tables' result.
+// Every length and alignment (the 8-byte steps and the byte tail; from 256
+// bytes on, the carry-less folds' 64- and 16-byte steps where the CPU has
+// them), and extension at every split, give the tables' result.
 TEST(Crc32cTest, InstructionsEqualTablesAtEveryLengthAndOffset) {
   std::vector<uint8_t> data(1100);
   uint32_t x = 12345;
@@ -40,6 +41,7 @@ TEST(Crc32cTest, InstructionsEqualTablesAtEveryLengthAndOffset) {
       const uint8_t* p = data.data() + offset;
       const uint32_t want = Crc32cPortable(0, p, n);
       ASSERT_EQ(Crc32c(0, p, n), want) << "offset " << offset << " length " << n;
+      ASSERT_EQ(Crc32cByInstruction(0, p, n), want) << "offset " << offset << " length " << n;
       const size_t split = n / 3;
       ASSERT_EQ(Crc32c(Crc32c(0, p, split), p + split, n - split), want) << n;
     }
@@ -59,15 +61,34 @@ TEST(Crc32cTest, InterleavedChainsEqualTablesOnLongInputs) {
     for (size_t n = base - 9; n <= base + 17; ++n) {
       for (size_t offset : {size_t{0}, size_t{3}}) {
         const uint8_t* p = data.data() + offset;
-        ASSERT_EQ(Crc32c(0x1234567u, p, n), Crc32cPortable(0x1234567u, p, n))
+        const uint32_t want = Crc32cPortable(0x1234567u, p, n);
+        ASSERT_EQ(Crc32cByInstruction(0x1234567u, p, n), want)
             << "offset " << offset << " length " << n;
+        ASSERT_EQ(Crc32c(0x1234567u, p, n), want) << "offset " << offset << " length " << n;
+      }
+    }
+  }
+}
+
+// The carry-less folds around their step sizes: 256 bytes (the four
+// 64-byte accumulators' first load), each 64-byte and 16-byte step and the
+// byte tail after them, from every initial register.
+TEST(Crc32cTest, FoldsEqualTablesAroundTheirSteps) {
+  std::vector<uint8_t> data(4096 + 64);
+  uint32_t x = 4242;
+  for (uint8_t& b : data) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t base : {size_t{256}, size_t{512}, size_t{576}, size_t{1024}, size_t{4096}}) {
+    for (size_t n = base - 17; n <= base + 33; ++n) {
+      for (uint32_t init : {0u, 0xFFFFFFFFu, 0x89ABCDEFu}) {
+        const uint8_t* p = data.data() + n % 7;
+        ASSERT_EQ(Crc32c(init, p, n), Crc32cPortable(init, p, n)) << "length " << n;
       }
     }
   }
 }
 
 // Copying while checksumming: the destination equals the source and the
-// result equals Crc32c's, for lengths around the spans' multiples and every
+// result equals the tables', for lengths around the spans' multiples and every
 // offset of source and destination; no byte past the destination is written.
 TEST(Crc32cTest, CopyingEqualsMemcpyThenCrc) {
   std::vector<uint8_t> data(3 * 8192 + 3 * 256 + 64);
@@ -79,7 +100,7 @@ TEST(Crc32cTest, CopyingEqualsMemcpyThenCrc) {
       for (size_t to : {size_t{0}, size_t{3}}) {
         std::vector<uint8_t> out(n + to + 16, 0xAB);
         const uint8_t* src = data.data() + from;
-        ASSERT_EQ(Crc32cCopy(0x5u, out.data() + to, src, n), Crc32c(0x5u, src, n))
+        ASSERT_EQ(Crc32cCopy(0x5u, out.data() + to, src, n), Crc32cPortable(0x5u, src, n))
             << "length " << n << " offsets " << from << ", " << to;
         ASSERT_TRUE(std::equal(src, src + n, out.begin() + to)) << "length " << n;
         for (size_t i = 0; i < to; ++i) ASSERT_EQ(out[i], 0xAB) << i;
