@@ -1,6 +1,7 @@
 #include "common/base/crc32c.h"
 
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -173,15 +174,15 @@ __attribute__((target("sse4.2"))) uint32_t HardwareCopy(uint32_t c, const uint8_
 bool HasHardware() { return __builtin_cpu_supports("sse4.2"); }
 constexpr const char* kHardwareName = "sse4.2";
 
-// Carry-less multiplication, 64 bytes at a time (AVX-512 with VPCLMULQDQ:
-// Ice Lake and later Xeons, Zen 4 and later). The CRC instruction takes 8
-// bytes a cycle at best (one issue port, three chains above); folding with
-// vpclmulqdq takes 64 bytes in two multiplies and a ternary xor, so 1 MiB is
-// checksummed at 3x the rate (crc32c_benchmark: docs/benchmarking.md). The
-// message is folded into 128 bits congruent to it modulo the polynomial, as
-// Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"
-// describes (the Linux kernel's crc32-pclmul does the same), and the CRC
-// instruction reduces those 16 bytes.
+// Carry-less multiplication (VPCLMULQDQ: AVX-512 on Ice Lake and later
+// Xeons and Zen 4 on; 256-bit on Zen 3 and Intel's cores from Alder Lake on).
+// The CRC instruction issues on one port, 8 bytes a cycle at best (three
+// chains above); folding takes 64 (or 32) bytes in two multiplies and an xor,
+// so 1 MiB is checksummed at 3x the rate with AVX-512 (crc32c_benchmark:
+// docs/benchmarking.md). The message is folded into 128 bits congruent to it
+// modulo the polynomial, as Intel's "Fast CRC Computation for Generic
+// Polynomials Using PCLMULQDQ" describes (the Linux kernel's crc32-pclmul
+// does the same), and the CRC instruction reduces those 16 bytes.
 
 // x^e mod P, bit-reflected and shifted left by one: a folding constant as
 // the reflected carry-less multiply wants it. With CRC32's polynomial this
@@ -201,55 +202,76 @@ uint64_t FoldConstant(int e) {
 // A 128-bit lane's constants for folding it `bits` ahead: its low half times
 // x^(bits + 32), its high half times x^(bits - 32).
 struct FoldKeys {
-  uint64_t lo, hi;
-  explicit FoldKeys(int bits) : lo(FoldConstant(bits + 32)), hi(FoldConstant(bits - 32)) {}
+  long long lo, hi;
+  explicit FoldKeys(int bits)
+      : lo(static_cast<long long>(FoldConstant(bits + 32))),
+        hi(static_cast<long long>(FoldConstant(bits - 32))) {}
 };
-const FoldKeys& Keys2048() { static const FoldKeys k(2048); return k; }
-const FoldKeys& Keys512() { static const FoldKeys k(512); return k; }
-const FoldKeys& Keys128() { static const FoldKeys k(128); return k; }
-
-#define TANDEM_WIDE_CRC __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
-
-TANDEM_WIDE_CRC inline __m512i Fold512(__m512i x, __m512i keys, __m512i next) {
-  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, keys, 0x00),
-                                   _mm512_clmulepi64_epi128(x, keys, 0x11), next, 0x96);
+template <int kBits>
+const FoldKeys& Keys() {
+  static const FoldKeys k(kBits);
+  return k;
 }
-TANDEM_WIDE_CRC inline __m128i Fold128(__m128i x, __m128i keys, __m128i next) {
+
+#define TANDEM_FOLD128 __attribute__((target("pclmul,sse4.2")))
+#define TANDEM_FOLD256 __attribute__((target("avx2,vpclmulqdq,pclmul,sse4.2")))
+#define TANDEM_FOLD512 __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2")))
+
+TANDEM_FOLD128 inline __m128i Fold128(__m128i x, __m128i keys, __m128i next) {
   return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, keys, 0x00),
                                      _mm_clmulepi64_si128(x, keys, 0x11)),
                        next);
 }
 template <bool kCopy>
-TANDEM_WIDE_CRC inline __m512i Take512(const uint8_t* p, uint8_t* d) {
-  const __m512i v = _mm512_loadu_si512(p);
-  if constexpr (kCopy) _mm512_storeu_si512(d, v);
-  return v;
-}
-template <bool kCopy>
-TANDEM_WIDE_CRC inline __m128i Take128(const uint8_t* p, uint8_t* d) {
+TANDEM_FOLD128 inline __m128i Take128(const uint8_t* p, uint8_t* d) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d), v);
   return v;
 }
-// (A set, and lanes through memory below, not GCC 12's broadcast, cast and
-// extract intrinsics: those warn of an uninitialized operand in its header.)
-TANDEM_WIDE_CRC inline __m512i Broadcast(const FoldKeys& k) {
-  const auto lo = static_cast<long long>(k.lo), hi = static_cast<long long>(k.hi);
-  return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
+
+// The folds' end: `lanes` 128-bit lanes (in message order) folded into one,
+// then 16 bytes at a time from p + at; the CRC instruction reduces the last
+// 128 bits and takes the tail.
+template <bool kCopy>
+TANDEM_FOLD128 inline uint32_t FinishFolds(const __m128i* lanes, int count, const uint8_t* p,
+                                           uint8_t* d, size_t at, size_t size) {
+  const __m128i k128 = _mm_set_epi64x(Keys<128>().hi, Keys<128>().lo);
+  __m128i x = lanes[0];
+  for (int i = 1; i < count; ++i) x = Fold128(x, k128, lanes[i]);
+  for (; at + 16 <= size; at += 16) x = Fold128(x, k128, Take128<kCopy>(p + at, d + at));
+  uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
+  r = _mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
+  return Interleaved<kCopy, Step, Byte>(static_cast<uint32_t>(r), p + at,
+                                        kCopy ? d + at : nullptr, size - at);
+}
+
+// (Sets, and lanes through memory, not GCC 12's broadcast, cast and extract
+// intrinsics: those warn of an uninitialized operand in its header.)
+TANDEM_FOLD512 inline __m512i Fold512(__m512i x, __m512i keys, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, keys, 0x00),
+                                   _mm512_clmulepi64_epi128(x, keys, 0x11), next, 0x96);
+}
+template <bool kCopy>
+TANDEM_FOLD512 inline __m512i Take512(const uint8_t* p, uint8_t* d) {
+  const __m512i v = _mm512_loadu_si512(p);
+  if constexpr (kCopy) _mm512_storeu_si512(d, v);
+  return v;
+}
+TANDEM_FOLD512 inline __m512i Keys512(const FoldKeys& k) {
+  return _mm512_set_epi64(k.hi, k.lo, k.hi, k.lo, k.hi, k.lo, k.hi, k.lo);
 }
 
 // The register c extended over p[0, size), size >= 256 (and copied to d
-// with kCopy): four 64-byte accumulators 256 bytes apart, folded into one,
-// then its four lanes into one, then 16 bytes at a time; the CRC
-// instruction reduces the last 128 bits and takes the tail.
+// with kCopy): four 64-byte accumulators 256 bytes apart, then one.
 template <bool kCopy>
-TANDEM_WIDE_CRC uint32_t WideUpdate(uint32_t c, const uint8_t* p, uint8_t* d, size_t size) {
-  const __m512i k2048 = Broadcast(Keys2048()), k512 = Broadcast(Keys512());
-  const __m128i k128 = _mm_set_epi64x(static_cast<long long>(Keys128().hi),
-                                      static_cast<long long>(Keys128().lo));
+TANDEM_FOLD512 uint32_t Folds512(uint32_t c, const uint8_t* p, uint8_t* d, size_t size) {
+  __m512i k2048 = Keys512(Keys<2048>()), k512 = Keys512(Keys<512>());
+  // In registers: GCC otherwise left the constants where it built them, on
+  // the stack, as memory operands of every fold (37 against 60 GB/s).
+  asm("" : "+v"(k2048), "+v"(k512));
   // The register enters as the message's first 4 bytes xored with it.
   __m512i z0 = _mm512_xor_si512(Take512<kCopy>(p, d),
-                                _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(c))));
+                                _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, c));
   __m512i z1 = Take512<kCopy>(p + 64, d + 64), z2 = Take512<kCopy>(p + 128, d + 128),
           z3 = Take512<kCopy>(p + 192, d + 192);
   size_t at = 256;
@@ -263,21 +285,52 @@ TANDEM_WIDE_CRC uint32_t WideUpdate(uint32_t c, const uint8_t* p, uint8_t* d, si
   for (; at + 64 <= size; at += 64) z3 = Fold512(z3, k512, Take512<kCopy>(p + at, d + at));
   alignas(64) __m128i lanes[4];
   _mm512_store_si512(lanes, z3);
-  __m128i x = Fold128(Fold128(Fold128(lanes[0], k128, lanes[1]), k128, lanes[2]), k128, lanes[3]);
-  for (; at + 16 <= size; at += 16) x = Fold128(x, k128, Take128<kCopy>(p + at, d + at));
-  uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
-  r = _mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
-  return Interleaved<kCopy, Step, Byte>(static_cast<uint32_t>(r), p + at,
-                                        kCopy ? d + at : nullptr, size - at);
+  return FinishFolds<kCopy>(lanes, 4, p, d, at, size);
 }
 
-bool HasWide() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) &&
-         ((ecx >> 10) & 1) != 0;  // VPCLMULQDQ
+TANDEM_FOLD256 inline __m256i Fold256(__m256i x, __m256i keys, __m256i next) {
+  return _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128(x, keys, 0x00),
+                                           _mm256_clmulepi64_epi128(x, keys, 0x11)),
+                          next);
 }
-constexpr const char* kWideName = "avx512-vpclmulqdq";
-constexpr size_t kWideMin = 256;  // below it: the CRC instruction alone
+template <bool kCopy>
+TANDEM_FOLD256 inline __m256i Take256(const uint8_t* p, uint8_t* d) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), v);
+  return v;
+}
+TANDEM_FOLD256 inline __m256i Keys256(const FoldKeys& k) {
+  return _mm256_set_epi64x(k.hi, k.lo, k.hi, k.lo);
+}
+
+// As Folds512 with 32-byte accumulators, 128 bytes apart (size >= 128).
+template <bool kCopy>
+TANDEM_FOLD256 uint32_t Folds256(uint32_t c, const uint8_t* p, uint8_t* d, size_t size) {
+  __m256i k1024 = Keys256(Keys<1024>()), k256 = Keys256(Keys<256>());
+  asm("" : "+x"(k1024), "+x"(k256));  // in registers, as above
+  __m256i y0 = _mm256_xor_si256(Take256<kCopy>(p, d), _mm256_set_epi64x(0, 0, 0, c));
+  __m256i y1 = Take256<kCopy>(p + 32, d + 32), y2 = Take256<kCopy>(p + 64, d + 64),
+          y3 = Take256<kCopy>(p + 96, d + 96);
+  size_t at = 128;
+  for (; at + 128 <= size; at += 128) {
+    y0 = Fold256(y0, k1024, Take256<kCopy>(p + at, d + at));
+    y1 = Fold256(y1, k1024, Take256<kCopy>(p + at + 32, d + at + 32));
+    y2 = Fold256(y2, k1024, Take256<kCopy>(p + at + 64, d + at + 64));
+    y3 = Fold256(y3, k1024, Take256<kCopy>(p + at + 96, d + at + 96));
+  }
+  y3 = Fold256(Fold256(Fold256(y0, k256, y1), k256, y2), k256, y3);
+  for (; at + 32 <= size; at += 32) y3 = Fold256(y3, k256, Take256<kCopy>(p + at, d + at));
+  alignas(32) __m128i lanes[2];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), y3);
+  return FinishFolds<kCopy>(lanes, 2, p, d, at, size);
+}
+
+bool HasVpclmulqdq() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((ecx >> 10) & 1) != 0;
+}
+bool HasFolds256() { return __builtin_cpu_supports("avx2") && HasVpclmulqdq(); }
+bool HasFolds512() { return __builtin_cpu_supports("avx512f") && HasVpclmulqdq(); }
 #elif defined(__aarch64__)
 __attribute__((target("+crc"))) inline uint64_t Step(uint64_t c, uint64_t v) {
   return __crc32cd(static_cast<uint32_t>(c), v);
@@ -304,22 +357,55 @@ constexpr const char* kHardwareName = "tables";
 
 #if !defined(__x86_64__)
 template <bool kCopy>
-uint32_t WideUpdate(uint32_t c, const uint8_t*, uint8_t*, size_t) {
+uint32_t Folds512(uint32_t c, const uint8_t*, uint8_t*, size_t) {
   return c;
 }
-bool HasWide() { return false; }
-constexpr const char* kWideName = "";
-constexpr size_t kWideMin = 0;
+template <bool kCopy>
+uint32_t Folds256(uint32_t c, const uint8_t*, uint8_t*, size_t) {
+  return c;
+}
+bool HasFolds256() { return false; }
+bool HasFolds512() { return false; }
 #endif
 
-bool UseHardware() {
-  static const bool use = HasHardware();
-  return use;
+// The forms, best first, and which one Crc32c runs (the best this CPU has,
+// unless UseCrc32cImplementation chose another).
+enum Form : int { kFolds512, kFolds256, kInstruction, kTables };
+constexpr const char* kFormNames[] = {"avx512-vpclmulqdq", "avx2-vpclmulqdq", kHardwareName,
+                                      "tables"};
+// Inputs shorter than a form's first load take the CRC instruction.
+constexpr size_t kFoldsMin[] = {256, 128};
+
+std::vector<int> Forms() {
+  std::vector<int> forms;
+  if (HasHardware()) {
+    if (HasFolds512()) forms.push_back(kFolds512);
+    if (HasFolds256()) forms.push_back(kFolds256);
+    forms.push_back(kInstruction);
+  }
+  forms.push_back(kTables);
+  return forms;
 }
 
-bool UseWide() {
-  static const bool use = UseHardware() && HasWide();
-  return use;
+std::atomic<int>& Chosen() {
+  static std::atomic<int> form{Forms().front()};
+  return form;
+}
+
+template <bool kCopy>
+uint32_t Update(uint32_t crc, const uint8_t* p, uint8_t* d, size_t size) {
+  const int form = Chosen().load(std::memory_order_relaxed);
+  if (form == kTables) {
+    if constexpr (kCopy) {
+      std::memcpy(d, p, size);
+      return Crc32cPortable(crc, d, size);
+    }
+    return Crc32cPortable(crc, p, size);
+  }
+  if (form == kFolds512 && size >= kFoldsMin[kFolds512]) return ~Folds512<kCopy>(~crc, p, d, size);
+  if (form == kFolds256 && size >= kFoldsMin[kFolds256]) return ~Folds256<kCopy>(~crc, p, d, size);
+  if constexpr (kCopy) return ~HardwareCopy(~crc, p, d, size);
+  return ~HardwareUpdate(~crc, p, size);
 }
 
 }  // namespace
@@ -343,29 +429,29 @@ uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size) {
 }
 
 uint32_t Crc32c(uint32_t crc, const void* data, size_t size) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  if (size >= kWideMin && UseWide()) return ~WideUpdate<false>(~crc, p, nullptr, size);
-  return Crc32cByInstruction(crc, data, size);
-}
-
-uint32_t Crc32cByInstruction(uint32_t crc, const void* data, size_t size) {
-  if (!UseHardware()) return Crc32cPortable(crc, data, size);
-  return ~HardwareUpdate(~crc, static_cast<const uint8_t*>(data), size);
+  return Update<false>(crc, static_cast<const uint8_t*>(data), nullptr, size);
 }
 
 uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
-  const uint8_t* from = static_cast<const uint8_t*>(src);
-  uint8_t* to = static_cast<uint8_t*>(dst);
-  if (size >= kWideMin && UseWide()) return ~WideUpdate<true>(~crc, from, to, size);
-  if (!UseHardware()) {
-    std::memcpy(dst, src, size);
-    return Crc32cPortable(crc, dst, size);
-  }
-  return ~HardwareCopy(~crc, from, to, size);
+  return Update<true>(crc, static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), size);
 }
 
-const char* Crc32cImplementation() {
-  return UseWide() ? kWideName : UseHardware() ? kHardwareName : "tables";
+const char* Crc32cImplementation() { return kFormNames[Chosen().load()]; }
+
+std::vector<std::string> Crc32cImplementations() {
+  std::vector<std::string> names;
+  for (int form : Forms()) names.emplace_back(kFormNames[form]);
+  return names;
+}
+
+bool UseCrc32cImplementation(std::string_view name) {
+  for (int form : Forms()) {
+    if (name.empty() || name == kFormNames[form]) {
+      Chosen().store(form);
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace tandem

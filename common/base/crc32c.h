@@ -9,6 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 namespace tandem {
 
@@ -18,15 +21,18 @@ uint32_t Crc32c(uint32_t crc, const void* data, size_t size);
 // them, reading each byte once: the same result as memcpy, then Crc32c.
 uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size);
 
-// The forms Crc32c chooses among, whatever the CPU (tests and benchmarks
-// compare them): the table-driven one, and the CRC instruction's (the tables
-// where the CPU has none) without the carry-less multiplication Crc32c folds
-// long inputs with where the CPU has AVX-512's VPCLMULQDQ.
+// The table-driven form, whatever the CPU (tests compare the others to it).
 uint32_t Crc32cPortable(uint32_t crc, const void* data, size_t size);
-uint32_t Crc32cByInstruction(uint32_t crc, const void* data, size_t size);
-// "avx512-vpclmulqdq" (inputs of 256 bytes and more; shorter ones by the
-// instruction), "sse4.2", "arm-crc" or "tables": what Crc32c uses here.
+
+// What Crc32c and Crc32cCopy use: "avx512-vpclmulqdq" or "avx2-vpclmulqdq"
+// (carry-less folds for inputs of 256 or 128 bytes and more, shorter ones by
+// the instruction), "sse4.2" or "arm-crc" (the CRC instruction), "tables".
 const char* Crc32cImplementation();
+// The forms this CPU runs, best first; the best is used unless
+// UseCrc32cImplementation names another ("" restores the best), for tests
+// and benchmarks. False (nothing changed) for a form this CPU lacks.
+std::vector<std::string> Crc32cImplementations();
+bool UseCrc32cImplementation(std::string_view name);
 
 }  // namespace tandem
 
