@@ -222,10 +222,12 @@ TANDEM_FOLD128 inline __m128i Fold128(__m128i x, __m128i keys, __m128i next) {
                                      _mm_clmulepi64_si128(x, keys, 0x11)),
                        next);
 }
+// The 16 (32, 64) bytes of p at i, also stored at d + i when copying (d:
+// nullptr otherwise, never offset).
 template <bool kCopy>
-TANDEM_FOLD128 inline __m128i Take128(const uint8_t* p, uint8_t* d) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d), v);
+TANDEM_FOLD128 inline __m128i Take128(const uint8_t* p, uint8_t* d, size_t i) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+  if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), v);
   return v;
 }
 
@@ -238,7 +240,7 @@ TANDEM_FOLD128 inline uint32_t FinishFolds(const __m128i* lanes, int count, cons
   const __m128i k128 = _mm_set_epi64x(Keys<128>().hi, Keys<128>().lo);
   __m128i x = lanes[0];
   for (int i = 1; i < count; ++i) x = Fold128(x, k128, lanes[i]);
-  for (; at + 16 <= size; at += 16) x = Fold128(x, k128, Take128<kCopy>(p + at, d + at));
+  for (; at + 16 <= size; at += 16) x = Fold128(x, k128, Take128<kCopy>(p, d, at));
   uint64_t r = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(x)));
   r = _mm_crc32_u64(r, static_cast<uint64_t>(_mm_extract_epi64(x, 1)));
   return Interleaved<kCopy, Step, Byte>(static_cast<uint32_t>(r), p + at,
@@ -252,9 +254,9 @@ TANDEM_FOLD512 inline __m512i Fold512(__m512i x, __m512i keys, __m512i next) {
                                    _mm512_clmulepi64_epi128(x, keys, 0x11), next, 0x96);
 }
 template <bool kCopy>
-TANDEM_FOLD512 inline __m512i Take512(const uint8_t* p, uint8_t* d) {
-  const __m512i v = _mm512_loadu_si512(p);
-  if constexpr (kCopy) _mm512_storeu_si512(d, v);
+TANDEM_FOLD512 inline __m512i Take512(const uint8_t* p, uint8_t* d, size_t i) {
+  const __m512i v = _mm512_loadu_si512(p + i);
+  if constexpr (kCopy) _mm512_storeu_si512(d + i, v);
   return v;
 }
 TANDEM_FOLD512 inline __m512i Keys512(const FoldKeys& k) {
@@ -270,19 +272,19 @@ TANDEM_FOLD512 uint32_t Folds512(uint32_t c, const uint8_t* p, uint8_t* d, size_
   // the stack, as memory operands of every fold (37 against 60 GB/s).
   asm("" : "+v"(k2048), "+v"(k512));
   // The register enters as the message's first 4 bytes xored with it.
-  __m512i z0 = _mm512_xor_si512(Take512<kCopy>(p, d),
+  __m512i z0 = _mm512_xor_si512(Take512<kCopy>(p, d, 0),
                                 _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, c));
-  __m512i z1 = Take512<kCopy>(p + 64, d + 64), z2 = Take512<kCopy>(p + 128, d + 128),
-          z3 = Take512<kCopy>(p + 192, d + 192);
+  __m512i z1 = Take512<kCopy>(p, d, 64), z2 = Take512<kCopy>(p, d, 128),
+          z3 = Take512<kCopy>(p, d, 192);
   size_t at = 256;
   for (; at + 256 <= size; at += 256) {
-    z0 = Fold512(z0, k2048, Take512<kCopy>(p + at, d + at));
-    z1 = Fold512(z1, k2048, Take512<kCopy>(p + at + 64, d + at + 64));
-    z2 = Fold512(z2, k2048, Take512<kCopy>(p + at + 128, d + at + 128));
-    z3 = Fold512(z3, k2048, Take512<kCopy>(p + at + 192, d + at + 192));
+    z0 = Fold512(z0, k2048, Take512<kCopy>(p, d, at));
+    z1 = Fold512(z1, k2048, Take512<kCopy>(p, d, at + 64));
+    z2 = Fold512(z2, k2048, Take512<kCopy>(p, d, at + 128));
+    z3 = Fold512(z3, k2048, Take512<kCopy>(p, d, at + 192));
   }
   z3 = Fold512(Fold512(Fold512(z0, k512, z1), k512, z2), k512, z3);
-  for (; at + 64 <= size; at += 64) z3 = Fold512(z3, k512, Take512<kCopy>(p + at, d + at));
+  for (; at + 64 <= size; at += 64) z3 = Fold512(z3, k512, Take512<kCopy>(p, d, at));
   alignas(64) __m128i lanes[4];
   _mm512_store_si512(lanes, z3);
   return FinishFolds<kCopy>(lanes, 4, p, d, at, size);
@@ -294,9 +296,9 @@ TANDEM_FOLD256 inline __m256i Fold256(__m256i x, __m256i keys, __m256i next) {
                           next);
 }
 template <bool kCopy>
-TANDEM_FOLD256 inline __m256i Take256(const uint8_t* p, uint8_t* d) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if constexpr (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), v);
+TANDEM_FOLD256 inline __m256i Take256(const uint8_t* p, uint8_t* d, size_t i) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+  if constexpr (kCopy) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), v);
   return v;
 }
 TANDEM_FOLD256 inline __m256i Keys256(const FoldKeys& k) {
@@ -308,18 +310,18 @@ template <bool kCopy>
 TANDEM_FOLD256 uint32_t Folds256(uint32_t c, const uint8_t* p, uint8_t* d, size_t size) {
   __m256i k1024 = Keys256(Keys<1024>()), k256 = Keys256(Keys<256>());
   asm("" : "+x"(k1024), "+x"(k256));  // in registers, as above
-  __m256i y0 = _mm256_xor_si256(Take256<kCopy>(p, d), _mm256_set_epi64x(0, 0, 0, c));
-  __m256i y1 = Take256<kCopy>(p + 32, d + 32), y2 = Take256<kCopy>(p + 64, d + 64),
-          y3 = Take256<kCopy>(p + 96, d + 96);
+  __m256i y0 = _mm256_xor_si256(Take256<kCopy>(p, d, 0), _mm256_set_epi64x(0, 0, 0, c));
+  __m256i y1 = Take256<kCopy>(p, d, 32), y2 = Take256<kCopy>(p, d, 64),
+          y3 = Take256<kCopy>(p, d, 96);
   size_t at = 128;
   for (; at + 128 <= size; at += 128) {
-    y0 = Fold256(y0, k1024, Take256<kCopy>(p + at, d + at));
-    y1 = Fold256(y1, k1024, Take256<kCopy>(p + at + 32, d + at + 32));
-    y2 = Fold256(y2, k1024, Take256<kCopy>(p + at + 64, d + at + 64));
-    y3 = Fold256(y3, k1024, Take256<kCopy>(p + at + 96, d + at + 96));
+    y0 = Fold256(y0, k1024, Take256<kCopy>(p, d, at));
+    y1 = Fold256(y1, k1024, Take256<kCopy>(p, d, at + 32));
+    y2 = Fold256(y2, k1024, Take256<kCopy>(p, d, at + 64));
+    y3 = Fold256(y3, k1024, Take256<kCopy>(p, d, at + 96));
   }
   y3 = Fold256(Fold256(Fold256(y0, k256, y1), k256, y2), k256, y3);
-  for (; at + 32 <= size; at += 32) y3 = Fold256(y3, k256, Take256<kCopy>(p + at, d + at));
+  for (; at + 32 <= size; at += 32) y3 = Fold256(y3, k256, Take256<kCopy>(p, d, at));
   alignas(32) __m128i lanes[2];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), y3);
   return FinishFolds<kCopy>(lanes, 2, p, d, at, size);

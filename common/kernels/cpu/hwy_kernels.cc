@@ -828,7 +828,8 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
     const int16_t* q = xq + r * padded * 32;
     const float* m = sums + r * padded;  // r's group (r: a multiple of kBlockRows)
     for (int64_t j = ja; j < jb; ++j) {
-      DotBlocksRows<kType, kRows, kVnni>(q, xs + r, m, w + j * row_bytes, blocks, c + r * ldc + j, ldc);
+      DotBlocksRows<kType, kRows, kVnni>(q, xs + r, m, w + j * row_bytes, blocks,
+                                         c + r * ldc + j, ldc);
     }
   };
   // `rows` is not inlined: its one copy of each row count's loop serves both
@@ -1482,8 +1483,11 @@ std::vector<int64_t> AllTargets() {
 // the hypervisor in a VM).
 bool CpuHasAvxVnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1) != 0;
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1) != 0;
+  }();
+  return has;
 #else
   return false;
 #endif
