@@ -1,5 +1,6 @@
 #include "common/backend/device.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -7,6 +8,51 @@
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
+
+size_t TotalBytes(absl::Span<const DeviceRun> runs) {
+  size_t n = 0;
+  for (const DeviceRun& r : runs) n += r.bytes;
+  return n;
+}
+
+size_t TotalBytes(absl::Span<const absl::string_view> pieces) {
+  size_t n = 0;
+  for (absl::string_view p : pieces) n += p.size();
+  return n;
+}
+
+absl::StatusOr<absl::Span<const char>> Device::GatherToHost(absl::Span<const DeviceRun> runs) {
+  gathered_.resize(TotalBytes(runs));
+  size_t at = 0;
+  for (const DeviceRun& r : runs) {
+    if (absl::Status s = CopyToHost(gathered_.data() + at, r.device, r.bytes); !s.ok()) return s;
+    at += r.bytes;
+  }
+  return absl::Span<const char>(gathered_);
+}
+
+absl::Status Device::ScatterToDevice(absl::Span<const absl::string_view> host,
+                                     absl::Span<const DeviceRun> runs) {
+  if (TotalBytes(host) != TotalBytes(runs)) {
+    return absl::InvalidArgumentError(absl::StrCat("scatter to device: ", TotalBytes(host),
+                                                   " bytes of host pieces for ",
+                                                   TotalBytes(runs), " bytes of runs"));
+  }
+  // One copy wherever a piece and a run overlap.
+  size_t piece = 0, at = 0;  // the next byte: host[piece][at]
+  for (const DeviceRun& r : runs) {
+    for (size_t done = 0; done < r.bytes;) {
+      while (at == host[piece].size()) ++piece, at = 0;
+      const size_t part = std::min(r.bytes - done, host[piece].size() - at);
+      if (absl::Status s = CopyToDevice(r.device + done, host[piece].data() + at, part); !s.ok()) {
+        return s;
+      }
+      done += part;
+      at += part;
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(Device* device, size_t bytes,
                                                      std::string name) {

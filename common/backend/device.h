@@ -10,13 +10,22 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/backend/tensor.h"
 #include "common/graph/stream.h"
 
 namespace tandem {
+
+// A span of device memory: one run of a KV cache's rows, say.
+struct DeviceRun {
+  char* device;
+  size_t bytes;
+};
 
 class Device {
  public:
@@ -32,13 +41,33 @@ class Device {
   virtual absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  // Many runs at once (a KV chunk's rows, out of the blocks they sit in).
+  // GatherToHost copies `runs`, in order, into one host buffer the device
+  // keeps, after the ops issued on stream() so far, and returns it: valid
+  // until the next GatherToHost or ScatterToDevice. ScatterToDevice copies
+  // the bytes of `host` (pieces, in order: gRPC's slices) into `runs`, in
+  // order; the ops issued on stream() afterwards see them, and the pieces may
+  // be reused when it returns. INVALID_ARGUMENT when the two sides' sizes
+  // differ. These defaults copy piece by piece (CopyToHost, CopyToDevice):
+  // memcpy where device memory is host memory. A device that pays per copy
+  // (CUDA: a call and a synchronization each) overrides them.
+  virtual absl::StatusOr<absl::Span<const char>> GatherToHost(absl::Span<const DeviceRun> runs);
+  virtual absl::Status ScatterToDevice(absl::Span<const absl::string_view> host,
+                                       absl::Span<const DeviceRun> runs);
   // Whether an eager run should precede graph capture (vLLM's warm-up: lazy
   // library and allocator initialisation must not happen inside a capture).
   virtual bool warmup_before_capture() const { return true; }
   // Whether device memory is host memory (copies are memcpy, cheap however
   // small).
   virtual bool host_memory() const { return false; }
+
+ private:
+  std::vector<char> gathered_;  // the default GatherToHost's buffer
 };
+
+// Bytes in all of `runs` (`pieces`).
+size_t TotalBytes(absl::Span<const DeviceRun> runs);
+size_t TotalBytes(absl::Span<const absl::string_view> pieces);
 
 // Arena: a bump allocator over one Device allocation, for start-up carving of
 // many tensors. Not thread-safe.

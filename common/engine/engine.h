@@ -214,6 +214,10 @@ class LlmEngine {
   absl::Status ForEachKvRun(
       const std::string& id, int layer, int64_t first, int64_t count,
       const std::function<absl::Status(size_t offset, char* k, char* v, size_t bytes)>& copy) const;
+  // The same runs as a list: K's, then V's (ImportKv's and a GPU's ReadKv's
+  // order).
+  absl::Status KvRuns(const std::string& id, int layer, int64_t first, int64_t count,
+                      std::vector<DeviceRun>* runs) const;
 
   EngineConfig config_;
   std::unique_ptr<Backend> backend_;

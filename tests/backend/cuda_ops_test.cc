@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "common/base/crc32c.h"
 #include "common/engine/engine.h"
 #include "common/kernels/backend.h"
 #include "gtest/gtest.h"
@@ -370,8 +371,10 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaOpsTest,
 // --- whole engines -------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> MakeEngine(const std::string& device,
-                                                      const std::string& dtype, M mode) {
+                                                      const std::string& dtype, M mode,
+                                                      bool prefix_caching = true) {
   EngineConfig c;
+  c.enable_prefix_caching = prefix_caching;
   c.model = "synthetic";
   c.backend.device = device;
   c.backend.dtype = dtype;
@@ -505,6 +508,90 @@ TEST(CudaEngineTest, FullReplayEqualsEager) {
           << "batch " << batch << " context " << context;
       for (int i = 0; i < batch; ++i) kv.Free("d" + std::to_string(i));
     }
+  }
+}
+
+// A request's KV rows cross between a CPU and a CUDA engine in both
+// directions, as a P/D pair moves them: rows imported into the GPU's blocks
+// (ScatterToDevice) read back bit for bit (GatherToHost) with the CPU's
+// checksum and decode to the CPU's greedy tokens; rows the GPU computed read
+// out close to the CPU's, with the checksum of the bytes returned. No block
+// is left held on either side.
+TEST(CudaEngineTest, KvRowsCrossBetweenCpuAndCuda) {
+  auto cpu = MakeEngine("cpu", "f32", M::kNone);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  // No prefix caching: the imported request must not find the GPU's own
+  // prefill of the same prompt.
+  auto gpu = MakeEngine("cuda", "f32", M::kFullAndPiecewise, /*prefix_caching=*/false);
+  SKIP_WITHOUT_GPU(gpu);
+  const std::vector<int32_t> prompt = Prompt(300, 5);  // two chunks, 19 blocks
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  SamplingParams once;
+  once.max_tokens = 1;
+  once.ignore_eos = true;
+  for (LlmEngine* e : {cpu->get(), gpu->get()}) {
+    ASSERT_TRUE(e->AddRequest("p", prompt, once, RequestKind::kPrefillOnly).ok());
+    while (e->HasWork()) ASSERT_TRUE(e->Step().ok());
+  }
+  SamplingParams greedy;
+  greedy.max_tokens = 8;
+  greedy.ignore_eos = true;
+  ASSERT_TRUE((*gpu)->AddRequest("d", prompt, greedy, RequestKind::kRemotePrefill).ok());
+  auto reserved = (*gpu)->Step();
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  ASSERT_EQ((*gpu)->num_waiting_for_remote_kv(), 1u);
+  const int64_t w = (*cpu)->kv_cache().slot_width();
+  const size_t bytes = static_cast<size_t>(n * w) * sizeof(float);
+  for (int layer = 0; layer < (*cpu)->model_config().num_hidden_layers; ++layer) {
+    SCOPED_TRACE(layer);
+    std::vector<float> k(n * w), v(n * w), k2(n * w), v2(n * w);
+    auto crc = (*cpu)->ReadKv("p", layer, 0, n, k.data(), v.data());
+    ASSERT_TRUE(crc.ok()) << crc.status();
+    // Pieces of 1000 bytes, as gRPC's slices cut a message anywhere.
+    std::vector<absl::string_view> kp, vp;
+    for (size_t at = 0; at < bytes; at += 1000) {
+      kp.push_back(absl::string_view(reinterpret_cast<const char*>(k.data()), bytes).substr(at, 1000));
+      vp.push_back(absl::string_view(reinterpret_cast<const char*>(v.data()), bytes).substr(at, 1000));
+    }
+    ASSERT_TRUE((*gpu)->ImportKv("d", layer, 0, n, kp, vp).ok());
+    auto back = (*gpu)->ReadKv("d", layer, 0, n, k2.data(), v2.data());
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, *crc);
+    EXPECT_EQ(k2, k);
+    EXPECT_EQ(v2, v);
+    // The GPU's own prefill, read out: the CPU's rows to f32 tolerance.
+    auto own = (*gpu)->ReadKv("p", layer, 0, n, k2.data(), v2.data());
+    ASSERT_TRUE(own.ok()) << own.status();
+    EXPECT_EQ(*own, Crc32c(Crc32c(0, k2.data(), bytes), v2.data(), bytes));
+    for (int64_t i = 0; i < n * w; ++i) {
+      ASSERT_NEAR(k2[i], k[i], 1e-4f + 1e-4f * std::fabs(k[i])) << i;
+      ASSERT_NEAR(v2[i], v[i], 1e-4f + 1e-4f * std::fabs(v[i])) << i;
+    }
+  }
+  // The imported rows are where the GPU's attention reads them: its tokens
+  // after them are the CPU's own.
+  ASSERT_TRUE((*cpu)->AddRequest("local", prompt, greedy).ok());
+  std::vector<int32_t> want, got;
+  while ((*cpu)->HasWork()) {
+    auto o = (*cpu)->Step();
+    ASSERT_TRUE(o.ok());
+    for (const RequestOutput& x : *o) {
+      if (x.id == "local") want.insert(want.end(), x.new_tokens.begin(), x.new_tokens.end());
+    }
+  }
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_TRUE((*gpu)->RemoteKvArrived("d", want[0]).ok());  // the first of its outputs
+  while ((*gpu)->HasWork()) {
+    auto o = (*gpu)->Step();
+    ASSERT_TRUE(o.ok()) << o.status();
+    for (const RequestOutput& x : *o) {
+      if (x.id == "d") got.insert(got.end(), x.new_tokens.begin(), x.new_tokens.end());
+    }
+  }
+  EXPECT_EQ(got, want);
+  for (LlmEngine* e : {cpu->get(), gpu->get()}) {
+    ASSERT_TRUE(e->Abort("p").ok());
+    EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
   }
 }
 

@@ -1,5 +1,8 @@
 #include "common/backend/cuda/cuda_device.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_check.h"
@@ -131,6 +134,16 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create() {
 
 CudaDevice::~CudaDevice() {
   cudaStreamSynchronize(stream_.raw());
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+    cudaEventDestroy(compute_done_);
+    cudaEventDestroy(copy_done_);
+  }
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (pinned_runs_ != nullptr) cudaFreeHost(pinned_runs_);
+  cudaFree(staged_);
+  cudaFree(device_runs_);
   for (void* p : allocations_) cudaFree(p);
 }
 
@@ -174,6 +187,99 @@ absl::Status CudaDevice::Memset(void* dst, int value, size_t bytes) {
   if (!stream_.error().ok()) return stream_.error();
   TANDEM_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_.raw()));
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream_.raw()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
+  if (copy_stream_ == nullptr) {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+  }
+  // Doubling: a KV stream's chunks settle on one size after the first few.
+  if (bytes > transfer_bytes_) {
+    const size_t size = std::max(bytes, 2 * transfer_bytes_);
+    if (pinned_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
+    if (staged_ != nullptr) TANDEM_CUDA_CHECK(cudaFree(staged_));
+    pinned_ = staged_ = nullptr;
+    transfer_bytes_ = 0;
+    TANDEM_CUDA_CHECK(cudaHostAlloc(&pinned_, size, cudaHostAllocDefault));
+    TANDEM_CUDA_CHECK(cudaMalloc(&staged_, size));
+    transfer_bytes_ = size;
+  }
+  if (runs > transfer_runs_) {
+    const size_t count = std::max(runs, 2 * transfer_runs_);
+    if (pinned_runs_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_runs_));
+    if (device_runs_ != nullptr) TANDEM_CUDA_CHECK(cudaFree(device_runs_));
+    pinned_runs_ = device_runs_ = nullptr;
+    transfer_runs_ = 0;
+    const size_t table = count * sizeof(CopyRun);
+    TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_runs_), table,
+                                    cudaHostAllocDefault));
+    TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_runs_), table));
+    transfer_runs_ = count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::CopyRunsAfterCompute(size_t runs) {
+  TANDEM_CUDA_CHECK(cudaEventRecord(compute_done_, stream_.raw()));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_runs_, pinned_runs_,
+                                    runs * sizeof(CopyRun),
+                                    cudaMemcpyHostToDevice, copy_stream_));
+  TANDEM_CUDA_CHECK(CopyRuns(device_runs_, static_cast<int>(runs), copy_stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const char>> CudaDevice::GatherToHost(
+    absl::Span<const DeviceRun> runs) {
+  if (!stream_.error().ok()) return stream_.error();
+  const size_t total = TotalBytes(runs);
+  if (total == 0) return absl::Span<const char>();
+  if (absl::Status s = ReserveTransfer(total, runs.size()); !s.ok()) return s;
+  size_t at = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    pinned_runs_[i] = {runs[i].device, staged_ + at, runs[i].bytes};
+    at += runs[i].bytes;
+  }
+  auto issue = [&]() -> absl::Status {
+    if (absl::Status s = CopyRunsAfterCompute(runs.size()); !s.ok()) return s;
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyAsync(pinned_, staged_, total, cudaMemcpyDeviceToHost, copy_stream_));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = issue(); !s.ok()) return s;
+  return absl::Span<const char>(pinned_, total);
+}
+
+absl::Status CudaDevice::ScatterToDevice(absl::Span<const absl::string_view> host,
+                                         absl::Span<const DeviceRun> runs) {
+  if (!stream_.error().ok()) return stream_.error();
+  const size_t total = TotalBytes(runs);
+  if (TotalBytes(host) != total) return Device::ScatterToDevice(host, runs);  // names the sizes
+  if (total == 0) return absl::OkStatus();
+  if (absl::Status s = ReserveTransfer(total, runs.size()); !s.ok()) return s;
+  size_t at = 0;
+  for (absl::string_view p : host) {
+    std::memcpy(pinned_ + at, p.data(), p.size());
+    at += p.size();
+  }
+  at = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    pinned_runs_[i] = {staged_ + at, runs[i].device, runs[i].bytes};
+    at += runs[i].bytes;
+  }
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyAsync(staged_, pinned_, total, cudaMemcpyHostToDevice, copy_stream_));
+  // The runs are written after the compute stream's work so far (nothing
+  // still reads a block that changed hands), and its later work sees them.
+  if (absl::Status s = CopyRunsAfterCompute(runs.size()); !s.ok()) return s;
+  TANDEM_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_.raw(), copy_done_, 0));
+  // The pinned buffer may be refilled by the next call.
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/backend/device.h"
+#include "common/backend/cuda/copy_runs.h"
 
 namespace tandem {
 
@@ -81,14 +82,38 @@ class CudaDevice : public Device {
   absl::Status CopyToDevice(void* dst, const void* host, size_t bytes) override;
   absl::Status CopyToHost(void* host, const void* src, size_t bytes) override;
   absl::Status Memset(void* dst, int value, size_t bytes) override;
+  // One launch gathers (scatters) every run on the device, and one DMA
+  // moves the bytes between the device and pinned host memory, on a stream
+  // of their own: ordered after (before) the compute stream's work by
+  // events, never synchronizing it. Run by run, each run was a copy and a
+  // synchronization of the compute stream: ~7,700 of them for a 2048-token
+  // prompt of a 30-layer model in 16-token blocks.
+  absl::StatusOr<absl::Span<const char>> GatherToHost(absl::Span<const DeviceRun> runs) override;
+  absl::Status ScatterToDevice(absl::Span<const absl::string_view> host,
+                               absl::Span<const DeviceRun> runs) override;
 
  private:
   CudaDevice(std::string name, cudaStream_t stream) : name_(std::move(name)), stream_(stream) {}
   absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+  // Room for `bytes` and `runs` in the transfer buffers below (grown, never
+  // shrunk; the copy stream and its events made on first use).
+  absl::Status ReserveTransfer(size_t bytes, size_t runs);
+  // The runs' table to the device, then the launch that copies them, on
+  // copy_stream_ after the work issued on stream_ so far.
+  absl::Status CopyRunsAfterCompute(size_t runs);
 
   std::string name_;
   CudaStream stream_;
   std::vector<void*> allocations_;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;  // on stream_: what the copies wait for
+  cudaEvent_t copy_done_ = nullptr;     // on copy_stream_: what stream_ waits for
+  char* pinned_ = nullptr;              // host bytes, page-locked
+  char* staged_ = nullptr;              // the same bytes, contiguous on the device
+  size_t transfer_bytes_ = 0;
+  CopyRun* pinned_runs_ = nullptr;
+  CopyRun* device_runs_ = nullptr;
+  size_t transfer_runs_ = 0;
 };
 
 }  // namespace tandem
