@@ -190,6 +190,23 @@ absl::Status CudaDevice::Memset(void* dst, int value, size_t bytes) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Frees *pinned (host, page-locked) and *device, then allocates `count`
+// elements of each.
+template <typename T>
+absl::Status ReplaceTransferPair(T** pinned, T** device, size_t count) {
+  if (*pinned != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(*pinned));
+  if (*device != nullptr) TANDEM_CUDA_CHECK(cudaFree(*device));
+  *pinned = *device = nullptr;
+  TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(pinned), count * sizeof(T),
+                                  cudaHostAllocDefault));
+  TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(device), count * sizeof(T)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
   if (copy_stream_ == nullptr) {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
@@ -199,24 +216,16 @@ absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
   // Doubling: a KV stream's chunks settle on one size after the first few.
   if (bytes > transfer_bytes_) {
     const size_t size = std::max(bytes, 2 * transfer_bytes_);
-    if (pinned_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_));
-    if (staged_ != nullptr) TANDEM_CUDA_CHECK(cudaFree(staged_));
-    pinned_ = staged_ = nullptr;
     transfer_bytes_ = 0;
-    TANDEM_CUDA_CHECK(cudaHostAlloc(&pinned_, size, cudaHostAllocDefault));
-    TANDEM_CUDA_CHECK(cudaMalloc(&staged_, size));
+    if (absl::Status s = ReplaceTransferPair(&pinned_, &staged_, size); !s.ok()) return s;
     transfer_bytes_ = size;
   }
   if (runs > transfer_runs_) {
     const size_t count = std::max(runs, 2 * transfer_runs_);
-    if (pinned_runs_ != nullptr) TANDEM_CUDA_CHECK(cudaFreeHost(pinned_runs_));
-    if (device_runs_ != nullptr) TANDEM_CUDA_CHECK(cudaFree(device_runs_));
-    pinned_runs_ = device_runs_ = nullptr;
     transfer_runs_ = 0;
-    const size_t table = count * sizeof(CopyRun);
-    TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_runs_), table,
-                                    cudaHostAllocDefault));
-    TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_runs_), table));
+    if (absl::Status s = ReplaceTransferPair(&pinned_runs_, &device_runs_, count); !s.ok()) {
+      return s;
+    }
     transfer_runs_ = count;
   }
   return absl::OkStatus();
