@@ -559,13 +559,15 @@ TEST(CudaEngineTest, KvRowsCrossBetweenCpuAndCuda) {
     EXPECT_EQ(*back, *crc);
     EXPECT_EQ(k2, k);
     EXPECT_EQ(v2, v);
-    // The GPU's own prefill, read out: the CPU's rows to f32 tolerance.
+    // The GPU's own prefill, read out: the CPU's rows to 1e-3 (the layers
+    // before it add up f32 summation-order differences; a row out of place
+    // is off by the rows' own size).
     auto own = (*gpu)->ReadKv("p", layer, 0, n, k2.data(), v2.data());
     ASSERT_TRUE(own.ok()) << own.status();
     EXPECT_EQ(*own, Crc32c(Crc32c(0, k2.data(), bytes), v2.data(), bytes));
     for (int64_t i = 0; i < n * w; ++i) {
-      ASSERT_NEAR(k2[i], k[i], 1e-4f + 1e-4f * std::fabs(k[i])) << i;
-      ASSERT_NEAR(v2[i], v[i], 1e-4f + 1e-4f * std::fabs(v[i])) << i;
+      ASSERT_NEAR(k2[i], k[i], 1e-3f + 1e-3f * std::fabs(k[i])) << i;
+      ASSERT_NEAR(v2[i], v[i], 1e-3f + 1e-3f * std::fabs(v[i])) << i;
     }
   }
   // The imported rows are where the GPU's attention reads them: its tokens
