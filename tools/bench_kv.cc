@@ -564,6 +564,8 @@ std::string SiblingBinary(const std::string& name) {
 int RunKvBench(const std::vector<std::string>& args) {
   FlagSet flags("tandem bench kv");
   std::string model = "synthetic:smollm2-135m";
+  std::string device = "cpu";
+  std::string dtype = "auto";
   std::string prompt_tokens = "512,2048";
   int goodput_tokens = 2048;
   std::string goodput_readers = "bytes";
@@ -575,6 +577,9 @@ int RunKvBench(const std::vector<std::string>& args) {
   std::string prefill_binary = SiblingBinary("prefill_worker");
   std::string decode_binary = SiblingBinary("decode_worker");
   flags.Add("model", &model, "model of all workers (its KV shape)");
+  flags.Add("device", &device,
+            "device of all workers: cpu, or cuda (the three workers share one GPU)");
+  flags.Add("dtype", &dtype, "storage dtype of all workers (auto: f32 on cpu, bf16 on cuda)");
   flags.Add("prompt-tokens", &prompt_tokens, "prompt lengths whose TTFT overhead is measured");
   flags.Add("goodput-tokens", &goodput_tokens, "prompt length of the goodput measurement");
   flags.Add("iters", &iters, "measurements per figure (median reported)");
@@ -619,6 +624,8 @@ int RunKvBench(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> engine = {
       "--model=" + model,
+      "--device=" + device,
+      "--dtype=" + dtype,
       absl::StrCat("--max-num-batched-tokens=", budget),
       absl::StrCat("--max-model-len=", longest + 16),
       "--max-num-seqs=1",
@@ -638,8 +645,9 @@ int RunKvBench(const std::vector<std::string>& args) {
       !StartWorker(decode_binary, link.near_ip(), link, false, decode_flags, &aggregated)) {
     return Fail("a decode worker did not become SERVING: " + decode_binary);
   }
-  std::printf("link: %s%s | model %s | token budget %d per step\n", link.name().c_str(),
-              link_kind == "veth" ? (" at " + link_rate).c_str() : "", model.c_str(), budget);
+  std::printf("link: %s%s | model %s | device %s (dtype %s) | token budget %d per step\n",
+              link.name().c_str(), link_kind == "veth" ? (" at " + link_rate).c_str() : "",
+              model.c_str(), device.c_str(), dtype.c_str(), budget);
 
   // 1. Goodput: the same prompt twice, timed the second time (cached).
   grpc::ChannelArguments channel_args;
