@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace tandem {
 
@@ -21,11 +22,20 @@ size_t TotalBytes(absl::Span<const absl::string_view> pieces) {
   return n;
 }
 
+absl::Status CheckScatterSizes(absl::Span<const absl::string_view> host,
+                               absl::Span<const DeviceRun> runs) {
+  const size_t host_bytes = TotalBytes(host), run_bytes = TotalBytes(runs);
+  if (host_bytes == run_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("scatter to device: ", host_bytes,
+                                                 " bytes of host pieces for ", run_bytes,
+                                                 " bytes of runs"));
+}
+
 absl::StatusOr<absl::Span<const char>> Device::GatherToHost(absl::Span<const DeviceRun> runs) {
   gathered_.resize(TotalBytes(runs));
   size_t at = 0;
   for (const DeviceRun& r : runs) {
-    if (absl::Status s = CopyToHost(gathered_.data() + at, r.device, r.bytes); !s.ok()) return s;
+    RETURN_IF_ERROR(CopyToHost(gathered_.data() + at, r.device, r.bytes));
     at += r.bytes;
   }
   return absl::Span<const char>(gathered_);
@@ -33,20 +43,14 @@ absl::StatusOr<absl::Span<const char>> Device::GatherToHost(absl::Span<const Dev
 
 absl::Status Device::ScatterToDevice(absl::Span<const absl::string_view> host,
                                      absl::Span<const DeviceRun> runs) {
-  if (TotalBytes(host) != TotalBytes(runs)) {
-    return absl::InvalidArgumentError(absl::StrCat("scatter to device: ", TotalBytes(host),
-                                                   " bytes of host pieces for ",
-                                                   TotalBytes(runs), " bytes of runs"));
-  }
+  RETURN_IF_ERROR(CheckScatterSizes(host, runs));
   // One copy wherever a piece and a run overlap.
   size_t piece = 0, at = 0;  // the next byte: host[piece][at]
   for (const DeviceRun& r : runs) {
     for (size_t done = 0; done < r.bytes;) {
       while (at == host[piece].size()) ++piece, at = 0;
       const size_t part = std::min(r.bytes - done, host[piece].size() - at);
-      if (absl::Status s = CopyToDevice(r.device + done, host[piece].data() + at, part); !s.ok()) {
-        return s;
-      }
+      RETURN_IF_ERROR(CopyToDevice(r.device + done, host[piece].data() + at, part));
       done += part;
       at += part;
     }

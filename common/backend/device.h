@@ -68,6 +68,10 @@ class Device {
 // Bytes in all of `runs` (`pieces`).
 size_t TotalBytes(absl::Span<const DeviceRun> runs);
 size_t TotalBytes(absl::Span<const absl::string_view> pieces);
+// ScatterToDevice's precondition: INVALID_ARGUMENT naming both sizes when
+// `host` and `runs` hold different byte counts.
+absl::Status CheckScatterSizes(absl::Span<const absl::string_view> host,
+                               absl::Span<const DeviceRun> runs);
 
 // Arena: a bump allocator over one Device allocation, for start-up carving of
 // many tensors. Not thread-safe.

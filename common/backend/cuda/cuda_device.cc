@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_check.h"
+#include "common/base/status_macros.h"
 #include "common/base/logging.h"
 
 namespace tandem {
@@ -217,15 +218,13 @@ absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
   if (bytes > transfer_bytes_) {
     const size_t size = std::max(bytes, 2 * transfer_bytes_);
     transfer_bytes_ = 0;
-    if (absl::Status s = ReplaceTransferPair(&pinned_, &staged_, size); !s.ok()) return s;
+    RETURN_IF_ERROR(ReplaceTransferPair(&pinned_, &staged_, size));
     transfer_bytes_ = size;
   }
   if (runs > transfer_runs_) {
     const size_t count = std::max(runs, 2 * transfer_runs_);
     transfer_runs_ = 0;
-    if (absl::Status s = ReplaceTransferPair(&pinned_runs_, &device_runs_, count); !s.ok()) {
-      return s;
-    }
+    RETURN_IF_ERROR(ReplaceTransferPair(&pinned_runs_, &device_runs_, count));
     transfer_runs_ = count;
   }
   return absl::OkStatus();
@@ -246,30 +245,26 @@ absl::StatusOr<absl::Span<const char>> CudaDevice::GatherToHost(
   if (!stream_.error().ok()) return stream_.error();
   const size_t total = TotalBytes(runs);
   if (total == 0) return absl::Span<const char>();
-  if (absl::Status s = ReserveTransfer(total, runs.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(ReserveTransfer(total, runs.size()));
   size_t at = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     pinned_runs_[i] = {runs[i].device, staged_ + at, runs[i].bytes};
     at += runs[i].bytes;
   }
-  auto issue = [&]() -> absl::Status {
-    if (absl::Status s = CopyRunsAfterCompute(runs.size()); !s.ok()) return s;
-    TANDEM_CUDA_CHECK(
-        cudaMemcpyAsync(pinned_, staged_, total, cudaMemcpyDeviceToHost, copy_stream_));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
-    return absl::OkStatus();
-  };
-  if (absl::Status s = issue(); !s.ok()) return s;
+  RETURN_IF_ERROR(CopyRunsAfterCompute(runs.size()));
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyAsync(pinned_, staged_, total, cudaMemcpyDeviceToHost, copy_stream_));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   return absl::Span<const char>(pinned_, total);
 }
 
 absl::Status CudaDevice::ScatterToDevice(absl::Span<const absl::string_view> host,
                                          absl::Span<const DeviceRun> runs) {
   if (!stream_.error().ok()) return stream_.error();
+  RETURN_IF_ERROR(CheckScatterSizes(host, runs));
   const size_t total = TotalBytes(runs);
-  if (TotalBytes(host) != total) return Device::ScatterToDevice(host, runs);  // names the sizes
   if (total == 0) return absl::OkStatus();
-  if (absl::Status s = ReserveTransfer(total, runs.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(ReserveTransfer(total, runs.size()));
   size_t at = 0;
   for (absl::string_view p : host) {
     std::memcpy(pinned_ + at, p.data(), p.size());
@@ -284,7 +279,7 @@ absl::Status CudaDevice::ScatterToDevice(absl::Span<const absl::string_view> hos
       cudaMemcpyAsync(staged_, pinned_, total, cudaMemcpyHostToDevice, copy_stream_));
   // The runs are written after the compute stream's work so far (nothing
   // still reads a block that changed hands), and its later work sees them.
-  if (absl::Status s = CopyRunsAfterCompute(runs.size()); !s.ok()) return s;
+  RETURN_IF_ERROR(CopyRunsAfterCompute(runs.size()));
   TANDEM_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_.raw(), copy_done_, 0));
   // The pinned buffer may be refilled by the next call.
