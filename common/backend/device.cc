@@ -31,14 +31,31 @@ absl::Status CheckScatterSizes(absl::Span<const absl::string_view> host,
                                                  " bytes of runs"));
 }
 
-absl::StatusOr<absl::Span<const char>> Device::GatherToHost(absl::Span<const DeviceRun> runs) {
-  gathered_.resize(TotalBytes(runs));
+namespace {
+
+// The default gather: copied when issued.
+class CopiedGather : public PendingGather {
+ public:
+  explicit CopiedGather(size_t bytes) : bytes_(bytes) {}
+  bool ready() override { return true; }
+  absl::StatusOr<absl::Span<const char>> Wait() override { return absl::Span<const char>(bytes_); }
+  char* data() { return bytes_.data(); }
+
+ private:
+  std::vector<char> bytes_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PendingGather>> Device::IssueGather(
+    absl::Span<const DeviceRun> runs) {
+  auto gather = std::make_unique<CopiedGather>(TotalBytes(runs));
   size_t at = 0;
   for (const DeviceRun& r : runs) {
-    RETURN_IF_ERROR(CopyToHost(gathered_.data() + at, r.device, r.bytes));
+    RETURN_IF_ERROR(CopyToHost(gather->data() + at, r.device, r.bytes));
     at += r.bytes;
   }
-  return absl::Span<const char>(gathered_);
+  return gather;
 }
 
 absl::Status Device::ScatterToDevice(absl::Span<const absl::string_view> host,

@@ -27,6 +27,18 @@ struct DeviceRun {
   size_t bytes;
 };
 
+// A gather the device was asked for (Device::IssueGather): the copy runs
+// while the host goes on; Wait() returns the bytes once it is done. May be
+// destroyed on any thread, done or not (a cancelled KV stream drops its
+// copies in flight); the bytes are valid while it lives.
+class PendingGather {
+ public:
+  virtual ~PendingGather() = default;
+  // Whether Wait() would return at once. Never blocks.
+  virtual bool ready() = 0;
+  virtual absl::StatusOr<absl::Span<const char>> Wait() = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -42,16 +54,17 @@ class Device {
   virtual absl::Status CopyToHost(void* host, const void* src, size_t bytes) = 0;
   virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
   // Many runs at once (a KV chunk's rows, out of the blocks they sit in).
-  // GatherToHost copies `runs`, in order, into one host buffer the device
-  // keeps, after the ops issued on stream() so far, and returns it: valid
-  // until the next GatherToHost or ScatterToDevice. ScatterToDevice copies
-  // the bytes of `host` (pieces, in order: gRPC's slices) into `runs`, in
-  // order; the ops issued on stream() afterwards see them, and the pieces may
-  // be reused when it returns. INVALID_ARGUMENT when the two sides' sizes
-  // differ. These defaults copy piece by piece (CopyToHost, CopyToDevice):
-  // memcpy where device memory is host memory. A device that pays per copy
-  // (CUDA: a call and a synchronization each) overrides them.
-  virtual absl::StatusOr<absl::Span<const char>> GatherToHost(absl::Span<const DeviceRun> runs);
+  // IssueGather starts copying `runs`, in order, into one host buffer, after
+  // the ops issued on stream() so far, and returns without waiting for them
+  // (PendingGather). ScatterToDevice copies the bytes of `host` (pieces, in
+  // order: gRPC's slices) into `runs`, in order; the ops issued on stream()
+  // afterwards see them, and the pieces may be reused when it returns.
+  // INVALID_ARGUMENT when the two sides' sizes differ. These defaults copy
+  // piece by piece (CopyToHost, CopyToDevice) at once: memcpy where device
+  // memory is host memory. A device that pays per copy (CUDA: a call and a
+  // synchronization each) overrides them.
+  virtual absl::StatusOr<std::unique_ptr<PendingGather>> IssueGather(
+      absl::Span<const DeviceRun> runs);
   virtual absl::Status ScatterToDevice(absl::Span<const absl::string_view> host,
                                        absl::Span<const DeviceRun> runs);
   // Whether an eager run should precede graph capture (vLLM's warm-up: lazy
@@ -60,9 +73,9 @@ class Device {
   // Whether device memory is host memory (copies are memcpy, cheap however
   // small).
   virtual bool host_memory() const { return false; }
-
- private:
-  std::vector<char> gathered_;  // the default GatherToHost's buffer
+  // Whether IssueGather returns before its copy is done (a GPU's copy engine;
+  // the CPU device in --debug-async-kv-reads).
+  virtual bool async_gathers() const { return !host_memory(); }
 };
 
 // Bytes in all of `runs` (`pieces`).

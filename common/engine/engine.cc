@@ -461,31 +461,44 @@ int64_t LlmEngine::KvReadyTokens(const std::string& id, int layer) const {
 
 absl::StatusOr<uint32_t> LlmEngine::ReadKv(const std::string& id, int layer, int64_t first,
                                            int64_t count, void* k, void* v) const {
+  ASSIGN_OR_RETURN(KvRead read, IssueKvRead(id, layer, first, count));
+  return read.Finish(k, v);
+}
+
+absl::StatusOr<KvRead> LlmEngine::IssueKvRead(const std::string& id, int layer, int64_t first,
+                                              int64_t count) const {
+  KvRead read;
+  RETURN_IF_ERROR(KvRuns(id, layer, first, count, &read.runs_));
   Device* device = backend_->device.get();
-  uint32_t crc = 0;
-  // K's runs, then V's: the checksum's order. From host memory each byte is
-  // read once, copied and checksummed in one pass (a chunk out of a KV cache
-  // larger than the CPU's caches: 10.0-10.6 GB/s against 8.6-8.7 for memcpy,
-  // then the checksum, on an Intel Xeon; crc32c_benchmark, docs/benchmarking.md).
-  if (device->host_memory()) {
-    for (void* out : {k, v}) {
-      RETURN_IF_ERROR(ForEachKvRun(
-          id, layer, first, count,
-          [&](size_t offset, char* ck, char* cv, size_t bytes) -> absl::Status {
-            crc = Crc32cCopy(crc, static_cast<char*>(out) + offset, out == k ? ck : cv, bytes);
-            return absl::OkStatus();
-          }));
-    }
-    return crc;
+  // A GPU gathers every run into one transfer, queued now; host memory is
+  // read where it lies when the read is finished.
+  if (device->async_gathers()) {
+    ASSIGN_OR_RETURN(read.gather_, device->IssueGather(read.runs_));
+    read.runs_.clear();
   }
-  // A GPU gathers every run into one transfer (GatherToHost); the copy out
-  // of that buffer is the checksum's one pass.
-  std::vector<DeviceRun> runs;
-  RETURN_IF_ERROR(KvRuns(id, layer, first, count, &runs));
-  ASSIGN_OR_RETURN(const absl::Span<const char> rows, device->GatherToHost(runs));
-  const size_t half = rows.size() / 2;
-  crc = Crc32cCopy(crc, k, rows.data(), half);
-  return Crc32cCopy(crc, v, rows.data() + half, half);
+  return read;
+}
+
+absl::StatusOr<uint32_t> KvRead::Finish(void* k, void* v) {
+  uint32_t crc = 0;
+  if (gather_ != nullptr) {  // the copy out of pinned memory is the checksum's one pass
+    ASSIGN_OR_RETURN(const absl::Span<const char> rows, gather_->Wait());
+    const size_t half = rows.size() / 2;
+    crc = Crc32cCopy(crc, k, rows.data(), half);
+    return Crc32cCopy(crc, v, rows.data() + half, half);
+  }
+  // K's runs, then V's: the checksum's order. Each byte is read once, copied
+  // and checksummed in one pass (a chunk out of a KV cache larger than the
+  // CPU's caches: 10.0-10.6 GB/s against 8.6-8.7 for memcpy, then the
+  // checksum, on an Intel Xeon; crc32c_benchmark, docs/benchmarking.md).
+  const size_t k_runs = runs_.size() / 2;
+  char* out = static_cast<char*>(k);
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    if (i == k_runs) out = static_cast<char*>(v);
+    crc = Crc32cCopy(crc, out, runs_[i].device, runs_[i].bytes);
+    out += runs_[i].bytes;
+  }
+  return crc;
 }
 
 absl::Status LlmEngine::KvRuns(const std::string& id, int layer, int64_t first, int64_t count,

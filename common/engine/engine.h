@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "absl/time/time.h"
+#include "common/backend/device.h"
 #include "common/engine/model_runner.h"
 #include "common/engine/request.h"
 #include "common/engine/sampling.h"
@@ -87,6 +88,26 @@ struct StepRecord {
   int max_query_len = 0;       // tokens of the longest request's share
 };
 
+// Rows of one layer of a request's KV on their way out of the cache
+// (LlmEngine::IssueKvRead). From host memory nothing moves until Finish(),
+// which copies and checksums each byte in one pass; from a GPU the device
+// gathers them into pinned memory meanwhile (PendingGather). May be dropped
+// unfinished, on any thread.
+class KvRead {
+ public:
+  // Whether Finish() would not wait.
+  bool ready() const { return gather_ == nullptr || gather_->ready(); }
+  // Writes the K rows to `k` and the V rows to `v` (once) and returns the
+  // CRC32C of the K rows followed by the V rows. From host memory, call it
+  // while the request still holds its blocks.
+  absl::StatusOr<uint32_t> Finish(void* k, void* v);
+
+ private:
+  friend class LlmEngine;
+  std::vector<DeviceRun> runs_;  // host memory: K's runs, then V's
+  std::unique_ptr<PendingGather> gather_;  // device memory
+};
+
 class LlmEngine {
  public:
   // Loads the model, sizes the KV cache, builds the runner and captures its
@@ -140,17 +161,26 @@ class LlmEngine {
   void SetLayerHook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
   // Whether a step is running (the layer hook is called from inside it).
   bool stepping() const { return stepping_; }
-  // Whether prompt steps call the hook: the device's ops have run when they
-  // return (the CPU) and prompts run in NONE or PIECEWISE steps (any mode
-  // but FULL). Elsewhere a step's rows are final after the step.
-  bool kv_final_per_layer() const {
-    return backend_->device->host_memory() && runner_->resolved_mode() != CudaGraphMode::kFull;
-  }
+  // Whether prompt steps call the hook: prompts run in NONE or PIECEWISE
+  // steps (any mode but FULL, whose one graph has no point between layers).
+  // On a GPU the hook comes when a layer's ops are issued, not run: reads go
+  // through IssueKvRead, ordered after them. Elsewhere a step's rows are
+  // final after the step.
+  bool kv_final_per_layer() const { return runner_->resolved_mode() != CudaGraphMode::kFull; }
+  // Whether IssueKvRead returns before the rows are copied (a GPU).
+  bool kv_reads_async() const { return backend_->device->async_gathers(); }
   // Reads rows [first, first + count) of `layer` of a request's cached KV
   // (final only below KvReadyTokens(id, layer)) into k and v; returns the
   // CRC32C of the k rows followed by the v rows, taken as they are copied.
+  // IssueKvRead then KvRead::Finish.
   absl::StatusOr<uint32_t> ReadKv(const std::string& id, int layer, int64_t first,
                                   int64_t count, void* k, void* v) const;
+  // The same in two halves, for a reader that issues reads from the layer
+  // hook and finishes them later: on a GPU the rows are copied to pinned
+  // memory while the later layers compute (ordered after the ops issued so
+  // far, which is what "final" means for a layer the hook reports there).
+  absl::StatusOr<KvRead> IssueKvRead(const std::string& id, int layer, int64_t first,
+                                     int64_t count) const;
 
   // Runs one scheduling step and the model; returns the outputs of the
   // requests that advanced, finished or now wait for remote KV. Each request

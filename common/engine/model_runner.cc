@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -166,10 +167,10 @@ absl::Status ModelRunner::Forward() {
   // A start-up PIECEWISE capture pass records the pieces; attention between
   // them is eager and its output unread, so it is not run at all.
   const bool skip_attention = ctx->capture_only && ctx->runtime_mode == CudaGraphMode::kPiecewise;
-  // Attention ran eagerly between pieces and wrote the layer's KV rows.
+  // Attention ran eagerly between pieces and wrote the layer's KV rows (on
+  // a GPU: issued them, ahead of the device).
   const bool observe = layer_observer_ != nullptr && !ctx->capture_only &&
-                       ctx->runtime_mode != CudaGraphMode::kFull &&
-                       ops_->device()->host_memory();
+                       ctx->runtime_mode != CudaGraphMode::kFull;
   for (int layer = 0; layer < model_->num_layers(); ++layer) {
     RETURN_IF_ERROR(pieces_[layer]->Run());
     if (!skip_attention) model_->IssueAttention(layer, n, buffers_, kv_cache_->layer(layer));
@@ -313,13 +314,27 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
   if (sampled > 0) {  // logits outside the graph, for the sampled rows only
     model_->IssueLogits(buffers_.normed, logits_indices_, gathered_.Rows(sampled),
                         logits_.Rows(sampled));
-    RETURN_IF_ERROR(ops_->device()->stream()->Synchronize());
+    RETURN_IF_ERROR(AwaitStep(d.runtime_mode));
     RETURN_IF_ERROR(ops_->device()->CopyToHost(
         h_logits_.data(), logits_.data, sampled * model_->config().vocab_size * sizeof(float)));
   }
   result.logits = h_logits_.data();
   result.logit_rows = sampled;
   return result;
+}
+
+absl::Status ModelRunner::AwaitStep(CudaGraphMode mode) {
+  Stream* stream = ops_->device()->stream();
+  // The observer's readers (LlmEngine::IssueKvRead from the layer hook) go
+  // on while a GPU runs the layers the host has issued: a layer's rows leave
+  // as its copy lands, not after the step.
+  if (layer_observer_ != nullptr && mode != CudaGraphMode::kFull) {
+    while (stream->Busy()) {
+      layer_observer_(model_->num_layers() - 1);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  return stream->Synchronize();
 }
 
 absl::Status ModelRunner::CaptureGraphs() {

@@ -106,10 +106,10 @@ class ModelRunner {
   const LlamaModel& model() const { return *model_; }
 
   // Called on the stepping thread after each layer's attention has written
-  // that layer's KV rows for the step, between PIECEWISE pieces (never
-  // inside a replay): in NONE and PIECEWISE steps on a device whose ops have
-  // run by the time they return (the CPU). FULL steps, start-up captures and
-  // asynchronous devices make no calls: their rows are final after the step.
+  // that layer's KV rows for the step (on an asynchronous device: has been
+  // issued, so work issued afterwards sees them), between PIECEWISE pieces
+  // (never inside a replay), in NONE and PIECEWISE steps. FULL steps and
+  // start-up captures make no calls: their rows are final after the step.
   void SetLayerObserver(std::function<void(int layer)> observer) {
     layer_observer_ = std::move(observer);
   }
@@ -140,6 +140,9 @@ class ModelRunner {
   std::vector<std::unique_ptr<CudaGraphWrapper>> pieces_;
   bool captured_ = false;
   std::function<void(int layer)> layer_observer_;
+  // Waits for the step's ops (its logits); in a step that calls the layer
+  // observer, calls it again while the device is busy.
+  absl::Status AwaitStep(CudaGraphMode mode);
 
   std::unique_ptr<Arena> arena_;
   ForwardBuffers buffers_;

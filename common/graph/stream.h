@@ -42,6 +42,10 @@ class Stream {
   virtual bool capturing() const = 0;
   // Waits for every op issued so far.
   virtual absl::Status Synchronize() = 0;
+  // Whether ops issued so far are still running (never blocks; an error
+  // reads as not busy and comes out of Synchronize()). A stream whose ops
+  // run when issued is never busy.
+  virtual bool Busy() { return false; }
 };
 
 }  // namespace tandem

@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
           "dtype=f16 is not supported by device=cpu (use f32, bf16 or auto)");
     }
     const DType weights = q8 ? DType::kQ8_0 : dtype;
-    backend->device = CreateCpuDevice();
+    backend->device = CreateCpuDevice(options.debug_async_kv_reads);
     auto ops = CreateCpuOps(backend->device.get(), options.threads, weights, dtype, keep_blocks);
     if (!ops.ok()) return ops.status();
     backend->ops = std::move(*ops);

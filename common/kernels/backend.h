@@ -35,6 +35,10 @@ struct BackendOptions {
   // the storage dtype: a GGUF's blocks widened), q8_0 (cpu, weight-only 8-bit)
   // or gguf (the old name of auto's cpu behaviour).
   std::string weight_dtype = "auto";
+  // Debug (cpu): KV reads complete after the host has gone on, as a GPU's
+  // copies do (CreateCpuDevice's late gathers). No effect on cuda, whose
+  // reads are asynchronous anyway.
+  bool debug_async_kv_reads = false;
 };
 
 struct Backend {

@@ -90,10 +90,11 @@ void EngineClient::FillOnLoop(const LlmEngine& engine,
                               const std::shared_ptr<KvExporter>& exporter, const Fill& fill) {
   fill([&]() {
     absl::StatusOr<std::optional<WireMessage>> msg = exporter->Next(engine);
-    if (msg.ok() && !msg->has_value()) {  // its rows are being computed
-      loop_->AtNextLayer(exporter.get(), [this, exporter, fill](const LlmEngine& e) {
-        FillOnLoop(e, exporter, fill);
-      });
+    if (msg.ok() && !msg->has_value()) {  // its rows are being computed or copied
+      loop_->AtNextLayer(
+          exporter.get(),
+          [this, exporter, fill](const LlmEngine& e) { FillOnLoop(e, exporter, fill); },
+          /*poll=*/exporter->reads_in_flight());
     }
     return msg;
   });

@@ -45,6 +45,9 @@ void EngineFlags::Register(FlagSet* f) {
          "empty: off)");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
+  f->Add("debug-async-kv-reads", &debug_async_kv_reads,
+         "debug (cpu): KV reads for the hand-off complete after the engine has gone on, as a "
+         "GPU's copies do, so the GPU's streaming path runs on the CPU");
 }
 
 absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
@@ -54,6 +57,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.backend.dtype = dtype;
   c.backend.threads = threads;
   c.backend.weight_dtype = weight_dtype;
+  c.backend.debug_async_kv_reads = debug_async_kv_reads;
   c.block_size = block_size;
   c.num_kv_blocks = num_kv_blocks;
   c.kv_cache_bytes = kv_cache_mb << 20;

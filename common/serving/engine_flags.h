@@ -32,6 +32,7 @@ struct EngineFlags {
   int threads = 0;
   bool enable_prefix_caching = true;
   bool check_input_addresses = false;
+  bool debug_async_kv_reads = false;
   std::string speculative_config;  // JSON, as vLLM's --speculative-config
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}

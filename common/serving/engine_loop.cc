@@ -42,8 +42,9 @@ void EngineLoop::Deliver(const RequestOutput& o) {
   cb(o);
 }
 
-void EngineLoop::AtNextLayer(const void* key, LayerTask task) {
+void EngineLoop::AtNextLayer(const void* key, LayerTask task, bool poll) {
   MutexLock lock(&layer_mu_);
+  poll_ = poll_ || poll;
   for (const auto& [k, t] : layer_tasks_) {
     if (k == key) return;
   }
@@ -55,6 +56,7 @@ void EngineLoop::RunLayerTasks() {
   {
     MutexLock lock(&layer_mu_);
     due.swap(layer_tasks_);  // a task that must wait longer registers again
+    poll_ = false;
   }
   for (auto& [key, task] : due) task(*engine_);
 }
@@ -79,10 +81,16 @@ void EngineLoop::Run() {
     {
       MutexLock lock(&mu_);
       if (!engine_->HasWork() || stuck) {
-        // Sleep until a task or stop arrives (bounded, to stay responsive).
+        // Sleep until a task or stop arrives (bounded, to stay responsive;
+        // briefly while a layer task waits for the device's copies).
+        bool poll;
+        {
+          MutexLock layer_lock(&layer_mu_);
+          poll = poll_;
+        }
         mu_.AwaitWithTimeout(
             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); },
-            absl::Milliseconds(50));
+            poll ? kPollInterval : absl::Milliseconds(50));
       }
       if (stop_) break;
       batch.swap(tasks_);

@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "common/base/mutex.h"
 #include "common/engine/engine.h"
 
@@ -61,9 +62,11 @@ class EngineLoop {
   // Inside a step it may only read the engine (KvReadyTokens, ReadKv) and
   // post; it must not add, abort or step. One pending task per `key` (a
   // second one before it ran is dropped). Does not wake an idle loop (Post
-  // does).
+  // does). With `poll` (a task waiting for the device's copies, not for a
+  // step) an idle loop comes back every kPollInterval instead of sleeping.
   using LayerTask = std::function<void(const LlmEngine&)>;
-  void AtNextLayer(const void* key, LayerTask task);
+  void AtNextLayer(const void* key, LayerTask task, bool poll = false);
+  static constexpr absl::Duration kPollInterval = absl::Microseconds(50);
   // Stops after the current step; pending tasks are dropped.
   void Stop();
   bool ready() const { return ready_.load(); }
@@ -86,6 +89,7 @@ class EngineLoop {
   std::vector<StepObserver> observers_;  // loop thread only
   Mutex layer_mu_;
   std::vector<std::pair<const void*, LayerTask>> layer_tasks_ ABSL_GUARDED_BY(layer_mu_);
+  bool poll_ ABSL_GUARDED_BY(layer_mu_) = false;  // a task in layer_tasks_ polls
   Mutex mu_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -84,7 +84,23 @@ WireMessage WireMessage::Of(const v1::PrefillResponse& msg) {
   return w;
 }
 
-absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& engine) {
+absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& engine, bool wait) {
+  // From host memory a read costs nothing until it is finished: one at a
+  // time. From a GPU the reads issued ahead are copied while it computes.
+  const size_t ahead = engine.kv_reads_async() ? kMaxReadsInFlight : 1;
+  while (in_flight_.size() < ahead) {
+    ASSIGN_OR_RETURN(const bool issued, Issue(engine));
+    if (!issued) break;
+  }
+  if (in_flight_.empty() || (!wait && !in_flight_.front().read.ready())) return std::nullopt;
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  ASSIGN_OR_RETURN(const uint32_t crc, f.read.Finish(f.k, f.v));
+  for (int i = 0; i < 4; ++i) f.crc[i] = static_cast<char>(crc >> (8 * i));  // little-endian
+  return std::move(f.message);
+}
+
+absl::StatusOr<bool> KvExporter::Issue(const LlmEngine& engine) {
   // Inside a step (the engine's layer hook) only the rows the step computes
   // leave, each layer as it is done; rows final before it (a cached prefix,
   // what the reader's window held back) wait for the step's end rather than
@@ -96,24 +112,26 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
     if (ready <= run_end_) {
       ready = std::min(engine.KvReadyTokens(id_, stream_index_), num_tokens_);
     } else if (stepping) {
-      return std::nullopt;
+      return false;
     }
-    if (ready <= run_end_) return std::nullopt;
+    if (ready <= run_end_) return false;
     run_begin_ = run_end_;
     run_end_ = ready;
     layer_ = stream_index_;
     next_ = run_begin_;
   }
-  if (stepping && run_begin_ < before) return std::nullopt;
+  if (stepping && run_begin_ < before) return false;
   // Inside a step the run's later layers are still being computed.
-  if (next_ == run_begin_ && engine.KvReadyTokens(id_, layer_) < run_end_) return std::nullopt;
+  if (next_ == run_begin_ && engine.KvReadyTokens(id_, layer_) < run_end_) return false;
   const int64_t n = std::min<int64_t>(per_chunk_, run_end_ - next_);
   const size_t rows = static_cast<size_t>(n) * row_;
   // PrefillResponse { chunk (2) = KvChunk { layer (1), first_token (2),
   // num_tokens (3), k (4), v (5), crc32c (6) } }.
   const size_t inner = 1 + VarintBytes(layer_) + 1 + VarintBytes(next_) + 1 + VarintBytes(n) +
                        2 * (1 + VarintBytes(rows) + rows) + 1 + 4;
-  WireMessage w;
+  InFlight f;
+  ASSIGN_OR_RETURN(f.read, engine.IssueKvRead(id_, layer_, next_, n));
+  WireMessage& w = f.message;
   w.size = 1 + VarintBytes(inner) + inner;
   w.kv_bytes = 2 * rows;
   w.data.reset(new char[w.size]);  // not zeroed: every byte is written
@@ -121,19 +139,19 @@ absl::StatusOr<std::optional<WireMessage>> KvExporter::Next(const LlmEngine& eng
   p = PutVarint(PutTag(p, 1, kVarint), layer_);
   p = PutVarint(PutTag(p, 2, kVarint), next_);
   p = PutVarint(PutTag(p, 3, kVarint), n);
-  char* k = PutVarint(PutTag(p, 4, kLen), rows);
-  char* v = PutVarint(PutTag(k + rows, 5, kLen), rows);
-  p = PutTag(v + rows, 6, kFixed32);
-  ASSIGN_OR_RETURN(const uint32_t crc, engine.ReadKv(id_, layer_, next_, n, k, v));
-  for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(crc >> (8 * i));  // little-endian
-  TANDEM_CHECK(p == w.data.get() + w.size) << "KV chunk encoding: " << p - w.data.get()
-                                           << " bytes written, " << w.size << " sized";
+  f.k = PutVarint(PutTag(p, 4, kLen), rows);
+  f.v = PutVarint(PutTag(f.k + rows, 5, kLen), rows);
+  f.crc = PutTag(f.v + rows, 6, kFixed32);
+  TANDEM_CHECK(f.crc + 4 == w.data.get() + w.size)
+      << "KV chunk encoding: " << f.crc + 4 - w.data.get() << " bytes written, " << w.size
+      << " sized";
+  in_flight_.push_back(std::move(f));
   next_ += n;
   if (next_ >= run_end_) {
     next_ = run_begin_;
     layer_ += num_streams_;
   }
-  return w;
+  return true;
 }
 
 void SetKvReceiveWindow(grpc::ChannelArguments* args, int bytes) {
@@ -183,7 +201,7 @@ absl::StatusOr<std::vector<v1::PrefillResponse>> ExportKv(const LlmEngine& engin
                       engine.kv_cache().slot_bytes(), engine.model_config().num_hidden_layers);
   std::vector<v1::PrefillResponse> out = {exporter.Header()};
   while (!exporter.done()) {
-    ASSIGN_OR_RETURN(std::optional<WireMessage> msg, exporter.Next(engine));
+    ASSIGN_OR_RETURN(std::optional<WireMessage> msg, exporter.Next(engine, /*wait=*/true));
     if (!msg.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "request '", id, "' has computed ", engine.KvReadyTokens(id), " of ", num_tokens,

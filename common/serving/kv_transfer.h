@@ -9,6 +9,7 @@
 #define TANDEM_COMMON_SERVING_KV_TRANSFER_H_
 
 #include <cstddef>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,10 +82,21 @@ class KvExporter {
              size_t slot_bytes, int num_layers, int stream_index = 0, int num_streams = 1);
   v1::PrefillResponse Header() const;
   // The next chunk, or nullopt when its rows are not computed yet (more after
-  // the engine's next layer or step); check done() first. Its CRC32C is taken
-  // as the rows are copied out of the cache (LlmEngine::ReadKv), in one pass.
-  absl::StatusOr<std::optional<WireMessage>> Next(const LlmEngine& engine);
-  bool done() const { return run_end_ >= num_tokens_ && layer_ >= num_layers_; }
+  // the engine's next layer or step) or, unless `wait`, not copied out of the
+  // device yet (reads_in_flight()); check done() first. Its CRC32C is taken
+  // as the rows are copied out of the cache (or out of the device's pinned
+  // buffer), in one pass. Reads are issued ahead (LlmEngine::IssueKvRead):
+  // on a GPU up to kMaxReadsInFlight chunks are copied while it computes.
+  absl::StatusOr<std::optional<WireMessage>> Next(const LlmEngine& engine, bool wait = false);
+  bool done() const {
+    return run_end_ >= num_tokens_ && layer_ >= num_layers_ && in_flight_.empty();
+  }
+  // Chunks whose rows are being copied out of the device: the engine thread
+  // should come back soon even with no step to run.
+  bool reads_in_flight() const { return !in_flight_.empty(); }
+
+  // 16 MiB of pinned memory per stream at most, in chunks of up to 1 MiB.
+  static constexpr size_t kMaxReadsInFlight = 16;
 
  private:
   std::string id_;
@@ -102,6 +114,18 @@ class KvExporter {
   int64_t run_end_;
   int layer_;
   int64_t next_;
+  // A chunk issued (its rows on their way) and not yet returned by Next().
+  struct InFlight {
+    WireMessage message;  // encoded but for its rows and checksum
+    char* k = nullptr;
+    char* v = nullptr;
+    char* crc = nullptr;
+    KvRead read;
+  };
+  std::deque<InFlight> in_flight_;
+
+  // Issues the next chunk's read; false when its rows are not computed yet.
+  absl::StatusOr<bool> Issue(const LlmEngine& engine);
 };
 
 // The header and every chunk of tokens [first, num_tokens) at once, parsed

@@ -249,11 +249,31 @@ void ExpectRunsGatherAndScatterInOrder(Device* device) {
     for (int i = 0; i < 300; ++i) runs.push_back({base + 20000 + 48 * i + i % 3, size_t{32} + i % 7});
     std::string want;
     for (const DeviceRun& r : runs) want.append(pattern.data() + (r.device - base), r.bytes);
+    // Gathers in flight together (a layer's chunks issued before the first
+    // is waited for), each into its own buffer; one dropped unfinished (a
+    // cancelled stream), whose buffer the next gather reuses.
     for (int round = 0; round < 2; ++round) {  // the second reuses the buffers
-      auto got = device->GatherToHost(runs);
-      ASSERT_TRUE(got.ok()) << got.status();
-      EXPECT_EQ(std::string(got->data(), got->size()), want);
+      std::vector<std::unique_ptr<PendingGather>> pending;
+      for (int i = 0; i < 3; ++i) {
+        auto issued = device->IssueGather(i == 1 ? absl::MakeConstSpan(runs).subspan(1) : runs);
+        ASSERT_TRUE(issued.ok()) << issued.status();
+        pending.push_back(std::move(*issued));
+      }
+      pending.erase(pending.begin() + 1);
+      auto after_drop = device->IssueGather(runs);
+      ASSERT_TRUE(after_drop.ok()) << after_drop.status();
+      pending.push_back(std::move(*after_drop));
+      for (std::unique_ptr<PendingGather>& g : pending) {
+        auto got = g->Wait();
+        ASSERT_TRUE(got.ok()) << got.status();
+        EXPECT_EQ(std::string(got->data(), got->size()), want);
+        EXPECT_TRUE(g->ready());
+      }
     }
+    // A gather issued before a scatter into its runs reads the bytes before
+    // it, however late it is waited for.
+    auto before_scatter = device->IssueGather(runs);
+    ASSERT_TRUE(before_scatter.ok()) << before_scatter.status();
     // Scatter new bytes into the same runs from pieces cut anywhere (an
     // empty piece among them): the runs change, the rest does not.
     std::string fresh(want.size(), '\0');
@@ -265,6 +285,9 @@ void ExpectRunsGatherAndScatterInOrder(Device* device) {
     }
     ASSERT_TRUE(device->ScatterToDevice(pieces, runs).ok());
     ASSERT_TRUE(device->stream()->Synchronize().ok());
+    auto old_bytes = (*before_scatter)->Wait();
+    ASSERT_TRUE(old_bytes.ok()) << old_bytes.status();
+    EXPECT_EQ(std::string(old_bytes->data(), old_bytes->size()), want);
     std::vector<char> after(kBytes);
     ASSERT_TRUE(device->CopyToHost(after.data(), base, kBytes).ok());
     std::vector<char> expected = pattern;
@@ -286,7 +309,35 @@ void ExpectRunsGatherAndScatterInOrder(Device* device) {
 TEST(DeviceTest, CpuRunsGatherAndScatterInOrder) {
   auto cpu = CreateBackend({"cpu"});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_FALSE((*cpu)->device->async_gathers());
   ExpectRunsGatherAndScatterInOrder((*cpu)->device.get());
+}
+
+// --debug-async-kv-reads: the CPU's gathers are done only after a few polls,
+// as a GPU's copies land after the host has gone on; their bytes are those
+// of the moment they were issued.
+TEST(DeviceTest, CpuLateGathersAreDoneAfterPolls) {
+  BackendOptions options;
+  options.debug_async_kv_reads = true;
+  auto cpu = CreateBackend(options);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  Device* device = (*cpu)->device.get();
+  EXPECT_TRUE(device->async_gathers());
+  ExpectRunsGatherAndScatterInOrder(device);
+  auto memory = device->Allocate(64);
+  ASSERT_TRUE(memory.ok());
+  char* base = static_cast<char*>(*memory);
+  std::memset(base, 7, 64);
+  const DeviceRun run = {base, 64};
+  auto gather = device->IssueGather({&run, 1});
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  std::memset(base, 9, 64);
+  int polls = 1;
+  while (!(*gather)->ready()) ++polls;
+  EXPECT_GT(polls, 1);
+  auto bytes = (*gather)->Wait();
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(std::string(bytes->data(), bytes->size()), std::string(64, '\7'));
 }
 
 TEST(DeviceTest, CudaRunsGatherAndScatterInOrder) {

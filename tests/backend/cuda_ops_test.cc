@@ -513,7 +513,7 @@ TEST(CudaEngineTest, FullReplayEqualsEager) {
 
 // A request's KV rows cross between a CPU and a CUDA engine in both
 // directions, as a P/D pair moves them: rows imported into the GPU's blocks
-// (ScatterToDevice) read back bit for bit (GatherToHost) with the CPU's
+// (ScatterToDevice) read back bit for bit (IssueGather) with the CPU's
 // checksum and decode to the CPU's greedy tokens; rows the GPU computed read
 // out close to the CPU's, with the checksum of the bytes returned. No block
 // is left held on either side.

@@ -270,8 +270,28 @@ TEST(KvIntegrityTest, HealthFollowsUsablePrefillEndpoints) {
 // Through the pair the tokens are the local ones and no block is left held;
 // a reader that cancels while the prompt is still being computed leaves
 // nothing held either, and the worker serves on.
-TEST(KvIntegrityTest, KvStreamsWhileThePromptIsComputed) {
-  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=64"});
+//
+// Each streaming test runs twice: with the CPU's KV reads (done when made)
+// and with reads that complete after the engine has gone on, as a GPU's
+// copies do (--debug-async-kv-reads): layers' reads issued from inside the
+// step, chunks made as their reads land, reads still in flight when a
+// stream is cancelled.
+class KvStreamingTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // The prefill worker's flags, with this run's kind of reads.
+  static std::vector<std::string> PrefillFlags(std::vector<std::string> flags) {
+    if (GetParam()) flags.push_back("--debug-async-kv-reads");
+    return flags;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Reads, KvStreamingTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "CompletingLater" : "DoneWhenMade";
+                         });
+
+TEST_P(KvStreamingTest, KvStreamsWhileThePromptIsComputed) {
+  Worker prefill = StartWorker("prefill_worker", PrefillFlags({"--max-num-batched-tokens=64"}));
   auto stub = v1::Prefill::NewStub(
       grpc::CreateChannel(prefill.address(), grpc::InsecureChannelCredentials()));
   const std::vector<int32_t> prompt = TestPrompt(200, 21);
@@ -420,9 +440,9 @@ TEST(KvIntegrityTest, FrozenOrKilledDecodeWorkerFreesPrefillBlocks) {
 // --kv-streams=3 gives the local tokens and frees every block; a stream
 // cancelled mid-prompt ends the others and frees the request's blocks, and
 // a stream that never attaches holds them only for the export lease.
-TEST(KvIntegrityTest, LayersSplitOverSeveralStreams) {
-  Worker prefill = StartWorker("prefill_worker", {"--max-num-batched-tokens=64",
-                                                  "--kv-export-timeout-seconds=2"});
+TEST_P(KvStreamingTest, LayersSplitOverSeveralStreams) {
+  Worker prefill = StartWorker("prefill_worker", PrefillFlags({"--max-num-batched-tokens=64",
+                                                               "--kv-export-timeout-seconds=2"}));
   auto channel = [&](int i) {
     grpc::ChannelArguments args;
     args.SetInt("tandem.kv_stream", i);

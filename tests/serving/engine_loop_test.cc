@@ -353,5 +353,74 @@ TEST(EngineClientTest, ExportRunsAfterEachLayerInsideTheStep) {
   OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
 }
 
+// As a GPU's: KV reads that complete after the engine has gone on
+// (--debug-async-kv-reads). Each layer's read is issued from inside the step
+// and its chunk made once the read is done, in layer order; the reads still in
+// flight when the step ends are finished by the idle loop, which polls while
+// a layer task waits for the device, with no task posted to wake it. Every
+// chunk holds the rows the engine has.
+TEST(EngineClientTest, AsyncReadsIssuedInsideTheStepFinishOnAnIdleLoop) {
+  EngineConfig config = TinyConfig();
+  config.backend.debug_async_kv_reads = true;
+  Notification ready;
+  LlmEngine* engine = nullptr;
+  EngineLoop loop(config, [&](const absl::Status&, LlmEngine* e) {
+    engine = e;
+    ready.Notify();
+  });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  ASSERT_TRUE(loop.kv_final_per_layer());
+  const int layers = loop.model_config().num_hidden_layers;
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 3 + 5 * i;
+  auto exporter = std::make_shared<KvExporter>("p", 0, 40, client.fingerprint(),
+                                               client.slot_bytes(), layers);
+  Collected out;
+  std::vector<v1::KvChunk> made;
+  int made_in_step = 0, waits_on_device = 0;
+  Notification all_made;
+  OnLoop(loop, [&](LlmEngine&) {
+    client.Submit(Make("p", prompt, 1, RequestKind::kPrefillOnly), out.Callback());
+    client.ExportKv(exporter, [&](const EngineClient::NextChunk& next) {
+      while (!exporter->done()) {
+        auto msg = next();
+        ASSERT_TRUE(msg.ok()) << msg.status();
+        if (!msg->has_value()) {
+          waits_on_device += exporter->reads_in_flight();
+          return;
+        }
+        v1::PrefillResponse parsed;
+        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
+        made.push_back(parsed.chunk());
+        made_in_step += engine->stepping();
+      }
+      all_made.Notify();
+    });
+  });
+  ASSERT_TRUE(out.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(all_made.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  OnLoop(loop, [&](LlmEngine& e) {
+    EXPECT_TRUE(exporter->done());
+    EXPECT_FALSE(exporter->reads_in_flight());
+    EXPECT_GT(waits_on_device, 0);
+    EXPECT_GT(made_in_step, 0) << "no read finished while the step ran";
+    EXPECT_LT(made_in_step, layers) << "the last layer's read cannot be done inside its step";
+    ASSERT_EQ(made.size(), static_cast<size_t>(layers));
+    const size_t row = e.kv_cache().slot_bytes();
+    for (int l = 0; l < layers; ++l) {
+      const v1::KvChunk& chunk = made[l];
+      EXPECT_EQ(chunk.layer(), static_cast<uint32_t>(l));
+      ASSERT_TRUE(VerifyChunk(ReceivedChunk::Of(chunk), row).ok()) << "layer " << l;
+      std::string k(40 * row, '\0'), v(k.size(), '\0');
+      ASSERT_TRUE(e.ReadKv("p", l, 0, 40, k.data(), v.data()).ok());
+      EXPECT_EQ(chunk.k(), k) << "layer " << l;
+      EXPECT_EQ(chunk.v(), v) << "layer " << l;
+    }
+  });
+  client.Cancel("p");
+  OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
+}
+
 }  // namespace
 }  // namespace tandem

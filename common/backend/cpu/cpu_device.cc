@@ -14,8 +14,32 @@
 namespace tandem {
 namespace {
 
+// A gather copied when issued (a GPU's copy is ordered there too) but done
+// only after it has been polled kPolls times.
+class LateGather : public PendingGather {
+ public:
+  explicit LateGather(absl::Span<const DeviceRun> runs) : bytes_(TotalBytes(runs)) {
+    size_t at = 0;
+    for (const DeviceRun& r : runs) {
+      std::memcpy(bytes_.data() + at, r.device, r.bytes);
+      at += r.bytes;
+    }
+  }
+  bool ready() override { return ++polls_ >= kPolls; }
+  absl::StatusOr<absl::Span<const char>> Wait() override {
+    polls_ = kPolls;  // done once waited for
+    return absl::Span<const char>(bytes_);
+  }
+
+ private:
+  static constexpr int kPolls = 3;
+  std::vector<char> bytes_;
+  int polls_ = 0;
+};
+
 class CpuDevice : public Device {
  public:
+  explicit CpuDevice(bool late_gathers) : late_gathers_(late_gathers) {}
   ~CpuDevice() override {
     for (void* p : allocations_) std::free(p);
   }
@@ -24,6 +48,12 @@ class CpuDevice : public Device {
   // runs no op: a warm-up forward would only cost start-up time.
   bool warmup_before_capture() const override { return false; }
   bool host_memory() const override { return true; }
+  bool async_gathers() const override { return late_gathers_; }
+  absl::StatusOr<std::unique_ptr<PendingGather>> IssueGather(
+      absl::Span<const DeviceRun> runs) override {
+    if (!late_gathers_) return Device::IssueGather(runs);
+    return std::make_unique<LateGather>(runs);
+  }
   Stream* stream() override { return &stream_; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     // Arenas of 2 MiB and more (weights, KV cache) on transparent huge
@@ -62,12 +92,15 @@ class CpuDevice : public Device {
 
  private:
   static constexpr size_t kHugePage = size_t{2} << 20;
+  bool late_gathers_;
   CpuStream stream_;
   std::vector<void*> allocations_;
 };
 
 }  // namespace
 
-std::unique_ptr<Device> CreateCpuDevice() { return std::make_unique<CpuDevice>(); }
+std::unique_ptr<Device> CreateCpuDevice(bool late_gathers) {
+  return std::make_unique<CpuDevice>(late_gathers);
+}
 
 }  // namespace tandem

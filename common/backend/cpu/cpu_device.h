@@ -9,7 +9,11 @@
 
 namespace tandem {
 
-std::unique_ptr<Device> CreateCpuDevice();
+// With `late_gathers` (--debug-async-kv-reads) a gather completes as a GPU's
+// does, after the host has gone on: ready() is false for the first few polls.
+// The path a GPU's KV hand-off takes
+// then runs, and is tested, on the CPU.
+std::unique_ptr<Device> CreateCpuDevice(bool late_gathers = false);
 
 }  // namespace tandem
 

@@ -6,8 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/backend/cuda/cuda_check.h"
-#include "common/base/status_macros.h"
 #include "common/base/logging.h"
+#include "common/base/mutex.h"
+#include "common/base/status_macros.h"
 
 namespace tandem {
 
@@ -208,12 +209,123 @@ absl::Status ReplaceTransferPair(T** pinned, T** device, size_t count) {
 
 }  // namespace
 
-absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
-  if (copy_stream_ == nullptr) {
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+// One gather's pinned buffer, its bytes on the device and its runs' table;
+// `done` is recorded on the copy stream after the last copy into `pinned`.
+struct GatherSlot {
+  char* pinned = nullptr;
+  char* staged = nullptr;
+  size_t bytes = 0;
+  CopyRun* pinned_runs = nullptr;
+  CopyRun* device_runs = nullptr;
+  size_t runs = 0;
+  cudaEvent_t done = nullptr;
+};
+
+// The slots of the gathers in flight. Taken on the engine thread, given back
+// by whichever thread drops the gather; shared by the device and its gathers,
+// so a gather may outlive the device.
+class GatherSlots {
+ public:
+  GatherSlots() = default;
+  GatherSlots(const GatherSlots&) = delete;
+  GatherSlots& operator=(const GatherSlots&) = delete;
+  ~GatherSlots() {
+    for (const std::unique_ptr<GatherSlot>& slot : all_) {
+      if (slot->done != nullptr) {
+        cudaEventSynchronize(slot->done);
+        cudaEventDestroy(slot->done);
+      }
+      if (slot->pinned != nullptr) cudaFreeHost(slot->pinned);
+      if (slot->pinned_runs != nullptr) cudaFreeHost(slot->pinned_runs);
+      cudaFree(slot->staged);
+      cudaFree(slot->device_runs);
+    }
   }
+
+  // A free slot with room for `bytes` and `runs`, whose last copies are done.
+  absl::StatusOr<GatherSlot*> Take(size_t bytes, size_t runs) {
+    GatherSlot* slot = nullptr;
+    {
+      MutexLock lock(&mu_);
+      if (free_.empty()) {
+        all_.push_back(std::make_unique<GatherSlot>());
+        slot = all_.back().get();
+      } else {
+        slot = free_.back();
+        free_.pop_back();
+      }
+    }
+    absl::Status s = Prepare(slot, bytes, runs);
+    if (!s.ok()) {
+      Give(slot);
+      return s;
+    }
+    return slot;
+  }
+
+  void Give(GatherSlot* slot) {
+    MutexLock lock(&mu_);
+    free_.push_back(slot);
+  }
+
+ private:
+  static absl::Status Prepare(GatherSlot* slot, size_t bytes, size_t runs) {
+    if (slot->done == nullptr) {
+      TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming));
+    }
+    // A gather dropped before its copies finished (a cancelled stream) gave
+    // its slot back early: its pinned memory is written until then.
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(slot->done));
+    if (bytes > slot->bytes) {
+      slot->bytes = 0;
+      RETURN_IF_ERROR(ReplaceTransferPair(&slot->pinned, &slot->staged, bytes));
+      slot->bytes = bytes;
+    }
+    if (runs > slot->runs) {
+      slot->runs = 0;
+      RETURN_IF_ERROR(ReplaceTransferPair(&slot->pinned_runs, &slot->device_runs, runs));
+      slot->runs = runs;
+    }
+    return absl::OkStatus();
+  }
+
+  Mutex mu_;
+  std::vector<std::unique_ptr<GatherSlot>> all_ ABSL_GUARDED_BY(mu_);
+  std::vector<GatherSlot*> free_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+class CudaGather : public PendingGather {
+ public:
+  CudaGather(std::shared_ptr<GatherSlots> slots, GatherSlot* slot, size_t bytes)
+      : slots_(std::move(slots)), slot_(slot), bytes_(bytes) {}
+  ~CudaGather() override { slots_->Give(slot_); }
+  // An error is "ready" too: Wait() reports it.
+  bool ready() override { return cudaEventQuery(slot_->done) != cudaErrorNotReady; }
+  absl::StatusOr<absl::Span<const char>> Wait() override {
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(slot_->done));
+    return absl::Span<const char>(slot_->pinned, bytes_);
+  }
+
+ private:
+  std::shared_ptr<GatherSlots> slots_;
+  GatherSlot* slot_;
+  size_t bytes_;
+};
+
+}  // namespace
+
+absl::Status CudaDevice::EnsureCopyStream() {
+  if (copy_stream_ != nullptr) return absl::OkStatus();
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
+  RETURN_IF_ERROR(EnsureCopyStream());
   // Doubling: a KV stream's chunks settle on one size after the first few.
   if (bytes > transfer_bytes_) {
     const size_t size = std::max(bytes, 2 * transfer_bytes_);
@@ -230,32 +342,35 @@ absl::Status CudaDevice::ReserveTransfer(size_t bytes, size_t runs) {
   return absl::OkStatus();
 }
 
-absl::Status CudaDevice::CopyRunsAfterCompute(size_t runs) {
+absl::Status CudaDevice::CopyRunsAfterCompute(const CopyRun* table, CopyRun* device_table,
+                                              size_t runs) {
   TANDEM_CUDA_CHECK(cudaEventRecord(compute_done_, stream_.raw()));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_runs_, pinned_runs_,
-                                    runs * sizeof(CopyRun),
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(device_table, table, runs * sizeof(CopyRun),
                                     cudaMemcpyHostToDevice, copy_stream_));
-  TANDEM_CUDA_CHECK(CopyRuns(device_runs_, static_cast<int>(runs), copy_stream_));
+  TANDEM_CUDA_CHECK(CopyRuns(device_table, static_cast<int>(runs), copy_stream_));
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Span<const char>> CudaDevice::GatherToHost(
+absl::StatusOr<std::unique_ptr<PendingGather>> CudaDevice::IssueGather(
     absl::Span<const DeviceRun> runs) {
   if (!stream_.error().ok()) return stream_.error();
   const size_t total = TotalBytes(runs);
-  if (total == 0) return absl::Span<const char>();
-  RETURN_IF_ERROR(ReserveTransfer(total, runs.size()));
+  if (total == 0) return Device::IssueGather(runs);
+  RETURN_IF_ERROR(EnsureCopyStream());
+  if (gather_slots_ == nullptr) gather_slots_ = std::make_shared<GatherSlots>();
+  ASSIGN_OR_RETURN(GatherSlot* slot, gather_slots_->Take(total, runs.size()));
+  auto gather = std::make_unique<CudaGather>(gather_slots_, slot, total);  // owns the slot now
   size_t at = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
-    pinned_runs_[i] = {runs[i].device, staged_ + at, runs[i].bytes};
+    slot->pinned_runs[i] = {runs[i].device, slot->staged + at, runs[i].bytes};
     at += runs[i].bytes;
   }
-  RETURN_IF_ERROR(CopyRunsAfterCompute(runs.size()));
+  RETURN_IF_ERROR(CopyRunsAfterCompute(slot->pinned_runs, slot->device_runs, runs.size()));
   TANDEM_CUDA_CHECK(
-      cudaMemcpyAsync(pinned_, staged_, total, cudaMemcpyDeviceToHost, copy_stream_));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
-  return absl::Span<const char>(pinned_, total);
+      cudaMemcpyAsync(slot->pinned, slot->staged, total, cudaMemcpyDeviceToHost, copy_stream_));
+  TANDEM_CUDA_CHECK(cudaEventRecord(slot->done, copy_stream_));
+  return gather;
 }
 
 absl::Status CudaDevice::ScatterToDevice(absl::Span<const absl::string_view> host,
@@ -279,7 +394,7 @@ absl::Status CudaDevice::ScatterToDevice(absl::Span<const absl::string_view> hos
       cudaMemcpyAsync(staged_, pinned_, total, cudaMemcpyHostToDevice, copy_stream_));
   // The runs are written after the compute stream's work so far (nothing
   // still reads a block that changed hands), and its later work sees them.
-  RETURN_IF_ERROR(CopyRunsAfterCompute(runs.size()));
+  RETURN_IF_ERROR(CopyRunsAfterCompute(pinned_runs_, device_runs_, runs.size()));
   TANDEM_CUDA_CHECK(cudaEventRecord(copy_done_, copy_stream_));
   TANDEM_CUDA_CHECK(cudaStreamWaitEvent(stream_.raw(), copy_done_, 0));
   // The pinned buffer may be refilled by the next call.

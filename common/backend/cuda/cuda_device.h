@@ -29,6 +29,7 @@
 namespace tandem {
 
 class CudaStream;
+class GatherSlots;
 
 class CudaGraph : public Graph {
  public:
@@ -38,6 +39,7 @@ class CudaGraph : public Graph {
 
  private:
   friend class CudaStream;
+class GatherSlots;
   CudaGraph(CudaStream* stream, cudaGraphExec_t exec, size_t num_nodes)
       : stream_(stream), exec_(exec), num_nodes_(num_nodes) {}
   CudaStream* stream_;
@@ -60,6 +62,7 @@ class CudaStream : public Stream {
   absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override;
   bool capturing() const override { return capturing_; }
   absl::Status Synchronize() override;
+  bool Busy() override { return cudaStreamQuery(stream_) == cudaErrorNotReady; }
 
  private:
   cudaStream_t stream_;
@@ -87,8 +90,12 @@ class CudaDevice : public Device {
   // of their own: ordered after (before) the compute stream's work by
   // events, never synchronizing it. Run by run, each run was a copy and a
   // synchronization of the compute stream: ~7,700 of them for a 2048-token
-  // prompt of a 30-layer model in 16-token blocks.
-  absl::StatusOr<absl::Span<const char>> GatherToHost(absl::Span<const DeviceRun> runs) override;
+  // prompt of a 30-layer model in 16-token blocks. A gather returns once it
+  // is queued: a layer's KV issued from the layer hook is copied while the
+  // GPU computes the next layers, each gather in a pinned slot of its own
+  // (GatherSlots) until its PendingGather goes.
+  absl::StatusOr<std::unique_ptr<PendingGather>> IssueGather(
+      absl::Span<const DeviceRun> runs) override;
   absl::Status ScatterToDevice(absl::Span<const absl::string_view> host,
                                absl::Span<const DeviceRun> runs) override;
 
@@ -98,9 +105,11 @@ class CudaDevice : public Device {
   // Room for `bytes` and `runs` in the transfer buffers below (grown, never
   // shrunk; the copy stream and its events made on first use).
   absl::Status ReserveTransfer(size_t bytes, size_t runs);
-  // The runs' table to the device, then the launch that copies them, on
-  // copy_stream_ after the work issued on stream_ so far.
-  absl::Status CopyRunsAfterCompute(size_t runs);
+  // The copy stream and its events, made on first use.
+  absl::Status EnsureCopyStream();
+  // The runs' table (pinned `table`) to `device_table`, then the launch that
+  // copies them, on copy_stream_ after the work issued on stream_ so far.
+  absl::Status CopyRunsAfterCompute(const CopyRun* table, CopyRun* device_table, size_t runs);
 
   std::string name_;
   CudaStream stream_;
@@ -114,6 +123,7 @@ class CudaDevice : public Device {
   CopyRun* pinned_runs_ = nullptr;
   CopyRun* device_runs_ = nullptr;
   size_t transfer_runs_ = 0;
+  std::shared_ptr<GatherSlots> gather_slots_;  // shared with the gathers in flight
 };
 
 }  // namespace tandem
