@@ -129,6 +129,10 @@ class ModelRunner {
   std::vector<const void*> InputAddresses() const;
   int64_t PiecewiseReplays() const;
   int64_t PiecewiseCaptures() const;
+  // Waits for the step's ops (its logits); in a step that calls the layer
+  // observer (the KV hand-off's reads), calls it again while the device is
+  // busy.
+  absl::Status AwaitStep(CudaGraphMode mode);
 
   RunnerConfig config_;
   const LlamaModel* model_ = nullptr;
@@ -140,9 +144,6 @@ class ModelRunner {
   std::vector<std::unique_ptr<CudaGraphWrapper>> pieces_;
   bool captured_ = false;
   std::function<void(int layer)> layer_observer_;
-  // Waits for the step's ops (its logits); in a step that calls the layer
-  // observer, calls it again while the device is busy.
-  absl::Status AwaitStep(CudaGraphMode mode);
 
   std::unique_ptr<Arena> arena_;
   ForwardBuffers buffers_;

@@ -372,9 +372,11 @@ INSTANTIATE_TEST_SUITE_P(DTypes, CudaOpsTest,
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> MakeEngine(const std::string& device,
                                                       const std::string& dtype, M mode,
-                                                      bool prefix_caching = true) {
+                                                      bool prefix_caching = true,
+                                                      bool debug_async_kv_reads = false) {
   EngineConfig c;
   c.enable_prefix_caching = prefix_caching;
+  c.backend.debug_async_kv_reads = debug_async_kv_reads;
   c.model = "synthetic";
   c.backend.device = device;
   c.backend.dtype = dtype;
@@ -598,4 +600,76 @@ TEST(CudaEngineTest, KvRowsCrossBetweenCpuAndCuda) {
 }
 
 }  // namespace
+// On a GPU the layer hook comes when a layer's ops are issued, ahead of the
+// device: reads issued there (LlmEngine::IssueKvRead, as the prefill
+// worker's exporter does) are ordered after the layer's KV writes, so once
+// finished they hold exactly what a read after the step finds. Every
+// PIECEWISE prompt step calls the hook once per layer. The same body runs on
+// the CPU with reads that complete late (--debug-async-kv-reads).
+void ExpectLayerHookReadsHoldTheStepsRows(LlmEngine* e) {
+  ASSERT_TRUE(e->kv_reads_async());
+  const int layers = e->model_config().num_hidden_layers;
+  const std::vector<int32_t> prompt = Prompt(300, 7);  // two steps of the 256-token budget
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  SamplingParams once;
+  once.max_tokens = 1;
+  once.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("p", prompt, once, RequestKind::kPrefillOnly).ok());
+  struct Issued {
+    int layer;
+    int64_t first, count;
+    KvRead read;
+  };
+  std::vector<Issued> issued;
+  std::vector<int64_t> sent(layers, 0);  // rows of each layer issued so far
+  int hooks = 0;
+  e->SetLayerHook([&](int layer) {
+    ++hooks;
+    const int64_t ready = e->KvReadyTokens("p", layer);
+    if (ready <= sent[layer]) return;
+    auto read = e->IssueKvRead("p", layer, sent[layer], ready - sent[layer]);
+    ASSERT_TRUE(read.ok()) << read.status();
+    issued.push_back({layer, sent[layer], ready - sent[layer], std::move(*read)});
+    sent[layer] = ready;
+  });
+  int steps = 0;
+  while (e->HasWork()) {
+    ASSERT_TRUE(e->Step().ok());
+    ++steps;
+  }
+  e->SetLayerHook(nullptr);
+  EXPECT_EQ(steps, 2);
+  EXPECT_GE(hooks, 2 * layers);
+  ASSERT_EQ(issued.size(), static_cast<size_t>(2 * layers));
+  for (int l = 0; l < layers; ++l) EXPECT_EQ(sent[l], n) << "layer " << l;
+  const int64_t w = e->kv_cache().slot_width();
+  for (Issued& x : issued) {
+    SCOPED_TRACE(testing::Message() << "layer " << x.layer << " rows " << x.first);
+    std::vector<float> k(x.count * w), v(x.count * w), k2(x.count * w), v2(x.count * w);
+    auto crc = x.read.Finish(k.data(), v.data());
+    ASSERT_TRUE(crc.ok()) << crc.status();
+    auto after = e->ReadKv("p", x.layer, x.first, x.count, k2.data(), v2.data());
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*crc, *after);
+    EXPECT_EQ(k, k2);
+    EXPECT_EQ(v, v2);
+  }
+  issued.clear();
+  ASSERT_TRUE(e->Abort("p").ok());
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+}
+
+TEST(CudaEngineTest, ReadsIssuedFromTheLayerHookHoldTheStepsRows) {
+  auto gpu = MakeEngine("cuda", "f32", M::kPiecewise);
+  SKIP_WITHOUT_GPU(gpu);
+  ExpectLayerHookReadsHoldTheStepsRows(gpu->get());
+}
+
+TEST(CudaEngineTest, LateCpuReadsIssuedFromTheLayerHookHoldTheStepsRows) {
+  auto cpu = MakeEngine("cpu", "f32", M::kPiecewise, /*prefix_caching=*/true,
+                        /*debug_async_kv_reads=*/true);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ExpectLayerHookReadsHoldTheStepsRows(cpu->get());
+}
+
 }  // namespace tandem
