@@ -305,41 +305,69 @@ TEST(EngineClientTest, RequestsWaitingForRemoteKvDoNotSpinTheLoop) {
   EXPECT_EQ(tokens, 3);
 }
 
+// A loop and its engine, once ready.
+struct ReadyLoop {
+  explicit ReadyLoop(EngineConfig config)
+      : loop(std::move(config), [this](const absl::Status&, LlmEngine* e) {
+          engine = e;
+          ready.Notify();
+        }) {
+    ready.WaitForNotification();
+  }
+  Notification ready;  // before loop: the loop's thread notifies it
+  LlmEngine* engine = nullptr;
+  EngineLoop loop;
+};
+
+// The 40-token prompt whose KV the export tests stream.
+std::vector<int32_t> ExportedPrompt() {
+  std::vector<int32_t> prompt(40);
+  for (int i = 0; i < 40; ++i) prompt[i] = 3 + 5 * i;
+  return prompt;
+}
+
+// Submits the prefill-only request "p" (ExportedPrompt()) and exports its KV
+// in one turn of `loop`, both before its step: `on_chunk` sees each chunk
+// made and `on_pause` each time the export waits for more (on the loop
+// thread). Returns once the request has finished (`out`).
+void ExportWhileComputing(EngineLoop& loop, EngineClient& client,
+                          const std::shared_ptr<KvExporter>& exporter, Collected* out,
+                          std::function<void(const v1::KvChunk&)> on_chunk,
+                          std::function<void()> on_pause) {
+  OnLoop(loop, [&](LlmEngine&) {
+    client.Submit(Make("p", ExportedPrompt(), 1, RequestKind::kPrefillOnly), out->Callback());
+    client.ExportKv(exporter, [exporter, on_chunk, on_pause](const EngineClient::NextChunk& next) {
+      while (!exporter->done()) {
+        auto msg = next();
+        ASSERT_TRUE(msg.ok()) << msg.status();
+        if (!msg->has_value()) return on_pause();
+        v1::PrefillResponse parsed;
+        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
+        on_chunk(parsed.chunk());
+      }
+    });
+  });
+  ASSERT_TRUE(out->finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+}
+
 // A prefill-only request's KV is exported from inside the step computing it:
 // the loop runs the export after each layer (EngineLoop::AtNextLayer), so
 // every layer's chunk is made before the step ends (the engine's all-layer
 // readiness still 0), in layer order.
 TEST(EngineClientTest, ExportRunsAfterEachLayerInsideTheStep) {
-  Notification ready;
-  LlmEngine* engine = nullptr;
-  EngineLoop loop(TinyConfig(), [&](const absl::Status&, LlmEngine* e) {
-    engine = e;
-    ready.Notify();
-  });
-  ready.WaitForNotification();
+  ReadyLoop ready(TinyConfig());
+  EngineLoop& loop = ready.loop;
+  LlmEngine* engine = ready.engine;
   EngineClient client(&loop);
   const int layers = loop.model_config().num_hidden_layers;
-  std::vector<int32_t> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = 3 + 5 * i;
   auto exporter = std::make_shared<KvExporter>("p", 0, 40, client.fingerprint(),
                                                client.slot_bytes(), layers);
   Collected out;
   std::vector<std::pair<uint32_t, int64_t>> made;  // (chunk's layer, all-layer readiness)
-  // Submitted and exported in one turn of the loop: both before its step.
-  OnLoop(loop, [&](LlmEngine&) {
-    client.Submit(Make("p", prompt, 1, RequestKind::kPrefillOnly), out.Callback());
-    client.ExportKv(exporter, [&](const EngineClient::NextChunk& next) {
-      while (!exporter->done()) {
-        auto msg = next();
-        ASSERT_TRUE(msg.ok()) << msg.status();
-        if (!msg->has_value()) return;
-        v1::PrefillResponse parsed;
-        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
-        made.emplace_back(parsed.chunk().layer(), engine->KvReadyTokens("p"));
-      }
-    });
-  });
-  ASSERT_TRUE(out.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ExportWhileComputing(
+      loop, client, exporter, &out,
+      [&](const v1::KvChunk& chunk) { made.emplace_back(chunk.layer(), engine->KvReadyTokens("p")); },
+      [] {});
   OnLoop(loop, [&](LlmEngine& e) {
     EXPECT_TRUE(exporter->done());
     ASSERT_EQ(made.size(), static_cast<size_t>(layers));
@@ -362,46 +390,28 @@ TEST(EngineClientTest, ExportRunsAfterEachLayerInsideTheStep) {
 TEST(EngineClientTest, AsyncReadsIssuedInsideTheStepFinishOnAnIdleLoop) {
   EngineConfig config = TinyConfig();
   config.backend.debug_async_kv_reads = true;
-  Notification ready;
-  LlmEngine* engine = nullptr;
-  EngineLoop loop(config, [&](const absl::Status&, LlmEngine* e) {
-    engine = e;
-    ready.Notify();
-  });
-  ready.WaitForNotification();
+  ReadyLoop ready(config);
+  EngineLoop& loop = ready.loop;
+  LlmEngine* engine = ready.engine;
   EngineClient client(&loop);
   ASSERT_TRUE(loop.kv_final_per_layer());
   const int layers = loop.model_config().num_hidden_layers;
-  std::vector<int32_t> prompt(40);
-  for (int i = 0; i < 40; ++i) prompt[i] = 3 + 5 * i;
   auto exporter = std::make_shared<KvExporter>("p", 0, 40, client.fingerprint(),
                                                client.slot_bytes(), layers);
   Collected out;
   std::vector<v1::KvChunk> made;
   int made_in_step = 0, waits_on_device = 0;
   Notification all_made;
-  OnLoop(loop, [&](LlmEngine&) {
-    client.Submit(Make("p", prompt, 1, RequestKind::kPrefillOnly), out.Callback());
-    client.ExportKv(exporter, [&](const EngineClient::NextChunk& next) {
-      while (!exporter->done()) {
-        auto msg = next();
-        ASSERT_TRUE(msg.ok()) << msg.status();
-        if (!msg->has_value()) {
-          waits_on_device += exporter->reads_in_flight();
-          return;
-        }
-        v1::PrefillResponse parsed;
-        ASSERT_TRUE(parsed.ParseFromArray((*msg)->data.get(), static_cast<int>((*msg)->size)));
-        made.push_back(parsed.chunk());
+  ExportWhileComputing(
+      loop, client, exporter, &out,
+      [&](const v1::KvChunk& chunk) {
+        made.push_back(chunk);
         made_in_step += engine->stepping();
-      }
-      all_made.Notify();
-    });
-  });
-  ASSERT_TRUE(out.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+        if (exporter->done()) all_made.Notify();
+      },
+      [&] { waits_on_device += exporter->reads_in_flight(); });
   ASSERT_TRUE(all_made.WaitForNotificationWithTimeout(absl::Seconds(10)));
   OnLoop(loop, [&](LlmEngine& e) {
-    EXPECT_TRUE(exporter->done());
     EXPECT_FALSE(exporter->reads_in_flight());
     EXPECT_GT(waits_on_device, 0);
     EXPECT_GT(made_in_step, 0) << "no read finished while the step ran";
