@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   LlmEngine* raw = e.get();
   e->runner_->SetLayerObserver([raw](int layer) {
     raw->step_layers_done_ = layer + 1;
-    if (raw->layer_hook_) raw->layer_hook_(layer);
+    return raw->layer_hook_ != nullptr && raw->layer_hook_(layer);
   });
   e->scheduler_ = std::make_unique<Scheduler>(config.runner.max_num_batched_tokens,
                                               config.runner.max_num_seqs, e->kv_cache_.get(),

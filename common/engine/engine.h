@@ -157,8 +157,11 @@ class LlmEngine {
   // Called on the stepping thread after each layer of a step whose rows
   // become final layer by layer (ModelRunner::SetLayerObserver), with the
   // engine in the middle of Step(): the hook may read KV (KvReadyTokens,
-  // ReadKv) and must not change the engine.
-  void SetLayerHook(std::function<void(int layer)> hook) { layer_hook_ = std::move(hook); }
+  // ReadKv, IssueKvRead) and must not change the engine. It returns whether
+  // it waits for the device's copies: then, while the device still runs the
+  // step, it is called again (with the last layer) until it says no.
+  using LayerHook = std::function<bool(int layer)>;
+  void SetLayerHook(LayerHook hook) { layer_hook_ = std::move(hook); }
   // Whether a step is running (the layer hook is called from inside it).
   bool stepping() const { return stepping_; }
   // Whether prompt steps call the hook: prompts run in NONE or PIECEWISE
@@ -261,7 +264,7 @@ class LlmEngine {
   // Layers the running step has finished (with Request::step_kv_end).
   int step_layers_done_ = 0;
   bool stepping_ = false;
-  std::function<void(int layer)> layer_hook_;
+  LayerHook layer_hook_;
   uint64_t next_arrival_ = 0;
   std::vector<ScheduledSeq> batch_;  // reused per step
   std::vector<StepRecord> records_;

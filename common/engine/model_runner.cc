@@ -329,8 +329,7 @@ absl::Status ModelRunner::AwaitStep(CudaGraphMode mode) {
   // on while a GPU runs the layers the host has issued: a layer's rows leave
   // as its copy lands, not after the step.
   if (layer_observer_ != nullptr && mode != CudaGraphMode::kFull) {
-    while (stream->Busy()) {
-      layer_observer_(model_->num_layers() - 1);
+    while (stream->Busy() && layer_observer_(model_->num_layers() - 1)) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }

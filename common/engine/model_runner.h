@@ -110,7 +110,9 @@ class ModelRunner {
   // issued, so work issued afterwards sees them), between PIECEWISE pieces
   // (never inside a replay), in NONE and PIECEWISE steps. FULL steps and
   // start-up captures make no calls: their rows are final after the step.
-  void SetLayerObserver(std::function<void(int layer)> observer) {
+  // It returns whether it waits for the device (LlmEngine::LayerHook): then
+  // the step's wait for its logits calls it again while the device is busy.
+  void SetLayerObserver(std::function<bool(int layer)> observer) {
     layer_observer_ = std::move(observer);
   }
 
@@ -130,8 +132,8 @@ class ModelRunner {
   int64_t PiecewiseReplays() const;
   int64_t PiecewiseCaptures() const;
   // Waits for the step's ops (its logits); in a step that calls the layer
-  // observer (the KV hand-off's reads), calls it again while the device is
-  // busy.
+  // observer, calls it again while the device is busy and the observer
+  // waits for it (the KV hand-off's reads in flight).
   absl::Status AwaitStep(CudaGraphMode mode);
 
   RunnerConfig config_;
@@ -143,7 +145,7 @@ class ModelRunner {
   std::unique_ptr<CudaGraphWrapper> full_;
   std::vector<std::unique_ptr<CudaGraphWrapper>> pieces_;
   bool captured_ = false;
-  std::function<void(int layer)> layer_observer_;
+  std::function<bool(int layer)> layer_observer_;
 
   std::unique_ptr<Arena> arena_;
   ForwardBuffers buffers_;

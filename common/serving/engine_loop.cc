@@ -51,7 +51,7 @@ void EngineLoop::AtNextLayer(const void* key, LayerTask task, bool poll) {
   layer_tasks_.emplace_back(key, std::move(task));
 }
 
-void EngineLoop::RunLayerTasks() {
+bool EngineLoop::RunLayerTasks() {
   std::vector<std::pair<const void*, LayerTask>> due;
   {
     MutexLock lock(&layer_mu_);
@@ -59,6 +59,8 @@ void EngineLoop::RunLayerTasks() {
     poll_ = false;
   }
   for (auto& [key, task] : due) task(*engine_);
+  MutexLock lock(&layer_mu_);
+  return poll_;
 }
 
 void EngineLoop::Run() {
@@ -69,7 +71,7 @@ void EngineLoop::Run() {
     return;
   }
   engine_ = std::move(engine).value();
-  engine_->SetLayerHook([this](int) { RunLayerTasks(); });
+  engine_->SetLayerHook([this](int) { return RunLayerTasks(); });
   ready_ = true;
   on_ready_(absl::OkStatus(), engine_.get());
   std::deque<Task> batch;

@@ -80,7 +80,8 @@ class EngineLoop {
 
  private:
   void Run();
-  void RunLayerTasks();
+  // Runs the layer tasks due; returns whether one registered again to poll.
+  bool RunLayerTasks();
 
   EngineConfig config_;
   ReadyCallback on_ready_;

@@ -623,7 +623,7 @@ void ExpectLayerHookReadsHoldTheStepsRows(LlmEngine* e) {
   std::vector<Issued> issued;
   std::vector<int64_t> sent(layers, 0);  // rows of each layer issued so far
   int hooks = 0;
-  e->SetLayerHook([&](int layer) {
+  auto on_layer = [&](int layer) {
     ++hooks;
     const int64_t ready = e->KvReadyTokens("p", layer);
     if (ready <= sent[layer]) return;
@@ -631,6 +631,10 @@ void ExpectLayerHookReadsHoldTheStepsRows(LlmEngine* e) {
     ASSERT_TRUE(read.ok()) << read.status();
     issued.push_back({layer, sent[layer], ready - sent[layer], std::move(*read)});
     sent[layer] = ready;
+  };
+  e->SetLayerHook([&](int layer) {
+    on_layer(layer);
+    return false;  // the reads are finished after the steps
   });
   int steps = 0;
   while (e->HasWork()) {

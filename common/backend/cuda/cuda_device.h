@@ -39,7 +39,6 @@ class CudaGraph : public Graph {
 
  private:
   friend class CudaStream;
-class GatherSlots;
   CudaGraph(CudaStream* stream, cudaGraphExec_t exec, size_t num_nodes)
       : stream_(stream), exec_(exec), num_nodes_(num_nodes) {}
   CudaStream* stream_;
