@@ -46,6 +46,37 @@ void DecodeServiceImpl::WatchPrefillPool() {
 
 void DecodeServiceImpl::SetEngine(EngineClient* client) { client_ = client; }
 
+void DecodeServiceImpl::Opened(grpc::ClientContext* context) {
+  MutexLock lock(&clients_mu_);
+  clients_.insert(context);
+}
+
+void DecodeServiceImpl::Closed(grpc::ClientContext* context) {
+  MutexLock lock(&clients_mu_);
+  clients_.erase(context);
+}
+
+void DecodeServiceImpl::StopPrefillStreams() {
+  MutexLock lock(&clients_mu_);
+  if (clients_.empty()) return;
+  TANDEM_LOG(INFO) << "decode worker: cancelling " << clients_.size()
+                   << " prefill stream(s) still open";
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // TryCancel runs no callback inline; a client ends (and leaves the set)
+  // on a gRPC thread. One that ends may start a retry, which its call, done,
+  // turns down; whatever appears is cancelled on the next round.
+  while (!clients_.empty() && absl::Now() < deadline) {
+    for (grpc::ClientContext* c : clients_) c->TryCancel();
+    clients_mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(clients_mu_) { return clients_.empty(); },
+        absl::Milliseconds(100));
+  }
+  if (!clients_.empty()) {
+    TANDEM_LOG(WARNING) << "decode worker: " << clients_.size()
+                        << " prefill stream(s) did not end within 10 s of their cancel";
+  }
+}
+
 void DecodeServiceImpl::Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) {
   if (call->done.exchange(true)) return;
   {

@@ -45,8 +45,10 @@
 
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/base/mutex.h"
 #include "common/serving/in_flight_ids.h"
 #include "common/serving/engine_client.h"
 #include "common/serving/kv_transfer.h"
@@ -97,6 +99,12 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   ~DecodeServiceImpl() override;
   // Called on the engine thread once the engine is ready.
   void SetEngine(EngineClient* client);
+  // Once the server is shut down (no call starts a prefill any more) and
+  // before the engine loop stops: cancels the prefill streams still open
+  // (one whose `done` has come but not yet its status, say) and waits, up to
+  // 10 s, until every PrefillClient is gone, for they call into the engine,
+  // the pool and this service.
+  void StopPrefillStreams();
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -127,6 +135,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
                      const grpc::Status& status) override;
   // Ends the call with `status` and frees everything it holds (once).
   void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) override;
+  void Opened(grpc::ClientContext* context) override;
+  void Closed(grpc::ClientContext* context) override;
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
@@ -141,6 +151,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   InFlightIds in_flight_;
   absl::Notification stop_;
   std::thread watcher_;
+  Mutex clients_mu_;
+  absl::flat_hash_set<grpc::ClientContext*> clients_ ABSL_GUARDED_BY(clients_mu_);  // alive
 };
 
 }  // namespace tandem

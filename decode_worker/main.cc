@@ -210,5 +210,5 @@ int main(int argc, char** argv) {
                              static_cast<int>(client->model_config().vocab_size));
         }
       },
-      http.get());
+      http.get(), [&] { service.StopPrefillStreams(); });
 }

@@ -39,6 +39,7 @@ PrefillClient::PrefillClient(Host* host, PrefillPool::Endpoint* endpoint,
       holds_(3) {
   attempt_->num_streams = std::max(1, args_.num_streams);
   context_.set_deadline(args_.deadline);
+  host_->Opened(&context_);
 }
 
 PrefillClient::PrefillClient(PrefillClient* first, int index)
@@ -53,7 +54,10 @@ PrefillClient::PrefillClient(PrefillClient* first, int index)
                static_cast<int64_t>(args_.tokens.size()), index, args_.num_streams),
       holds_(2) {
   context_.set_deadline(args_.deadline);
+  host_->Opened(&context_);
 }
+
+PrefillClient::~PrefillClient() { host_->Closed(&context_); }
 
 void PrefillClient::Start() {
   if (index_ == 0) {

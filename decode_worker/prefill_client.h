@@ -72,6 +72,11 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
                                const grpc::Status& status) = 0;
     // Ends the call with `status` (no local fallback).
     virtual void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) = 0;
+    // A client was made (its context may be cancelled from then on) or is
+    // being deleted: a host that stops cancels the clients still alive and
+    // waits for them, for they call into it.
+    virtual void Opened(grpc::ClientContext* context) = 0;
+    virtual void Closed(grpc::ClientContext* context) = 0;
   };
 
   struct Args {
@@ -89,6 +94,7 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
 
   PrefillClient(Host* host, PrefillPool::Endpoint* endpoint, std::shared_ptr<GenerateCall> call,
                 Args args);
+  ~PrefillClient() override;
 
   void Start();
   void OnReadDone(bool ok) override;

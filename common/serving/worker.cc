@@ -91,7 +91,8 @@ void LogStepTable(const std::string& role, const std::vector<StepRecord>& record
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
-              const std::function<void(EngineClient*)>& on_engine, FrontDoor* front_door) {
+              const std::function<void(EngineClient*)>& on_engine, FrontDoor* front_door,
+              const std::function<void()>& before_engine_stops) {
   // Signals are taken by sigwait() below; block them in every thread (main()
   // did so before any thread started; this covers callers that did not).
   BlockTerminationSignals();
@@ -224,6 +225,7 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   }
   server->Shutdown(deadline);
   if (front_door != nullptr) front_door->Stop();
+  if (before_engine_stops) before_engine_stops();
   loop.Stop();
   TANDEM_LOG(INFO) << options.role << " worker: stopped";
   return 0;

@@ -67,12 +67,16 @@ int ParseWorkerCommandLine(const std::string& program, FlagSet* flags,
 // engine loop is handed to `on_engine` (on the loop thread) once graphs are
 // captured, just before the worker reports SERVING, as the EngineClient the
 // services use from then on. `front_door` (may be null) starts after the
-// gRPC server and stops after it. Returns the exit code.
+// gRPC server and stops after it. `before_engine_stops` (may be null) runs
+// once the server and the front door have stopped, before the engine loop
+// does: work the services still have in flight (the decode worker's prefill
+// streams) ends there. Returns the exit code.
 int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerState* state,
               WorkerMetrics* metrics,
               const std::vector<grpc::Service*>& services,
               const std::function<void(EngineClient*)>& on_engine,
-              FrontDoor* front_door = nullptr);
+              FrontDoor* front_door = nullptr,
+              const std::function<void()>& before_engine_stops = nullptr);
 
 }  // namespace tandem
 

@@ -91,6 +91,7 @@ grpc::Status FaultProxy::Prefill(grpc::ServerContext* context, const v1::Prefill
     if (!writer->Write(c)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader gone");
   }
   if (got_done) writer->Write(done);
+  if (fault == Fault::kHoldAfterDone) return stall();
   return grpc::Status::OK;
 }
 

@@ -27,6 +27,8 @@ enum class Fault {
                          // connection stays up: only a timeout notices)
   kStallAfterHeader,     // the header, then nothing until cancelled
   kStallMidStream,       // the header and one chunk, then nothing
+  kHoldAfterDone,        // every message, `done` included, then the stream
+                         // held open (no status) until cancelled
 };
 
 class FaultProxy final : public v1::Prefill::Service {

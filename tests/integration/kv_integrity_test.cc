@@ -89,6 +89,27 @@ TEST(KvIntegrityTest, IncompleteStreamIsDataLossAndNeverEntersThePrefixCache) {
   StopWorker(prefill);
 }
 
+// The decode worker answers from a stream's `done` message; the stream's end
+// (its status) may come later. A worker stopped in between cancels that
+// stream and waits for it before its engine and channels go: it used to free
+// them under the stream, and gRPC aborted the exiting process ("assertion
+// failed: prior > 0") or it touched freed memory.
+TEST(KvIntegrityTest, StoppingWithAPrefillStreamStillOpenExitsCleanly) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  FaultProxy proxy(prefill.address());
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + proxy.address()});
+  const std::vector<int32_t> prompt = TestPrompt(40, 12);
+  proxy.Inject(Fault::kHoldAfterDone);
+  GenerateResult r = Generate(decode.address(), Request("held-open", prompt, 1));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, LocalTokens(prompt, 1));
+  StopWorker(decode);  // exits 0
+  EXPECT_NE(decode.process->Log().find("cancelling 1 prefill stream(s) still open"),
+            std::string::npos)
+      << decode.process->Log();
+  StopWorker(prefill);
+}
+
 // Every damaged stream ends with the right status and no token; a reordered
 // but complete one is accepted; stalls end at the prefill budget; with
 // --prefill-fallback=local each is computed locally instead, with the right
