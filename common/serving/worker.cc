@@ -10,6 +10,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -151,7 +152,10 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
                       << "one of this host's)";
     return 1;
   }
-  state->health = server->GetHealthCheckService();
+  state->SetHealthService(server->GetHealthCheckService());
+  // Before `server` is destroyed, on every way out: a service's thread may
+  // still update the health then.
+  absl::Cleanup forget_health = [state] { state->SetHealthService(nullptr); };
   state->UpdateHealth();
   const std::string host = options.grpc_address.substr(0, options.grpc_address.rfind(':'));
   TANDEM_LOG(INFO) << options.role << " worker: gRPC listening on " << host << ":" << port

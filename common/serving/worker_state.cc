@@ -13,9 +13,16 @@ grpc::Status WorkerState::Admit() const {
   return grpc::Status::OK;
 }
 
+void WorkerState::SetHealthService(grpc::HealthCheckServiceInterface* health) {
+  MutexLock lock(&health_mu_);
+  health_ = health;
+}
+
 void WorkerState::UpdateHealth() {
-  grpc::HealthCheckServiceInterface* h = health.load();
-  if (h != nullptr) h->SetServingStatus(ready.load() && !draining.load() && upstream_usable.load());
+  MutexLock lock(&health_mu_);
+  if (health_ != nullptr) {
+    health_->SetServingStatus(ready.load() && !draining.load() && upstream_usable.load());
+  }
 }
 
 }  // namespace tandem
