@@ -10,30 +10,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/backend/cpu/cpu_stream.h"
+#include "common/base/status_macros.h"
 
 namespace tandem {
 namespace {
 
-// A gather copied when issued (a GPU's copy is ordered there too) but done
-// only after it has been polled kPolls times.
+// A gather copied when issued (a GPU's copy is ordered there too; the
+// default gather's copy) but done only after it has been polled kPolls times.
 class LateGather : public PendingGather {
  public:
-  explicit LateGather(absl::Span<const DeviceRun> runs) : bytes_(TotalBytes(runs)) {
-    size_t at = 0;
-    for (const DeviceRun& r : runs) {
-      std::memcpy(bytes_.data() + at, r.device, r.bytes);
-      at += r.bytes;
-    }
-  }
+  explicit LateGather(std::unique_ptr<PendingGather> copied) : copied_(std::move(copied)) {}
   bool ready() override { return ++polls_ >= kPolls; }
   absl::StatusOr<absl::Span<const char>> Wait() override {
     polls_ = kPolls;  // done once waited for
-    return absl::Span<const char>(bytes_);
+    return copied_->Wait();
   }
 
  private:
   static constexpr int kPolls = 3;
-  std::vector<char> bytes_;
+  std::unique_ptr<PendingGather> copied_;
   int polls_ = 0;
 };
 
@@ -51,8 +46,9 @@ class CpuDevice : public Device {
   bool async_gathers() const override { return late_gathers_; }
   absl::StatusOr<std::unique_ptr<PendingGather>> IssueGather(
       absl::Span<const DeviceRun> runs) override {
-    if (!late_gathers_) return Device::IssueGather(runs);
-    return std::make_unique<LateGather>(runs);
+    ASSIGN_OR_RETURN(std::unique_ptr<PendingGather> copied, Device::IssueGather(runs));
+    if (!late_gathers_) return copied;
+    return std::make_unique<LateGather>(std::move(copied));
   }
   Stream* stream() override { return &stream_; }
   absl::StatusOr<void*> Allocate(size_t bytes) override {
