@@ -109,6 +109,8 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
           std::vector<float> out(m * 8, -1.f);
           matmul(m, out.data());
           for (int64_t r = 0; r < m; ++r) {
+            float amax = 0.f;  // the row's largest |x|, which sets its int16 scale
+            for (int64_t e = 0; e < k; ++e) amax = std::max(amax, std::fabs(x[r * k + e]));
             for (int64_t j = 0; j < 8; ++j) {
               if (j < 1 || j >= 6) {
                 ASSERT_EQ(out[r * 8 + j], -1.f);  // outside the slice: untouched
@@ -120,8 +122,6 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
               for (int64_t i = 0; i < k; ++i) {
                 ref += double{x[r * k + i]} * want[j * k + i];
                 if (IsBlockType(dt)) {  // x rounded to int16 against its row's largest
-                  float amax = 0.f;
-                  for (int64_t e = 0; e < k; ++e) amax = std::max(amax, std::fabs(x[r * k + e]));
                   bound += std::fabs(want[j * k + i]) * amax / 65534.0;
                 }
               }
