@@ -165,11 +165,13 @@ class StreamWriter : public grpc::ServerWriteReactor<Msg> {
       MutexLock lock(&mu_);
       writing_ = false;
       buffered_bytes_ -= std::min(buffered_bytes_, WireBytes(current_));
-      if (!ok) {  // the stream is broken: drop the rest and finish
+      if (!ok) {  // the call is cancelled: drop the rest and finish
         queue_.clear();
         buffered_bytes_ = 0;
         ended_ = true;
-        if (!final_.has_value()) final_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
+        // gRPC may report the failed write before OnCancel(): the status is
+        // told apart from the deadline here too.
+        if (!final_.has_value()) final_ = CancelStatus(deadline_);
       } else if ((queue_.empty() || buffered_bytes_ <= low_water_) && !ended_) {
         drained = on_drained_;
       }

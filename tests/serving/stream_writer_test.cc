@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +23,8 @@ namespace {
 class FakeDecode final : public v1::Decode::CallbackService {
  public:
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext*, const v1::GenerateRequest* request) override {
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override {
+    if (request->request_id() == "unread") return Unread(context);
     auto writer = StreamWriter<v1::GenerateResponse>::Create();
     auto held = std::make_shared<int>(0);
     held_ = held;
@@ -55,10 +57,33 @@ class FakeDecode final : public v1::Decode::CallbackService {
     if (low_water == 0 || writer->buffered_bytes() == 0) writer->End(grpc::Status::OK);
     return writer.get();
   }
+  // More than the transport's windows hold, never ended: a client that reads
+  // none of it leaves a write in flight until its deadline cancels the call.
+  // The final status is the writer's own (no OnCancelled callback ends it).
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Unread(grpc::CallbackServerContext* context) {
+    auto writer = StreamWriter<v1::GenerateResponse>::Create(
+        [this](const grpc::Status& s) {
+          MutexLock lock(&mu_);
+          unread_status_ = s;
+        },
+        context->deadline());
+    for (int i = 0; i < 64; ++i) {
+      v1::GenerateResponse m;
+      m.set_text(std::string(256 << 10, 'x'));
+      writer->Send(std::move(m));
+    }
+    return writer.get();
+  }
+  std::optional<grpc::Status> unread_status() {
+    MutexLock lock(&mu_);
+    return unread_status_;
+  }
+
   std::weak_ptr<int> held_;
   std::atomic<bool> all_sent_{false};
   Mutex mu_;
   std::vector<size_t> drained_at_ ABSL_GUARDED_BY(mu_);  // bytes queued at each refill call
+  std::optional<grpc::Status> unread_status_ ABSL_GUARDED_BY(mu_);
 };
 
 class StreamWriterTest : public ::testing::Test {
@@ -151,6 +176,32 @@ TEST_F(StreamWriterTest, CancelledCallReleasesItsCancelCallback) {
   }
   (void)reader->Finish();
   EXPECT_TRUE(ReleasedWithin(service_.held_, std::chrono::seconds(5)));
+}
+
+// A deadline that passes with a write in flight fails the write and cancels
+// the call, in either order: the stream's status was CANCELLED ("stream
+// broken") whenever the failed write was reported first, and the decode
+// worker counted a passed deadline as a client's cancel.
+TEST_F(StreamWriterTest, DeadlineWithAWriteInFlightIsDeadlineExceeded) {
+  for (int round = 0; round < 5; ++round) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::GenerateRequest req;
+    req.set_request_id("unread");
+    auto reader = stub_->Generate(&ctx, req);
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    std::optional<grpc::Status> server;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!(server = service_.unread_status()).has_value() &&
+           std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(server.has_value()) << "round " << round;
+    EXPECT_EQ(server->error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+        << "round " << round << ": " << server->error_message();
+    MutexLock lock(&service_.mu_);
+    service_.unread_status_.reset();
+  }
 }
 
 }  // namespace
