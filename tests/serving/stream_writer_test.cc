@@ -189,6 +189,7 @@ TEST_F(StreamWriterTest, DeadlineWithAWriteInFlightIsDeadlineExceeded) {
     v1::GenerateRequest req;
     req.set_request_id("unread");
     auto reader = stub_->Generate(&ctx, req);
+    // Nothing is read: Finish() returns once the deadline has cancelled the call.
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
     std::optional<grpc::Status> server;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
