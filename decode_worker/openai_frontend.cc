@@ -572,7 +572,11 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   }
   if (body.contains("model") && !body["model"].is_null() &&
       body["model"] != Json(options_.served_model_name)) {
-    return SendError(*stream, {404, absl::StrCat("The model `", body["model"].dump(),
+    // A name as the client wrote it (not JSON-quoted); anything else as JSON.
+    const Json& model = body["model"];
+    return SendError(*stream, {404, absl::StrCat("The model `",
+                                                 model.is_string() ? model.get<std::string>()
+                                                                   : model.dump(),
                                                  "` does not exist; this server serves `",
                                                  options_.served_model_name, "`"),
                                "model"});
