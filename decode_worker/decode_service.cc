@@ -242,7 +242,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     call->text = std::make_unique<TextOutput>(
         tokenizer_, skip_special,
         std::vector<std::string>(request->sampling().stop().begin(),
-                                 request->sampling().stop().end()));
+                                 request->sampling().stop().end()),
+        request->sampling().include_stop_str_in_output());
   }
   call->writer = writer;
   call->queued_at = absl::Now();

@@ -1,11 +1,15 @@
 #include "decode_worker/openai_frontend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <ctime>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
+#include "common/engine/sampling.h"
 #include "common/serving/status_convert.h"
 #include "decode_worker/decode_service.h"
 #include "decode_worker/tool_calls.h"
@@ -176,11 +180,58 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
       s->add_stop_token_ids(t.get<int32_t>());
     }
   }
-  if (auto e = f.Neutral("presence_penalty", 0)) return e;
-  if (auto e = f.Neutral("frequency_penalty", 0)) return e;
-  if (auto e = f.Neutral("repetition_penalty", 1)) return e;
+  if (auto e = f.Bool("include_stop_str_in_output", &flag)) return e;
+  s->set_include_stop_str_in_output(flag);
+  d.reset();
+  if (auto e = f.Number("min_p", 0, 1, &d)) return e;
+  s->set_min_p(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (auto e = f.Number("presence_penalty", -2, 2, &d)) return e;
+  s->set_presence_penalty(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (auto e = f.Number("frequency_penalty", -2, 2, &d)) return e;
+  s->set_frequency_penalty(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (f.Has("repetition_penalty")) {
+    const Json& v = body["repetition_penalty"];
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
+      return Fields::Bad("repetition_penalty", absl::StrCat("repetition_penalty must be a number "
+                                                            "> 0 (1 = off), got ", v.dump()));
+    }
+    s->set_repetition_penalty(static_cast<float>(v.get<double>()));
+  }
+  if (f.Has("logit_bias")) {
+    // OpenAI's form: {"<token id>": bias}; biases are clamped to [-100, 100]
+    // as OpenAI and vLLM do.
+    const Json& bias = body["logit_bias"];
+    if (!bias.is_object()) {
+      return Fields::Bad("logit_bias", "logit_bias must be an object of token id -> bias");
+    }
+    if (bias.size() > kMaxLogitBias) {
+      return Fields::Bad("logit_bias", absl::StrCat("logit_bias has ", bias.size(),
+                                                    " entries; the limit is ", kMaxLogitBias));
+    }
+    for (const auto& [key, value] : bias.items()) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(key, &id) || !value.is_number()) {
+        return Fields::Bad("logit_bias", absl::StrCat("logit_bias: each key must be a token id "
+                                                      "and each value a number, got \"",
+                                                      key, "\": ", value.dump()));
+      }
+      (*s->mutable_logit_bias())[id] =
+          static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
+    }
+  }
   if (auto e = f.Neutral("min_tokens", 0)) return e;
-  if (auto e = f.Neutral("logit_bias", Json::object())) return e;
+  // vLLM's fields that would constrain or score the output: refused rather
+  // than ignored, so that no client takes free text for constrained text.
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "structured_outputs", "allowed_token_ids", "prompt_logprobs",
+                           "truncate_prompt_tokens"}) {
+    if (auto e = f.Neutral(name, nullptr)) return e;
+  }
+  if (auto e = f.Neutral("bad_words", Json::array())) return e;
+  if (auto e = f.Neutral("use_beam_search", false)) return e;
   if (chat) {
     if (auto e = f.Neutral("logprobs", false)) return e;
     if (auto e = f.Neutral("top_logprobs", 0)) return e;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
+#include "common/serving/sampling_proto.h"
 #include "common/serving/status_convert.h"
 
 namespace tandem {
@@ -65,12 +66,7 @@ void PrefillClient::Start() {
     request_.set_request_id(absl::StrCat(call_->id, "#", args_.prefill, ".", args_.attempt));
     request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
-    v1::SamplingParams* p = request_.mutable_sampling();
-    p->set_max_tokens(1);
-    p->set_temperature(call_->params.temperature);
-    p->set_top_p(call_->params.top_p);
-    p->set_top_k(call_->params.top_k);
-    p->set_seed(call_->params.seed);
+    FirstTokenSampling(call_->params, request_.mutable_sampling());
     MutexLock lock(&call_->mu);
     call_->prefill_context = &context_;
   } else {

@@ -94,6 +94,12 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling.logit_bias names token ", id, ", outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
   // A request that cannot fit even in an empty cache would wait in vain (or
   // preempt itself forever).
   const int64_t need_tokens =
@@ -331,14 +337,22 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   // written for rejected drafts are past num_computed, to be overwritten.
   int kept = 0;
   int32_t next = 0;
+  // The penalties at a draft's position count the drafts accepted before it.
+  const absl::Span<const int32_t> all(r->tokens);
+  auto history = [&](int accepted) {
+    return TokenHistory{all.subspan(0, r->prompt_len), all.subspan(r->prompt_len),
+                        absl::MakeConstSpan(r->drafts).subspan(0, accepted)};
+  };
   for (; kept < drafts; ++kept) {
-    if (!sampler_.Verify(logits + int64_t{kept} * vocab, vocab, r->params, r->drafts[kept],
-                         &r->rng, &next)) {
+    if (!sampler_.Verify(logits + int64_t{kept} * vocab, vocab, r->params, history(kept),
+                         r->drafts[kept], &r->rng, &next)) {
       break;
     }
   }
-  if (kept == drafts) next = sampler_.Sample(logits + int64_t{drafts} * vocab, vocab, r->params,
-                                             &r->rng);
+  if (kept == drafts) {
+    next = sampler_.Sample(logits + int64_t{drafts} * vocab, vocab, r->params, history(drafts),
+                           &r->rng);
+  }
   if (drafts > 0) {
     r->draft_length->Verified(drafts, kept);
     ++spec_stats_.num_drafts;

@@ -24,6 +24,31 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
     return absl::InvalidArgumentError(
         absl::StrCat("sampling.top_k must be -1 (off), 0 (off) or positive, got ", p.top_k));
   }
+  if (!(p.min_p >= 0.f && p.min_p <= 1.f)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.min_p must be in [0, 1], got ", p.min_p));
+  }
+  if (!(p.repetition_penalty > 0.f) || std::isinf(p.repetition_penalty)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.repetition_penalty must be > 0 and finite (1 = off), got ", p.repetition_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.f && p.frequency_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.frequency_penalty must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  if (!(p.presence_penalty >= -2.f && p.presence_penalty <= 2.f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.presence_penalty must be in [-2, 2], got ", p.presence_penalty));
+  }
+  if (p.logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias has ", p.logit_bias.size(),
+                                                   " entries; the limit is ", kMaxLogitBias));
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (!std::isfinite(bias)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias[", id, "] must be finite, got ", bias));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -40,6 +65,51 @@ int32_t Argmax(const float* logits, int vocab) {  // ties go to the lowest id
 }
 
 }  // namespace
+
+const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParams& params,
+                             const TokenHistory& history) {
+  if (!params.AdjustsLogits()) return logits;
+  adjusted_.assign(logits, logits + vocab);
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (id >= 0 && id < vocab) adjusted_[id] += bias;
+  }
+  const bool repetition = params.repetition_penalty != 1.f;
+  const bool by_output = params.frequency_penalty != 0.f || params.presence_penalty != 0.f;
+  if (!repetition && !by_output) return adjusted_.data();
+  if (counts_.size() != static_cast<size_t>(vocab)) {
+    counts_.assign(vocab, 0);
+    in_prompt_.assign(vocab, 0);
+  }
+  touched_.clear();
+  auto count = [&](absl::Span<const int32_t> ids) {
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab) continue;
+      if (counts_[id]++ == 0 && !in_prompt_[id]) touched_.push_back(id);
+    }
+  };
+  count(history.output);
+  count(history.accepted_drafts);
+  if (repetition) {
+    for (int32_t id : history.prompt) {
+      if (id < 0 || id >= vocab || in_prompt_[id]) continue;
+      if (counts_[id] == 0) touched_.push_back(id);
+      in_prompt_[id] = 1;
+    }
+  }
+  // vLLM's apply_penalties: repetition over the prompt and the output, then
+  // frequency and presence over the output.
+  for (int32_t id : touched_) {
+    float& l = adjusted_[id];
+    if (repetition) l = l > 0.f ? l / params.repetition_penalty : l * params.repetition_penalty;
+    if (counts_[id] > 0) {
+      l -= params.frequency_penalty * static_cast<float>(counts_[id]);
+      l -= params.presence_penalty;
+    }
+    counts_[id] = 0;
+    in_prompt_[id] = 0;
+  }
+  return adjusted_.data();
+}
 
 size_t Sampler::Distribution(const float* logits, int vocab, const SamplingParams& params,
                              double* total_out) {
@@ -59,6 +129,12 @@ size_t Sampler::Distribution(const float* logits, int vocab, const SamplingParam
   double total = 0;
   for (size_t i = 0; i < keep; ++i) {
     candidates_[i].first = std::exp(candidates_[i].first - max_logit);
+    // min-p: a token's probability over the most likely one's is its weight
+    // here, and the weights fall along the sorted candidates.
+    if (candidates_[i].first < params.min_p) {
+      keep = i;
+      break;
+    }
     total += candidates_[i].first;
   }
   if (params.top_p < 1.f) {  // smallest prefix whose mass reaches top_p
@@ -93,7 +169,8 @@ int32_t Sampler::Draw(size_t keep, double total, int32_t skip, std::mt19937_64* 
 }
 
 int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& params,
-                        std::mt19937_64* rng) {
+                        const TokenHistory& history, std::mt19937_64* rng) {
+  logits = Adjust(logits, vocab, params, history);
   if (params.temperature == 0.f) return Argmax(logits, vocab);
   double total = 0;
   const size_t keep = Distribution(logits, vocab, params, &total);
@@ -101,7 +178,9 @@ int32_t Sampler::Sample(const float* logits, int vocab, const SamplingParams& pa
 }
 
 bool Sampler::Verify(const float* logits, int vocab, const SamplingParams& params,
-                     int32_t draft, std::mt19937_64* rng, int32_t* token) {
+                     const TokenHistory& history, int32_t draft, std::mt19937_64* rng,
+                     int32_t* token) {
+  logits = Adjust(logits, vocab, params, history);
   if (params.temperature == 0.f) {
     *token = Argmax(logits, vocab);
     return *token == draft;

@@ -1,6 +1,9 @@
 // Sampling parameters and the sampler: greedy (temperature 0), temperature,
-// top-k, top-p, with a per-request generator so a seeded request gives the
-// same tokens on every run and machine.
+// top-k, top-p, min-p, logit bias and the repetition, frequency and presence
+// penalties, with a per-request generator so a seeded request gives the same
+// tokens on every run and machine. The order is vLLM 0.15.1's (v1 Sampler):
+// logit bias, then the penalties (repetition, frequency, presence), then
+// greedy argmax, or temperature, min-p, top-k and top-p, and a draw.
 #ifndef TANDEM_COMMON_ENGINE_SAMPLING_H_
 #define TANDEM_COMMON_ENGINE_SAMPLING_H_
 
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 
 namespace tandem {
 
@@ -21,6 +25,36 @@ struct SamplingParams {
   uint64_t seed = 0;        // 0: unseeded
   std::vector<int32_t> stop_token_ids = {};
   bool ignore_eos = false;
+  // Tokens whose probability is below min_p times the most likely token's
+  // are dropped (after temperature, before top-k): 0 = off, in [0, 1].
+  float min_p = 0.f;
+  // vLLM's penalties: a token seen in the prompt or the output has its logit
+  // divided by repetition_penalty when positive, multiplied when negative
+  // (1 = off, > 0); each output occurrence subtracts frequency_penalty and
+  // any output occurrence subtracts presence_penalty once (0 = off, [-2, 2]).
+  float repetition_penalty = 1.f;
+  float frequency_penalty = 0.f;
+  float presence_penalty = 0.f;
+  // Added to a token's logit before anything else: (token id, bias), ids
+  // distinct and in the vocabulary (checked by LlmEngine::Validate).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
+
+  // Whether the logits are changed before sampling (bias or a penalty).
+  bool AdjustsLogits() const {
+    return !logit_bias.empty() || repetition_penalty != 1.f || frequency_penalty != 0.f ||
+           presence_penalty != 0.f;
+  }
+};
+
+// At most this many logit_bias entries a request.
+inline constexpr size_t kMaxLogitBias = 1024;
+
+// What the penalties look at: the prompt, and the output so far (the tokens
+// sampled, then any drafted tokens already accepted before this position).
+struct TokenHistory {
+  absl::Span<const int32_t> prompt;
+  absl::Span<const int32_t> output;
+  absl::Span<const int32_t> accepted_drafts;
 };
 
 // INVALID_ARGUMENT naming the field, the value and the limit.
@@ -31,7 +65,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
 class Sampler {
  public:
   int32_t Sample(const float* logits, int vocab, const SamplingParams& params,
-                 std::mt19937_64* rng);
+                 const TokenHistory& history, std::mt19937_64* rng);
 
   // Speculative verification of a drafted token against the target's
   // `logits` at its position, so that the tokens that come out are
@@ -40,8 +74,14 @@ class Sampler {
   // it is the argmax; otherwise it is kept with the target's probability p of
   // it, and on rejection a token is drawn from p with the draft removed,
   // renormalised. Returns true when kept; else *token is the replacement.
-  bool Verify(const float* logits, int vocab, const SamplingParams& params, int32_t draft,
-              std::mt19937_64* rng, int32_t* token);
+  bool Verify(const float* logits, int vocab, const SamplingParams& params,
+              const TokenHistory& history, int32_t draft, std::mt19937_64* rng, int32_t* token);
+
+  // The logits greedy and temperature sampling start from: `logits` itself,
+  // or a copy with the logit bias and the penalties applied (valid until the
+  // next call).
+  const float* Adjust(const float* logits, int vocab, const SamplingParams& params,
+                      const TokenHistory& history);
 
  private:
   // Fills candidates_ with the unnormalised probabilities after temperature,
@@ -53,6 +93,12 @@ class Sampler {
   int32_t Draw(size_t keep, double total, int32_t skip, std::mt19937_64* rng) const;
 
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> adjusted_;
+  // Per token: output occurrences, and whether it is in the prompt; zero
+  // between calls (only the touched entries are reset).
+  std::vector<int32_t> counts_;
+  std::vector<uint8_t> in_prompt_;
+  std::vector<int32_t> touched_;
 };
 
 }  // namespace tandem

@@ -1,5 +1,7 @@
 #include "common/serving/sampling_proto.h"
 
+#include <algorithm>
+
 namespace tandem {
 
 SamplingParams FromProto(const v1::SamplingParams& p) {
@@ -11,7 +13,27 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   s.seed = p.seed();
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
+  s.min_p = p.min_p();
+  s.repetition_penalty = p.repetition_penalty() == 0.f ? 1.f : p.repetition_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.presence_penalty = p.presence_penalty();
+  s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  // Sorted: a map's order is unspecified, and the sums must not depend on it.
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
   return s;
+}
+
+void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p) {
+  p->set_max_tokens(1);
+  p->set_temperature(s.temperature);
+  p->set_top_p(s.top_p);
+  p->set_top_k(s.top_k);
+  p->set_seed(s.seed);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
 }
 
 }  // namespace tandem

@@ -10,6 +10,12 @@ namespace tandem {
 // Sampling parameters from the API message (top_p 0 means 1).
 SamplingParams FromProto(const v1::SamplingParams& p);
 
+// What decides a prompt's first token, for the prefill worker that samples
+// it: max_tokens 1, and the distribution's fields (temperature, top-p/k,
+// min-p, seed, logit bias, penalties); the stop conditions stay with the
+// decode worker.
+void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_

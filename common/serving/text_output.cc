@@ -5,8 +5,8 @@
 namespace tandem {
 
 TextOutput::TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens,
-                       std::vector<std::string> stop)
-    : detok_(tokenizer, skip_special_tokens), stop_(std::move(stop)) {
+                       std::vector<std::string> stop, bool include_stop)
+    : detok_(tokenizer, skip_special_tokens), stop_(std::move(stop)), include_stop_(include_stop) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
   for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
 }
@@ -47,7 +47,7 @@ std::string TextOutput::Scan(bool final) {
   std::string out;
   if (first != std::string::npos) {
     stopped_ = true;
-    out = pending_.substr(0, first);
+    out = pending_.substr(0, include_stop_ ? first + matched_.size() : first);
     pending_.clear();
     return out;
   }

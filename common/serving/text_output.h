@@ -1,8 +1,8 @@
 // TextOutput: a request's generated tokens as text, the way the API returns
 // it: incremental detokenization (IncrementalDetokenizer) plus stop strings,
 // matched across token boundaries and left out of the output (vLLM's
-// default, include_stop_str_in_output=false). Text that could still be the
-// start of a stop string is held back until it cannot.
+// default), or kept as its end (include_stop_str_in_output). Text that could
+// still be the start of a stop string is held back until it cannot.
 //
 // Not thread-safe: one per request, used by whoever owns the request.
 #ifndef TANDEM_COMMON_SERVING_TEXT_OUTPUT_H_
@@ -18,7 +18,8 @@ namespace tandem {
 
 class TextOutput {
  public:
-  TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop);
+  TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop,
+             bool include_stop = false);
 
   // Adds new token ids; returns the text now final. After a stop string is
   // found, stopped() is true and the text ends before it.
@@ -39,6 +40,7 @@ class TextOutput {
 
   IncrementalDetokenizer detok_;
   std::vector<std::string> stop_;
+  bool include_stop_ = false;
   size_t hold_ = 0;      // longest stop string - 1
   std::string pending_;  // decoded, not yet returned
   bool stopped_ = false;

@@ -1,6 +1,7 @@
 #include "common/engine/engine.h"
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -112,6 +113,32 @@ TEST(EngineTest, ValidationErrors) {
   EXPECT_EQ(e->AddRequest("a", {1, 2}, p).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(e->Abort("a").ok());
   EXPECT_EQ(e->Abort("a").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("plain", Prompt(9, 4), p).ok());
+  SamplingParams biased = p;
+  biased.logit_bias = {{7, 100.f}};
+  ASSERT_TRUE(e->AddRequest("biased", Prompt(9, 4), biased).ok());
+  SamplingParams penalized = p;
+  penalized.frequency_penalty = 2.f;
+  penalized.repetition_penalty = 2.f;
+  ASSERT_TRUE(e->AddRequest("penalized", Prompt(9, 4), penalized).ok());
+  auto out = RunAll(e.get());
+  EXPECT_EQ(out["biased"], std::vector<int32_t>(24, 7));
+  EXPECT_NE(out["penalized"], out["plain"]);
+  // Strong penalties against any repeat: more distinct tokens than without.
+  auto distinct = [](const std::vector<int32_t>& v) { return std::set<int32_t>(v.begin(), v.end()).size(); };
+  EXPECT_GT(distinct(out["penalized"]), distinct(out["plain"]));
+  SamplingParams outside = p;
+  outside.logit_bias = {{-1, 1.f}};
+  EXPECT_NE(e->AddRequest("x", {1}, outside).message().find("logit_bias names token -1"),
+            std::string::npos);
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
 TEST(EngineTest, AbortFreesBlocksMidGeneration) {

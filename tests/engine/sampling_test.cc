@@ -1,5 +1,7 @@
 #include "common/engine/sampling.h"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -12,7 +14,7 @@ TEST(SamplerTest, GreedyPicksArgmax) {
   std::mt19937_64 rng(1);
   float logits[] = {0.1f, 2.f, -1.f, 1.9f};
   SamplingParams p;
-  EXPECT_EQ(s.Sample(logits, 4, p, &rng), 1);
+  EXPECT_EQ(s.Sample(logits, 4, p, {}, &rng), 1);
 }
 
 TEST(SamplerTest, SeededIsReproducibleAndTopKOneIsGreedy) {
@@ -25,17 +27,17 @@ TEST(SamplerTest, SeededIsReproducibleAndTopKOneIsGreedy) {
   std::mt19937_64 a(p.seed), b(p.seed);
   std::vector<int32_t> x, y;
   for (int i = 0; i < 50; ++i) {
-    x.push_back(s.Sample(logits.data(), 100, p, &a));
-    y.push_back(s.Sample(logits.data(), 100, p, &b));
+    x.push_back(s.Sample(logits.data(), 100, p, {}, &a));
+    y.push_back(s.Sample(logits.data(), 100, p, {}, &b));
   }
   EXPECT_EQ(x, y);
   EXPECT_GT(std::set<int32_t>(x.begin(), x.end()).size(), 1u);
   p.top_k = 1;
   SamplingParams greedy;
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.Sample(logits.data(), 100, p, &a), s.Sample(logits.data(), 100, greedy, &a));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.Sample(logits.data(), 100, p, {}, &a), s.Sample(logits.data(), 100, greedy, {}, &a));
   p.top_k = -1;
   p.top_p = 1e-6f;  // only the top token survives
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.Sample(logits.data(), 100, p, &a), s.Sample(logits.data(), 100, greedy, &a));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.Sample(logits.data(), 100, p, {}, &a), s.Sample(logits.data(), 100, greedy, {}, &a));
 }
 
 TEST(SamplerTest, TopKRestrictsSupport) {
@@ -45,7 +47,98 @@ TEST(SamplerTest, TopKRestrictsSupport) {
   p.temperature = 2.0f;
   p.top_k = 2;
   std::mt19937_64 rng(7);
-  for (int i = 0; i < 200; ++i) EXPECT_LT(s.Sample(logits, 5, p, &rng), 2);
+  for (int i = 0; i < 200; ++i) EXPECT_LT(s.Sample(logits, 5, p, {}, &rng), 2);
+}
+
+// vLLM's apply_penalties, written out: repetition over the prompt and the
+// output, then frequency and presence over the output; the logit bias first.
+std::vector<float> Reference(std::vector<float> l, const SamplingParams& p,
+                             const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& output) {
+  for (const auto& [id, bias] : p.logit_bias) l[id] += bias;
+  for (size_t t = 0; t < l.size(); ++t) {
+    const int id = static_cast<int>(t);
+    const int count = static_cast<int>(std::count(output.begin(), output.end(), id));
+    const bool seen = count > 0 || std::count(prompt.begin(), prompt.end(), id) > 0;
+    if (seen) l[t] = l[t] > 0 ? l[t] / p.repetition_penalty : l[t] * p.repetition_penalty;
+    l[t] -= p.frequency_penalty * static_cast<float>(count);
+    if (count > 0) l[t] -= p.presence_penalty;
+  }
+  return l;
+}
+
+TEST(SamplerTest, BiasAndPenaltiesAreVllms) {
+  std::vector<float> logits(64);
+  for (int i = 0; i < 64; ++i) logits[i] = static_cast<float>((i * 29) % 17) * 0.4f - 3.f;
+  const std::vector<int32_t> prompt = {3, 9, 9, 20, 41, 3};
+  const std::vector<int32_t> output = {9, 5, 5, 5, 60, 20};
+  SamplingParams p;
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.25f;
+  p.presence_penalty = -0.5f;
+  p.logit_bias = {{5, 2.f}, {7, -100.f}, {41, 0.5f}};
+  Sampler s;
+  const float* got = s.Adjust(logits.data(), 64, p, {prompt, output, {}});
+  EXPECT_EQ(std::vector<float>(got, got + 64), Reference(logits, p, prompt, output));
+  // Drafts accepted before a position count as output, and nothing of one
+  // call is left in the next.
+  const std::vector<int32_t> head = {9, 5}, drafts = {5, 5, 60, 20};
+  got = s.Adjust(logits.data(), 64, p, {prompt, head, drafts});
+  EXPECT_EQ(std::vector<float>(got, got + 64), Reference(logits, p, prompt, output));
+  got = s.Adjust(logits.data(), 64, p, {{}, {}, {}});
+  EXPECT_EQ(std::vector<float>(got, got + 64), Reference(logits, p, {}, {}));
+  // Neutral parameters: the logits themselves.
+  EXPECT_EQ(s.Adjust(logits.data(), 64, SamplingParams{}, {prompt, output, {}}), logits.data());
+}
+
+TEST(SamplerTest, PenaltiesDecideTheGreedyToken) {
+  Sampler s;
+  std::mt19937_64 rng(1);
+  float logits[] = {3.f, 2.f, -1.f, -1.2f};
+  SamplingParams p;
+  const std::vector<int32_t> three_zeros = {0, 0, 0};
+  p.frequency_penalty = 0.3f;  // 3 - 0.9 > 2
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, three_zeros, {}}, &rng), 0);
+  p.frequency_penalty = 0.4f;  // 3 - 1.2 < 2
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, three_zeros, {}}, &rng), 1);
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, {}, three_zeros}, &rng), 1);  // drafts count
+  EXPECT_EQ(s.Sample(logits, 4, p, {three_zeros, {}, {}}, &rng), 0);  // the prompt does not
+  p.frequency_penalty = 0;
+  p.presence_penalty = 1.1f;  // once, however many times
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, three_zeros, {}}, &rng), 1);
+  p.presence_penalty = 0;
+  p.repetition_penalty = 1.6f;  // the prompt counts: 3 / 1.6 < 2
+  EXPECT_EQ(s.Sample(logits, 4, p, {{0}, {}, {}}, &rng), 1);
+  p.repetition_penalty = 1.4f;  // 3 / 1.4 > 2
+  EXPECT_EQ(s.Sample(logits, 4, p, {{0}, {}, {}}, &rng), 0);
+  p.repetition_penalty = 1.f;
+  p.logit_bias = {{3, 4.5f}};
+  EXPECT_EQ(s.Sample(logits, 4, p, {}, &rng), 3);
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowItsShareOfTheTopOne) {
+  Sampler s;
+  // Probabilities relative to the top token: 1, 0.5, 0.2.
+  float logits[] = {0.f, std::log(0.5f), std::log(0.2f)};
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.min_p = 0.3f;
+  std::mt19937_64 rng(3);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 400; ++i) seen.insert(s.Sample(logits, 3, p, {}, &rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1}));
+  // After temperature 2 the shares are 1, 0.71, 0.45: all kept.
+  p.temperature = 2.f;
+  seen.clear();
+  for (int i = 0; i < 400; ++i) seen.insert(s.Sample(logits, 3, p, {}, &rng));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 2}));
+  // Verification draws from the same support: token 2 is never kept.
+  p.temperature = 1.f;
+  int32_t token = 0;
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_FALSE(s.Verify(logits, 3, p, {}, /*draft=*/2, &rng, &token));
+    EXPECT_NE(token, 2);
+  }
 }
 
 TEST(SamplingParamsTest, ValidationNamesFieldValueAndLimit) {
@@ -69,6 +162,24 @@ TEST(SamplingParamsTest, ValidationNamesFieldValueAndLimit) {
   EXPECT_NE(ValidateSamplingParams(p, 100).message().find("top_k"), std::string::npos);
   p.top_k = -1;
   EXPECT_TRUE(ValidateSamplingParams(p, 100).ok());
+  auto message = [&](auto set) {
+    SamplingParams q = p;
+    set(q);
+    return std::string(ValidateSamplingParams(q, 100).message());
+  };
+  EXPECT_NE(message([](auto& q) { q.min_p = 1.5f; }).find("sampling.min_p must be in [0, 1], got 1.5"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.repetition_penalty = 0; }).find("repetition_penalty"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.frequency_penalty = -2.5f; })
+                .find("sampling.frequency_penalty must be in [-2, 2], got -2.5"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.presence_penalty = 3; }).find("presence_penalty"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.logit_bias.resize(kMaxLogitBias + 1); }).find("limit is 1024"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.logit_bias = {{4, std::nanf("")}}; }).find("logit_bias[4]"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -222,7 +222,7 @@ TEST(SpeculativeSamplingTest, VerifiedDraftsHaveTheTargetsDistribution) {
         int32_t prev = last, token = 0;
         bool all = true;
         for (int32_t d : drafts) {
-          if (!sampler.Verify(target.logits[prev], V, params, d, &rng, &token)) {
+          if (!sampler.Verify(target.logits[prev], V, params, {}, d, &rng, &token)) {
             out.push_back(token);
             all = false;
             break;
@@ -230,7 +230,7 @@ TEST(SpeculativeSamplingTest, VerifiedDraftsHaveTheTargetsDistribution) {
           out.push_back(d);
           prev = d;
         }
-        if (all) out.push_back(sampler.Sample(target.logits[prev], V, params, &rng));
+        if (all) out.push_back(sampler.Sample(target.logits[prev], V, params, {}, &rng));
         last = out.back();
       }
       out.resize(3);
@@ -346,6 +346,30 @@ TEST(SpeculativeEngineTest, GreedyOutputEqualsPlainDecodingInEveryMode) {
               s.num_accepted_tokens);
     EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
   }
+}
+
+// Penalties at a draft's position count the drafts kept before it: greedy
+// output with penalties is plain decoding's with the same penalties.
+TEST(SpeculativeEngineTest, PenalizedGreedyOutputEqualsPlainDecoding) {
+  SamplingParams p;
+  p.max_tokens = 40;
+  p.ignore_eos = true;
+  p.frequency_penalty = 0.03f;
+  p.presence_penalty = 0.01f;
+  p.repetition_penalty = 1.01f;
+  auto plain = MakeEngine(M::kNone, "");
+  const auto reference = Generate(plain.get(), p, 10);
+  auto unpenalized = MakeEngine(M::kNone, "");
+  SamplingParams neutral = p;
+  neutral.frequency_penalty = neutral.presence_penalty = 0;
+  neutral.repetition_penalty = 1;
+  EXPECT_NE(Generate(unpenalized.get(), neutral, 10), reference) << "the penalties changed nothing";
+  auto e = MakeEngine(M::kFullDecodeOnly, kSpec);
+  EXPECT_EQ(Generate(e.get(), p, 10), reference);
+  // 25 of 59 drafted tokens kept (a draft kept changes the next position's
+  // penalty: counting none of them gives other tokens).
+  EXPECT_GT(e->spec_decode_stats().num_accepted_tokens, 10) << "too few drafts were kept";
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
 // A stop id or max_tokens that falls inside a draft ends the output there,

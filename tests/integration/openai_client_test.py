@@ -118,6 +118,43 @@ def main():
                                                  max_tokens=64, stop=[" Paris"])
         assert stopped.choices[0].message.content == "The capital of France is", stopped
         assert stopped.choices[0].finish_reason == "stop", stopped
+        kept = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                              max_tokens=64, stop=[" Paris"],
+                                              extra_body={"include_stop_str_in_output": True})
+        assert kept.choices[0].message.content == "The capital of France is Paris", kept
+        passed += 1
+
+        # vLLM's sampling extensions, through the pair (the prefill worker
+        # samples the first token, so it must get them too). A +100 bias
+        # makes every token the biased one, the first included.
+        biased = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=5, temperature=0, logit_bias={"504": 100},
+            extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert biased.choices[0].model_extra["token_ids"] == [504] * 5, biased
+        # min_p = 1 keeps only the most likely token: sampling is greedy.
+        top_only = client.chat.completions.create(model="smollm2", messages=question, max_tokens=64,
+                                                  temperature=1.0, seed=5, extra_body={"min_p": 1.0})
+        assert top_only.choices[0].message.content == answer, top_only
+        # A strong penalty on repeats changes a greedy answer that repeats.
+        count = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
+        free = client.chat.completions.create(model="smollm2", messages=count, temperature=0,
+                                              max_tokens=40)
+        for penalty in ({"frequency_penalty": 2.0}, {"extra_body": {"repetition_penalty": 2.0}}):
+            penalized = client.chat.completions.create(model="smollm2", messages=count,
+                                                       temperature=0, max_tokens=40, **penalty)
+            assert penalized.choices[0].message.content != free.choices[0].message.content, penalty
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, frequency_penalty=2.5),
+            "frequency_penalty must be in [-2, 2], got 2.5")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, extra_body={"repetition_penalty": 0}),
+            "repetition_penalty must be a number > 0")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, logit_bias={"99999999": 1}),
+            "logit_bias names token 99999999, outside the vocabulary [0, 49152)")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, extra_body={"guided_json": {"type": "object"}}),
+            "guided_json")
         passed += 1
 
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
