@@ -94,9 +94,10 @@ void DecodeServiceImpl::OnKvChunk(const std::shared_ptr<GenerateCall>& call, Rec
   client_.load()->ImportKv(call->id, std::move(chunk));
 }
 
-void DecodeServiceImpl::OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) {
+void DecodeServiceImpl::OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token,
+                                       TokenLogprobs logprobs) {
   if (call->done.load()) return;
-  client_.load()->RemoteKvArrived(call->id, token);
+  client_.load()->RemoteKvArrived(call->id, token, std::move(logprobs));
 }
 
 void DecodeServiceImpl::PrefillFailed(const std::shared_ptr<GenerateCall>& call,
@@ -132,6 +133,7 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
 }
 
 bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& all_tokens,
+                                  const std::vector<TokenLogprobs>& logprobs,
                                   v1::GenerateResponse* msg) {
   // No token past the one that completes a stop string.
   std::string text;
@@ -140,6 +142,7 @@ bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>
   const std::vector<int32_t> tokens(all_tokens.begin(), all_tokens.begin() + keep);
   if (call.generated.empty() && !tokens.empty()) msg->set_request_id(call.id);  // first message
   for (int32_t t : tokens) msg->add_token_ids(t);
+  for (size_t i = 0; i < keep && i < logprobs.size(); ++i) ToProto(logprobs[i], msg->add_logprobs());
   call.generated.insert(call.generated.end(), tokens.begin(), tokens.end());
   if (!tokens.empty()) {
     const absl::Time now = absl::Now();
@@ -301,7 +304,7 @@ void DecodeServiceImpl::OnOutput(const std::shared_ptr<GenerateCall>& call,
     metrics_->PrefillLocal(call->local_reason);
   }
   v1::GenerateResponse msg;
-  if (AddTokens(*call, o.new_tokens, &msg)) {  // a stop string ended the output
+  if (AddTokens(*call, o.new_tokens, o.logprobs, &msg)) {  // a stop string ended the output
     return Finish(call, std::move(msg), v1::FINISH_REASON_STOP);
   }
   if (!o.finished) {

@@ -120,16 +120,19 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   // Ends the call normally with `msg` as its last message.
   void Finish(const std::shared_ptr<GenerateCall>& call, v1::GenerateResponse msg,
               v1::FinishReason reason);
-  // Counts `tokens` and fills `msg`'s text; true when a stop string ended the
-  // output (then `msg` is the final message).
-  bool AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens, v1::GenerateResponse* msg);
+  // Counts `tokens` and fills `msg`'s text (and their `logprobs`, when
+  // asked); true when a stop string ended the output (then `msg` is the final
+  // message).
+  bool AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens,
+                 const std::vector<TokenLogprobs>& logprobs, v1::GenerateResponse* msg);
 
   // PrefillClient::Host (any thread).
   const v1::ModelFingerprint& fingerprint() const override { return client_.load()->fingerprint(); }
   size_t slot_bytes() const override { return client_.load()->slot_bytes(); }
   WorkerMetrics* metrics() override { return metrics_; }
   void OnKvChunk(const std::shared_ptr<GenerateCall>& call, ReceivedChunk chunk) override;
-  void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) override;
+  void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token,
+                      TokenLogprobs logprobs) override;
   PrefillPool* pool() override { return pool_.get(); }
   void PrefillFailed(const std::shared_ptr<GenerateCall>& call,
                      const grpc::Status& status) override;

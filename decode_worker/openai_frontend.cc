@@ -233,13 +233,24 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (auto e = f.Neutral("bad_words", Json::array())) return e;
   if (auto e = f.Neutral("use_beam_search", false)) return e;
   if (chat) {
-    if (auto e = f.Neutral("logprobs", false)) return e;
-    if (auto e = f.Neutral("top_logprobs", 0)) return e;
+    // OpenAI's chat form: logprobs (bool), top_logprobs (0..20, needs logprobs).
+    bool logprobs = false;
+    if (auto e = f.Bool("logprobs", &logprobs)) return e;
+    i.reset();
+    if (auto e = f.Int("top_logprobs", 0, kMaxLogprobs, &i)) return e;
+    if (i && *i > 0 && !logprobs) {
+      return Fields::Bad("top_logprobs", "top_logprobs needs logprobs=true");
+    }
+    if (logprobs) s->mutable_logprobs()->set_value(static_cast<int32_t>(i.value_or(0)));
+    i.reset();
     if (f.Has("response_format") && body["response_format"].value("type", "") != "text") {
       return Fields::Bad("response_format", "response_format: only {\"type\": \"text\"} is supported");
     }
   } else {
-    if (auto e = f.Neutral("logprobs", 0)) return e;
+    // The completions form: logprobs = how many top tokens (0..20).
+    if (auto e = f.Int("logprobs", 0, kMaxLogprobs, &i)) return e;
+    if (i) s->mutable_logprobs()->set_value(static_cast<int32_t>(*i));
+    i.reset();
     if (auto e = f.Neutral("suffix", "")) return e;
   }
   *stream = false;
@@ -279,6 +290,8 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
     bool return_token_ids = false;  // vLLM's extension: token ids in each choice
+    bool logprobs = false;          // the request set sampling.logprobs
+    const Tokenizer* tokenizer = nullptr;  // a token's text in logprobs
   };
 
   // Deletes itself when the call ends.
@@ -356,6 +369,11 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     }
     text_ += m.text();
     token_ids_.insert(token_ids_.end(), m.token_ids().begin(), m.token_ids().end());
+    if (spec_.logprobs) {
+      for (int i = 0; i < m.token_ids_size(); ++i) {
+        AddLogprobs(m.token_ids(i), i < m.logprobs_size() ? m.logprobs(i) : v1::TokenLogprobs());
+      }
+    }
     if (!spec_.stream || holding()) return;
     if (!started_) {
       started_ = true;
@@ -377,11 +395,71 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     if (!m.text().empty() || m.token_ids_size() > 0) {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
-      WriteDelta(m.text(), ids);
+      WriteDelta(m.text(), ids, LogprobsJson(token_ids_.size() - m.token_ids_size(), token_ids_.size()));
     }
   }
 
-  void WriteDelta(const std::string& text, const std::vector<int32_t>& token_ids = {}) {
+  // A token as logprobs show it: its text (invalid UTF-8 replaced), or
+  // vLLM's "token_id:N" without a tokenizer.
+  std::string TokenText(int32_t id) const {
+    return spec_.tokenizer != nullptr ? spec_.tokenizer->Decode({id})
+                                      : absl::StrCat("token_id:", id);
+  }
+
+  void AddLogprobs(int32_t id, const v1::TokenLogprobs& lp) {
+    // vLLM's floor for a logprob JSON cannot hold (-inf).
+    auto finite = [](float x) { return std::max(x, -9999.f); };
+    Logprob entry{TokenText(id), finite(lp.logprob()), {}, text_offset_};
+    for (int i = 0; i < std::min(lp.top_token_ids_size(), lp.top_logprobs_size()); ++i) {
+      entry.top.emplace_back(TokenText(lp.top_token_ids(i)), finite(lp.top_logprobs(i)));
+    }
+    // Completions' text_offset counts characters, as Python's len() does.
+    for (char c : entry.token) text_offset_ += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
+    logprobs_.push_back(std::move(entry));
+  }
+
+  // A choice's `logprobs` for output tokens [begin, end): OpenAI's chat form
+  // ({"content": [...]}, each entry's top_logprobs the n most likely) or the
+  // completions form (parallel lists, each top_logprobs a dict that also
+  // holds the sampled token); null when the request did not ask.
+  Json LogprobsJson(size_t begin, size_t end) const {
+    if (!spec_.logprobs) return nullptr;
+    auto bytes = [](const std::string& t) {
+      Json b = Json::array();
+      for (char c : t) b.push_back(static_cast<uint8_t>(c));
+      return b;
+    };
+    if (spec_.chat) {
+      Json content = Json::array();
+      for (size_t i = begin; i < end && i < logprobs_.size(); ++i) {
+        const Logprob& e = logprobs_[i];
+        Json top = Json::array();
+        for (const auto& [token, logprob] : e.top) {
+          top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes(token)}});
+        }
+        content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes(e.token)},
+                           {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+         offsets = Json::array();
+    for (size_t i = begin; i < end && i < logprobs_.size(); ++i) {
+      const Logprob& e = logprobs_[i];
+      tokens.push_back(e.token);
+      token_logprobs.push_back(e.logprob);
+      Json dict = Json::object();
+      for (const auto& [token, logprob] : e.top) dict[token] = logprob;
+      dict[e.token] = e.logprob;
+      top.push_back(dict);
+      offsets.push_back(e.text_offset);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
+            {"text_offset", offsets}};
+  }
+
+  void WriteDelta(const std::string& text, const std::vector<int32_t>& token_ids = {},
+                  Json logprobs = nullptr) {
     Json chunk = Envelope(true);
     Json choice = {{"index", 0}};
     if (spec_.chat) {
@@ -390,7 +468,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       choice["text"] = text;
     }
     if (!token_ids.empty()) choice["token_ids"] = token_ids;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = nullptr;
     chunk["choices"] = Json::array({choice});
     http_->Write(Sse(chunk));
@@ -429,7 +507,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       choice["text"] = spec_.echo + text_;
     }
     if (spec_.return_token_ids) choice["token_ids"] = token_ids_;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = LogprobsJson(0, logprobs_.size());
     choice["finish_reason"] = finish;
     body["choices"] = Json::array({choice});
     body["usage"] = Usage();
@@ -444,7 +522,8 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       if (holding()) {
         Json chunk = Envelope(true);
         Json delta = Message(&finish);
-        chunk["choices"] = Json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+        chunk["choices"] = Json::array({{{"index", 0}, {"delta", delta},
+                                         {"logprobs", LogprobsJson(0, logprobs_.size())},
                                          {"finish_reason", nullptr}}});
         http_->Write(Sse(chunk));
       }
@@ -490,6 +569,14 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   bool started_ = false;
   std::string text_;
   std::vector<int32_t> token_ids_;
+  struct Logprob {
+    std::string token;
+    float logprob;
+    std::vector<std::pair<std::string, float>> top;
+    size_t text_offset;
+  };
+  std::vector<Logprob> logprobs_;  // per output token, when asked
+  size_t text_offset_ = 0;
   std::string finish_ = "stop";
   uint32_t prompt_tokens_ = 0, completion_tokens_ = 0;
 };
@@ -734,9 +821,15 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   if (auto e = Fields(body).Bool("return_token_ids", &spec.return_token_ids)) {
     return SendError(*stream, *e);
   }
+  spec.logprobs = req.sampling().has_logprobs();
+  spec.tokenizer = tokenizer_;
   if (!chat) {
     bool echo = false;
     if (auto e = Fields(body).Bool("echo", &echo)) return SendError(*stream, *e);
+    if (echo && spec.logprobs) {
+      return SendError(*stream, {400, "echo with logprobs (the prompt's log-probabilities) is not "
+                                      "supported; send echo or logprobs", "echo"});
+    }
     if (echo) {
       if (tokenizer_ == nullptr) return SendError(*stream, {400, "echo needs a tokenizer", "echo"});
       spec.echo = has_ids ? tokenizer_->Decode(prompt_ids) : prompt_text;

@@ -170,7 +170,8 @@ void PrefillClient::OnReadDone(bool ok) {
       host_->metrics()->KvTransfer(attempt_->bytes.load(), absl::ToDoubleSeconds(now - first));
       host_->metrics()->KvTransferSaved(static_cast<size_t>(args_.num_cached) * 2 *
                                         host_->slot_bytes() * host_->fingerprint().num_layers());
-      host_->OnPrefillToken(call_, msg->message.done().first_token());
+      host_->OnPrefillToken(call_, msg->message.done().first_token(),
+                            FromProto(msg->message.done().first_token_logprobs()));
     }
   }
   StartRead(&response_);

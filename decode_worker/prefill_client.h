@@ -65,7 +65,8 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
     // A verified chunk of the call's KV.
     virtual void OnKvChunk(const std::shared_ptr<GenerateCall>& call, ReceivedChunk chunk) = 0;
     // The KV is complete; `token` was sampled after the last prefill token.
-    virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token) = 0;
+    virtual void OnPrefillToken(const std::shared_ptr<GenerateCall>& call, int32_t token,
+                                TokenLogprobs logprobs) = 0;
     // No prefill worker delivered complete KV in time (UNAVAILABLE,
     // DEADLINE_EXCEEDED, DATA_LOSS): the request may be prefilled locally.
     virtual void PrefillFailed(const std::shared_ptr<GenerateCall>& call,

@@ -1,10 +1,12 @@
 #include "prefill_worker/prefill_service.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/serving/kv_transfer.h"
+#include "common/serving/sampling_proto.h"
 #include "common/serving/status_convert.h"
 #include "common/serving/stream_writer.h"
 
@@ -40,6 +42,7 @@ struct PrefillServiceImpl::Group {
   std::atomic<int> num_opened{0};
   // Engine thread.
   int32_t first_token = 0;
+  std::optional<TokenLogprobs> first_logprobs;  // when the request asked
   bool prefilled = false;  // first_token is known: the prompt is computed
 
   std::vector<std::shared_ptr<Transfer>> Members() {
@@ -194,6 +197,7 @@ void PrefillServiceImpl::Fill(Transfer& t, const EngineClient::NextChunk& next) 
   if (g.finished.fetch_add(1) + 1 == g.num_streams) Release(g);
   v1::PrefillResponse done;
   done.mutable_done()->set_first_token(g.first_token);
+  if (g.first_logprobs) ToProto(*g.first_logprobs, done.mutable_done()->mutable_first_token_logprobs());
   writer.Send(ToByteBuffer(WireMessage::Of(done)));
   writer.End(grpc::Status::OK);
 }
@@ -375,6 +379,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
     // Stream the KV straight from the cache as the readers take it: at most
     // kStreamWindowBytes of copies per stream, under the export lease.
     g->first_token = o.new_tokens.back();
+    if (!o.logprobs.empty()) g->first_logprobs = o.logprobs.back();
     g->prefilled = true;
     g->prefilled_ns = absl::ToUnixNanos(absl::Now());
     for (const std::shared_ptr<Transfer>& m : g->Members()) {

@@ -193,10 +193,12 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   if (!keep) requests_.erase(r->id);
 }
 
-void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o) {
+void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o,
+                            TokenLogprobs* logprobs) {
   const bool first = r->num_output_tokens() == 0;
   r->tokens.push_back(token);
   o.new_tokens.push_back(token);
+  if (r->params.logprobs >= 0) o.logprobs.push_back(logprobs ? std::move(*logprobs) : TokenLogprobs{});
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
   if (first) {
@@ -365,7 +367,14 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   // in the request's one output of the step.
   RequestOutput& o = OutputFor(r, out, carried);
   for (int i = 0; i <= kept && !r->finished(); ++i) {
-    AppendToken(r, i < kept ? r->drafts[i] : next, o);
+    const int32_t token = i < kept ? r->drafts[i] : next;
+    if (r->params.logprobs < 0) {
+      AppendToken(r, token, o);
+      continue;
+    }
+    TokenLogprobs lp;  // from the raw logits of the token's own position
+    sampler_.Logprobs(logits + int64_t{i} * vocab, vocab, token, r->params.logprobs, &lp);
+    AppendToken(r, token, o, &lp);
   }
   r->drafts.clear();
   r->num_computed = std::min<int64_t>(computed, r->num_tokens());
@@ -401,7 +410,8 @@ absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first
   return backend_->device->ScatterToDevice(pieces, runs);
 }
 
-absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_token) {
+absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_token,
+                                        TokenLogprobs first_logprobs) {
   Request* r = Find(id);
   if (r == nullptr || r->state != RequestState::kWaitingForRemoteKv) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -419,7 +429,8 @@ absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_tok
   // seeded sampling continues as it would have in one process.
   if (r->params.temperature > 0.f) r->rng();
   scheduler_->RemoteKvArrived(r);
-  AppendToken(r, first_token, OutputFor(r, &pending_outputs_, pending_outputs_.size()));
+  AppendToken(r, first_token, OutputFor(r, &pending_outputs_, pending_outputs_.size()),
+              &first_logprobs);
   if (r->finished()) Finish(r, r->finish, &pending_outputs_);
   return absl::OkStatus();
 }

@@ -56,6 +56,8 @@ struct SpecDecodeStats {
 struct RequestOutput {
   std::string id;
   std::vector<int32_t> new_tokens;  // tokens sampled this step
+  // Per new token, when the request asked for them (SamplingParams::logprobs).
+  std::vector<TokenLogprobs> logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   absl::Status status;  // non-OK when the request failed
@@ -142,7 +144,8 @@ class LlmEngine {
   // sampled after it elsewhere: it joins the decode batch (or finishes, when
   // that token stops it). The token comes out of TakeOutputs(), or of the
   // next Step() when nobody takes it before.
-  absl::Status RemoteKvArrived(const std::string& id, int32_t first_token);
+  absl::Status RemoteKvArrived(const std::string& id, int32_t first_token,
+                               TokenLogprobs first_logprobs = {});
   // A WAITING_FOR_REMOTE_KV request is computed here after all (its prefill
   // worker is gone, stalled or sent incomplete KV), reusing its cached prefix;
   // rows imported so far are overwritten.
@@ -230,7 +233,8 @@ class LlmEngine {
   RequestOutput& OutputFor(const Request* r, std::vector<RequestOutput>* out, size_t search_end);
   // Appends `token` to the request and to its output `o` (the step's one
   // output for it), and decides whether it stops.
-  void AppendToken(Request* r, int32_t token, RequestOutput& o);
+  // `logprobs`: the token's, kept in the output when the request asked.
+  void AppendToken(Request* r, int32_t token, RequestOutput& o, TokenLogprobs* logprobs = nullptr);
   void Finish(Request* r, FinishReason reason, std::vector<RequestOutput>* out);
   // Speculative decoding: drafts for every decoding request, before the
   // scheduler sizes the step.

@@ -39,6 +39,10 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.presence_penalty must be in [-2, 2], got ", p.presence_penalty));
   }
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs must be in [0, ",
+                                                   kMaxLogprobs, "] (or unset), got ", p.logprobs));
+  }
   if (p.logit_bias.size() > kMaxLogitBias) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias has ", p.logit_bias.size(),
                                                    " entries; the limit is ", kMaxLogitBias));
@@ -109,6 +113,27 @@ const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParam
     in_prompt_[id] = 0;
   }
   return adjusted_.data();
+}
+
+void Sampler::Logprobs(const float* logits, int vocab, int32_t token, int top,
+                       TokenLogprobs* out) {
+  const float max_logit = *std::max_element(logits, logits + vocab);
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  const double log_z = max_logit + std::log(sum);
+  out->logprob = static_cast<float>(logits[token] - log_z);
+  out->top.clear();
+  if (top <= 0) return;
+  top = std::min(top, vocab);
+  ranked_.resize(vocab);
+  for (int i = 0; i < vocab; ++i) ranked_[i] = {logits[i], i};
+  std::partial_sort(ranked_.begin(), ranked_.begin() + top, ranked_.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.first != b.first ? a.first > b.first : a.second < b.second;
+                    });
+  for (int i = 0; i < top; ++i) {
+    out->top.emplace_back(ranked_[i].second, static_cast<float>(ranked_[i].first - log_z));
+  }
 }
 
 size_t Sampler::Distribution(const float* logits, int vocab, const SamplingParams& params,

@@ -38,6 +38,11 @@ struct SamplingParams {
   // Added to a token's logit before anything else: (token id, bias), ids
   // distinct and in the vocabulary (checked by LlmEngine::Validate).
   std::vector<std::pair<int32_t, float>> logit_bias = {};
+  // Log-probabilities of each sampled token and of the `logprobs` most
+  // likely ones at its position: -1 = none, 0 = the sampled token's only, at
+  // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
+  // of the model's logits, before the bias, penalties and temperature.
+  int32_t logprobs = -1;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {
@@ -48,6 +53,15 @@ struct SamplingParams {
 
 // At most this many logit_bias entries a request.
 inline constexpr size_t kMaxLogitBias = 1024;
+// At most this many top log-probabilities a token (vLLM's max_logprobs).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// A sampled token's log-probability and the most likely tokens' at its
+// position (token id, log-probability), most likely first.
+struct TokenLogprobs {
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;
+};
 
 // What the penalties look at: the prompt, and the output so far (the tokens
 // sampled, then any drafted tokens already accepted before this position).
@@ -77,6 +91,10 @@ class Sampler {
   bool Verify(const float* logits, int vocab, const SamplingParams& params,
               const TokenHistory& history, int32_t draft, std::mt19937_64* rng, int32_t* token);
 
+  // `token`'s log-probability under `logits` and the `top` most likely
+  // tokens' (ties: the lower id first).
+  void Logprobs(const float* logits, int vocab, int32_t token, int top, TokenLogprobs* out);
+
   // The logits greedy and temperature sampling start from: `logits` itself,
   // or a copy with the logit bias and the penalties applied (valid until the
   // next call).
@@ -94,6 +112,7 @@ class Sampler {
 
   std::vector<std::pair<float, int32_t>> candidates_;
   std::vector<float> adjusted_;
+  std::vector<std::pair<float, int32_t>> ranked_;
   // Per token: output occurrences, and whether it is in the prompt; zero
   // between calls (only the touched entries are reset).
   std::vector<int32_t> counts_;

@@ -52,9 +52,10 @@ void EngineClient::ImportKv(const std::string& id, ReceivedChunk chunk) {
   });
 }
 
-void EngineClient::RemoteKvArrived(const std::string& id, int32_t token) {
-  loop_->Post([this, id, token](LlmEngine& engine) {
-    absl::Status s = engine.RemoteKvArrived(id, token);
+void EngineClient::RemoteKvArrived(const std::string& id, int32_t token,
+                                   TokenLogprobs logprobs) {
+  loop_->Post([this, id, token, logprobs = std::move(logprobs)](LlmEngine& engine) mutable {
+    absl::Status s = engine.RemoteKvArrived(id, token, std::move(logprobs));
     if (!s.ok()) FailOnLoop(engine, id, s);
   });
 }

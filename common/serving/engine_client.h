@@ -48,8 +48,9 @@ class EngineClient {
   // Writes a verified chunk into a WAITING_FOR_REMOTE_KV request's blocks; an
   // error finishes the request with it.
   void ImportKv(const std::string& id, ReceivedChunk chunk);
-  // The request's KV is in and `token` was sampled after it.
-  void RemoteKvArrived(const std::string& id, int32_t token);
+  // The request's KV is in and `token` was sampled after it (with its
+  // log-probabilities, when the request asked for them).
+  void RemoteKvArrived(const std::string& id, int32_t token, TokenLogprobs logprobs = {});
   // Prefill the request here after all (no prefill worker delivered complete
   // KV in time); whatever rows ImportKv wrote are computed again.
   void ComputeLocally(const std::string& id);

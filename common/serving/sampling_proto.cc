@@ -20,6 +20,7 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   // Sorted: a map's order is unspecified, and the sums must not depend on it.
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  s.logprobs = p.has_logprobs() ? p.logprobs().value() : -1;
   return s;
 }
 
@@ -34,6 +35,23 @@ void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p) {
   p->set_frequency_penalty(s.frequency_penalty);
   p->set_presence_penalty(s.presence_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
+  if (s.logprobs >= 0) p->mutable_logprobs()->set_value(s.logprobs);
+}
+
+void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p) {
+  p->set_logprob(lp.logprob);
+  for (const auto& [id, logprob] : lp.top) {
+    p->add_top_token_ids(id);
+    p->add_top_logprobs(logprob);
+  }
+}
+
+TokenLogprobs FromProto(const v1::TokenLogprobs& p) {
+  TokenLogprobs lp;
+  lp.logprob = p.logprob();
+  const int n = std::min(p.top_token_ids_size(), p.top_logprobs_size());
+  for (int i = 0; i < n; ++i) lp.top.emplace_back(p.top_token_ids(i), p.top_logprobs(i));
+  return lp;
 }
 
 }  // namespace tandem

@@ -16,6 +16,9 @@ SamplingParams FromProto(const v1::SamplingParams& p);
 // decode worker.
 void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p);
 
+void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p);
+TokenLogprobs FromProto(const v1::TokenLogprobs& p);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_

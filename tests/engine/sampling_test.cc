@@ -141,6 +141,29 @@ TEST(SamplerTest, MinPDropsTokensBelowItsShareOfTheTopOne) {
   }
 }
 
+TEST(SamplerTest, LogprobsAreTheRawLogSoftmax) {
+  std::vector<float> logits = {1.f, 3.f, -2.f, 3.f, 0.5f, 40.f, -40.f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  auto expected = [&](int id) { return static_cast<float>(logits[id] - std::log(z)); };
+  Sampler s;
+  TokenLogprobs lp;
+  s.Logprobs(logits.data(), 7, /*token=*/2, /*top=*/3, &lp);
+  EXPECT_FLOAT_EQ(lp.logprob, expected(2));
+  ASSERT_EQ(lp.top.size(), 3u);  // most likely first; the tie (1 and 3) by id
+  EXPECT_EQ(lp.top[0].first, 5);
+  EXPECT_EQ(lp.top[1].first, 1);
+  EXPECT_EQ(lp.top[2].first, 3);
+  for (const auto& [id, logprob] : lp.top) EXPECT_FLOAT_EQ(logprob, expected(id));
+  // Neither the bias nor the penalties nor temperature change them (vLLM's
+  // raw logprobs); no top list at 0; at most the vocabulary.
+  s.Logprobs(logits.data(), 7, 6, 0, &lp);
+  EXPECT_FLOAT_EQ(lp.logprob, expected(6));
+  EXPECT_TRUE(lp.top.empty());
+  s.Logprobs(logits.data(), 7, 0, 20, &lp);
+  EXPECT_EQ(lp.top.size(), 7u);
+}
+
 TEST(SamplingParamsTest, ValidationNamesFieldValueAndLimit) {
   SamplingParams p;
   p.max_tokens = 0;
@@ -179,6 +202,8 @@ TEST(SamplingParamsTest, ValidationNamesFieldValueAndLimit) {
   EXPECT_NE(message([](auto& q) { q.logit_bias.resize(kMaxLogitBias + 1); }).find("limit is 1024"),
             std::string::npos);
   EXPECT_NE(message([](auto& q) { q.logit_bias = {{4, std::nanf("")}}; }).find("logit_bias[4]"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& q) { q.logprobs = 21; }).find("sampling.logprobs must be in [0, 20]"),
             std::string::npos);
 }
 

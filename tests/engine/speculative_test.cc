@@ -372,6 +372,46 @@ TEST(SpeculativeEngineTest, PenalizedGreedyOutputEqualsPlainDecoding) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
+// Every token of a verification step, kept drafts included, has the
+// log-probabilities of its own position: those of plain decoding.
+TEST(SpeculativeEngineTest, LogprobsOfKeptDraftsArePlainDecodings) {
+  SamplingParams p;
+  p.max_tokens = 40;
+  p.ignore_eos = true;
+  p.logprobs = 2;
+  auto logprobs = [&](LlmEngine* e) {
+    std::map<std::string, std::vector<TokenLogprobs>> out;
+    for (int i = 0; i < 6; ++i) EXPECT_TRUE(e->AddRequest("r" + std::to_string(i), RepeatingPrompt(i), p).ok());
+    for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
+      auto step = e->Step();
+      if (!step.ok()) break;
+      for (const auto& o : *step) {
+        EXPECT_EQ(o.logprobs.size(), o.new_tokens.size());
+        for (size_t i = 0; i < o.new_tokens.size() && i < o.logprobs.size(); ++i) {
+          // Greedy: the token is the most likely one.
+          EXPECT_EQ(o.logprobs[i].top.at(0).first, o.new_tokens[i]);
+          EXPECT_EQ(o.logprobs[i].top.at(0).second, o.logprobs[i].logprob);
+        }
+        out[o.id].insert(out[o.id].end(), o.logprobs.begin(), o.logprobs.end());
+      }
+    }
+    return out;
+  };
+  auto plain = MakeEngine(M::kNone, "");
+  auto spec = MakeEngine(M::kFullDecodeOnly, kSpec);
+  const auto want = logprobs(plain.get());
+  const auto got = logprobs(spec.get());
+  EXPECT_GT(spec->spec_decode_stats().num_accepted_tokens, 20);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, lps] : want) {
+    ASSERT_EQ(got.at(id).size(), lps.size()) << id;
+    for (size_t i = 0; i < lps.size(); ++i) {
+      EXPECT_NEAR(got.at(id)[i].logprob, lps[i].logprob, 1e-4) << id << " token " << i;
+      EXPECT_NEAR(got.at(id)[i].top.at(1).second, lps[i].top.at(1).second, 1e-4) << id << " token " << i;
+    }
+  }
+}
+
 // A stop id or max_tokens that falls inside a draft ends the output there,
 // exactly as without speculation.
 TEST(SpeculativeEngineTest, StopsAndMaxTokensInsideADraft) {

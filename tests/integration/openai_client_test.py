@@ -15,6 +15,7 @@ concurrent streams all complete. Stops both workers with SIGTERM (exit 0).
 (python: a venv with `openai`, made by scripts/test.sh as build/openai-venv)
 """
 import json
+import math
 import os
 import re
 import subprocess
@@ -157,12 +158,50 @@ def main():
             "guided_json")
         passed += 1
 
+        # Log-probabilities (vLLM's raw ones), the first token's from the
+        # prefill worker. Greedy: each token is its position's most likely.
+        scored = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                                max_tokens=64, logprobs=True, top_logprobs=3)
+        content = scored.choices[0].logprobs.content
+        assert len(content) == scored.usage.completion_tokens, (len(content), scored.usage)
+        assert scored.choices[0].message.content == answer, scored
+        assert "".join(e.token for e in content[:-1]) == answer, content  # then <|im_end|>
+        for e in content:
+            top = e.top_logprobs
+            assert len(top) == 3 and top[0].token == e.token and top[0].logprob == e.logprob, e
+            assert top[0].logprob >= top[1].logprob >= top[2].logprob, e
+            assert sum(math.exp(t.logprob) for t in top) <= 1 + 1e-4, e
+            assert bytes(e.bytes) == e.token.encode(), e
+        streamed = []
+        for chunk in client.chat.completions.create(model="smollm2", messages=question,
+                                                    temperature=0, max_tokens=64, stream=True,
+                                                    logprobs=True):
+            for choice in chunk.choices:
+                if choice.logprobs is not None:
+                    streamed += choice.logprobs.content
+        assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+        comp = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10,
+                                         temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+        lp = comp.choices[0].logprobs
+        assert "".join(lp.tokens) == comp.choices[0].text and len(lp.token_logprobs) == 10, lp
+        for i, token in enumerate(lp.tokens):
+            assert token in lp.top_logprobs[i] and len(lp.top_logprobs[i]) <= 3, lp
+            assert lp.top_logprobs[i][token] == max(lp.top_logprobs[i].values()), lp
+            if i > 0:
+                assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1]), lp
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, top_logprobs=2), "top_logprobs needs logprobs=true")
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, logprobs=True, top_logprobs=21),
+            "top_logprobs must be in [0, 20], got 21")
+        expect_error(openai.BadRequestError, lambda: client.completions.create(
+            model="smollm2", prompt="hi", echo=True, logprobs=1), "echo with logprobs")
+        passed += 1
+
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, temperature=-1), "temperature")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, n=2), "n must be in [1, 1]")
-        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, logprobs=True), "logprobs")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=[]), "messages")
         expect_error(openai.BadRequestError, lambda: client.completions.create(
