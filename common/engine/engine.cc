@@ -94,6 +94,11 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  if (params.prior_output_tokens >= prompt.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.prior_output_tokens (", params.prior_output_tokens,
+        ") must be less than the prompt's ", prompt.size(), " tokens"));
+  }
   for (const auto& [id, bias] : params.logit_bias) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -341,8 +346,9 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   int32_t next = 0;
   // The penalties at a draft's position count the drafts accepted before it.
   const absl::Span<const int32_t> all(r->tokens);
+  const int64_t split = r->prompt_len - r->params.prior_output_tokens;
   auto history = [&](int accepted) {
-    return TokenHistory{all.subspan(0, r->prompt_len), all.subspan(r->prompt_len),
+    return TokenHistory{all.subspan(0, split), all.subspan(split),
                         absl::MakeConstSpan(r->drafts).subspan(0, accepted)};
   };
   for (; kept < drafts; ++kept) {

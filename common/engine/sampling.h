@@ -43,6 +43,9 @@ struct SamplingParams {
   // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
   // of the model's logits, before the bias, penalties and temperature.
   int32_t logprobs = -1;
+  // The prompt's last tokens that are output already (a preempted request
+  // prefilled again elsewhere): the penalties count them as output.
+  uint32_t prior_output_tokens = 0;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

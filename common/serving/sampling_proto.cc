@@ -21,11 +21,14 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   // Sorted: a map's order is unspecified, and the sums must not depend on it.
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.logprobs = p.has_logprobs() ? p.logprobs().value() : -1;
+  s.prior_output_tokens = p.prior_output_tokens();
   return s;
 }
 
-void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p) {
+void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
+                        v1::SamplingParams* p) {
   p->set_max_tokens(1);
+  p->set_prior_output_tokens(prior_output_tokens);
   p->set_temperature(s.temperature);
   p->set_top_p(s.top_p);
   p->set_top_k(s.top_k);

@@ -12,9 +12,11 @@ SamplingParams FromProto(const v1::SamplingParams& p);
 
 // What decides a prompt's first token, for the prefill worker that samples
 // it: max_tokens 1, and the distribution's fields (temperature, top-p/k,
-// min-p, seed, logit bias, penalties); the stop conditions stay with the
-// decode worker.
-void FirstTokenSampling(const SamplingParams& s, v1::SamplingParams* p);
+// min-p, seed, logit bias, penalties, logprobs); the stop conditions stay
+// with the decode worker. `prior_output_tokens`: the prompt's last tokens
+// that are output already (a preempted request prefilled again).
+void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
+                        v1::SamplingParams* p);
 
 void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p);
 TokenLogprobs FromProto(const v1::TokenLogprobs& p);

@@ -141,6 +141,36 @@ TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
+// A preempted request prefilled again elsewhere arrives as prompt + output
+// so far; prior_output_tokens makes the penalties count that output as
+// output, so it goes on as if it had not moved.
+TEST(EngineTest, PriorOutputTokensCountAsOutputForPenalties) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p;
+  p.max_tokens = 20;
+  p.ignore_eos = true;
+  p.frequency_penalty = -1.5f;  // repeats favoured: the output so far matters
+  p.presence_penalty = -0.5f;
+  ASSERT_TRUE(e->AddRequest("whole", Prompt(9, 4), p).ok());
+  const std::vector<int32_t> whole = RunAll(e.get())["whole"];
+  ASSERT_EQ(whole.size(), 20u);
+  std::vector<int32_t> resumed_prompt = Prompt(9, 4);
+  resumed_prompt.insert(resumed_prompt.end(), whole.begin(), whole.begin() + 8);
+  SamplingParams resumed = p;
+  resumed.max_tokens = 12;
+  resumed.prior_output_tokens = 8;
+  ASSERT_TRUE(e->AddRequest("resumed", resumed_prompt, resumed).ok());
+  SamplingParams as_prompt = resumed;
+  as_prompt.prior_output_tokens = 0;
+  ASSERT_TRUE(e->AddRequest("as-prompt", resumed_prompt, as_prompt).ok());
+  auto out = RunAll(e.get());
+  EXPECT_EQ(out["resumed"], std::vector<int32_t>(whole.begin() + 8, whole.end()));
+  EXPECT_NE(out["as-prompt"], out["resumed"]) << "the penalties did not tell them apart";
+  resumed.prior_output_tokens = static_cast<uint32_t>(resumed_prompt.size());
+  EXPECT_NE(e->AddRequest("x", resumed_prompt, resumed).message().find("prior_output_tokens"),
+            std::string::npos);
+}
+
 TEST(EngineTest, AbortFreesBlocksMidGeneration) {
   auto e = MakeEngine(M::kFullDecodeOnly);
   SamplingParams p;

@@ -369,7 +369,9 @@ TEST(ReliabilityTest, PrefillDefaultsReplayPiecewiseForEveryStep) {
 // A request that outgrew the cache mid-decode ended with RESOURCE_EXHAUSTED.
 // Now the engine preempts the newest request, the decode worker re-prefills it
 // (prompt + tokens so far) on the prefill worker, and it continues: every
-// stream completes with the tokens of an unpreempted run.
+// stream completes with the tokens of an unpreempted run. With penalties:
+// the prefill worker counts the tokens generated before the preemption as
+// output (sampling.prior_output_tokens), not as prompt.
 TEST(ReliabilityTest, PreemptedRequestsAreReprefilledAndComplete) {
   Worker prefill = StartWorker("prefill_worker", {});
   // 12 blocks of 16 tokens; each request needs 6 (30 prompt + 60 output).
@@ -382,6 +384,8 @@ TEST(ReliabilityTest, PreemptedRequestsAreReprefilledAndComplete) {
   SamplingParams p;
   p.max_tokens = 60;
   p.ignore_eos = true;
+  p.frequency_penalty = -1.5f;  // repeats favoured: the output so far matters
+  p.presence_penalty = -0.5f;
   constexpr int kRequests = 8;
   std::vector<std::vector<int32_t>> expected(kRequests);
   for (int i = 0; i < kRequests; ++i) {
@@ -398,8 +402,10 @@ TEST(ReliabilityTest, PreemptedRequestsAreReprefilledAndComplete) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kRequests; ++i) {
     clients.emplace_back([&, i] {
-      results[i] = Generate(decode.address(),
-                            MakeRequest("pre-" + std::to_string(i), Prompt(30, 40 + i), 60));
+      v1::GenerateRequest r = MakeRequest("pre-" + std::to_string(i), Prompt(30, 40 + i), 60);
+      r.mutable_sampling()->set_frequency_penalty(p.frequency_penalty);
+      r.mutable_sampling()->set_presence_penalty(p.presence_penalty);
+      results[i] = Generate(decode.address(), r);
     });
   }
   for (auto& t : clients) t.join();
