@@ -205,6 +205,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     return invalid(absl::StrCat("sampling.stop has ", request->sampling().stop_size(),
                                 " strings; the limit is ", options_.max_stop_strings));
   }
+  if (request->sampling().min_tokens() > request->sampling().max_tokens()) {
+    return invalid(absl::StrCat("sampling.min_tokens (", request->sampling().min_tokens(),
+                                ") must be at most max_tokens (", request->sampling().max_tokens(),
+                                ")"));
+  }
   for (const std::string& stop : request->sampling().stop()) {
     if (stop.empty() || static_cast<int>(stop.size()) > options_.max_stop_string_bytes) {
       return invalid(absl::StrCat("sampling.stop: each stop string must have 1 to ",
@@ -247,7 +252,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
         tokenizer_, skip_special,
         std::vector<std::string>(request->sampling().stop().begin(),
                                  request->sampling().stop().end()),
-        request->sampling().include_stop_str_in_output());
+        request->sampling().include_stop_str_in_output(), request->sampling().min_tokens());
   }
   call->writer = writer;
   call->queued_at = absl::Now();

@@ -222,7 +222,10 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
           static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
     }
   }
-  if (auto e = f.Neutral("min_tokens", 0)) return e;
+  i.reset();
+  if (auto e = f.Int("min_tokens", 0, token_limit, &i)) return e;
+  s->set_min_tokens(static_cast<uint32_t>(i.value_or(0)));
+  i.reset();
   // vLLM's fields that would constrain or score the output: refused rather
   // than ignored, so that no client takes free text for constrained text.
   for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",

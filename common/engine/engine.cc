@@ -212,10 +212,14 @@ void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o,
   }
   const std::vector<int32_t>& eos = model_->config().eos_token_ids;
   const auto& stops = r->params.stop_token_ids;
+  // Stop ids end the output only from the min_tokens-th token on (vLLM's
+  // check_stop); the length limits always do.
+  const bool may_stop = r->num_output_tokens() >= r->params.min_tokens;
   if (r->kind == RequestKind::kPrefillOnly) {
     r->finish = FinishReason::kLength;
-  } else if (std::find(stops.begin(), stops.end(), token) != stops.end() ||
-             (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end())) {
+  } else if (may_stop &&
+             (std::find(stops.begin(), stops.end(), token) != stops.end() ||
+              (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()))) {
     r->finish = FinishReason::kStop;
   } else if (r->num_output_tokens() >= r->params.max_tokens ||
              r->num_tokens() >= max_model_len()) {
@@ -349,7 +353,8 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   const int64_t split = r->prompt_len - r->params.prior_output_tokens;
   auto history = [&](int accepted) {
     return TokenHistory{all.subspan(0, split), all.subspan(split),
-                        absl::MakeConstSpan(r->drafts).subspan(0, accepted)};
+                        absl::MakeConstSpan(r->drafts).subspan(0, accepted),
+                        model_->config().eos_token_ids};
   };
   for (; kept < drafts; ++kept) {
     if (!sampler_.Verify(logits + int64_t{kept} * vocab, vocab, r->params, history(kept),

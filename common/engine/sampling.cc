@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -74,6 +75,16 @@ const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParam
                              const TokenHistory& history) {
   if (!params.AdjustsLogits()) return logits;
   adjusted_.assign(logits, logits + vocab);
+  // vLLM's MinTokensLogitsProcessor: no stop id while the output is short.
+  if (history.output.size() + history.accepted_drafts.size() < params.min_tokens) {
+    auto ban = [&](absl::Span<const int32_t> ids) {
+      for (int32_t id : ids) {
+        if (id >= 0 && id < vocab) adjusted_[id] = -std::numeric_limits<float>::infinity();
+      }
+    };
+    ban(params.stop_token_ids);
+    if (!params.ignore_eos) ban(history.eos_ids);
+  }
   for (const auto& [id, bias] : params.logit_bias) {
     if (id >= 0 && id < vocab) adjusted_[id] += bias;
   }

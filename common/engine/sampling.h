@@ -46,11 +46,17 @@ struct SamplingParams {
   // The prompt's last tokens that are output already (a preempted request
   // prefilled again elsewhere): the penalties count them as output.
   uint32_t prior_output_tokens = 0;
+  // No stop before this many output tokens: the stop ids (stop_token_ids,
+  // and EOS unless ignore_eos) cannot be sampled, and neither they nor stop
+  // strings end the output (vLLM's min_tokens). max_tokens still ends it
+  // (the API refuses min_tokens > max_tokens; a prefill worker's one-token
+  // request carries the caller's min_tokens).
+  uint32_t min_tokens = 0;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {
     return !logit_bias.empty() || repetition_penalty != 1.f || frequency_penalty != 0.f ||
-           presence_penalty != 0.f;
+           presence_penalty != 0.f || min_tokens > 0;
   }
 };
 
@@ -66,12 +72,14 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;
 };
 
-// What the penalties look at: the prompt, and the output so far (the tokens
-// sampled, then any drafted tokens already accepted before this position).
+// What the penalties and min_tokens look at: the prompt, and the output so
+// far (the tokens sampled, then any drafted tokens already accepted before
+// this position); and the model's EOS ids.
 struct TokenHistory {
   absl::Span<const int32_t> prompt;
   absl::Span<const int32_t> output;
   absl::Span<const int32_t> accepted_drafts;
+  absl::Span<const int32_t> eos_ids;
 };
 
 // INVALID_ARGUMENT naming the field, the value and the limit.
@@ -99,8 +107,8 @@ class Sampler {
   void Logprobs(const float* logits, int vocab, int32_t token, int top, TokenLogprobs* out);
 
   // The logits greedy and temperature sampling start from: `logits` itself,
-  // or a copy with the logit bias and the penalties applied (valid until the
-  // next call).
+  // or a copy with min_tokens' bans, the logit bias and the penalties
+  // applied (valid until the next call).
   const float* Adjust(const float* logits, int vocab, const SamplingParams& params,
                       const TokenHistory& history);
 

@@ -22,6 +22,7 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.logprobs = p.has_logprobs() ? p.logprobs().value() : -1;
   s.prior_output_tokens = p.prior_output_tokens();
+  s.min_tokens = p.min_tokens();
   return s;
 }
 
@@ -39,6 +40,13 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   p->set_presence_penalty(s.presence_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
   if (s.logprobs >= 0) p->mutable_logprobs()->set_value(s.logprobs);
+  // A first token that min_tokens keeps from stopping the output: its stop
+  // ids are banned there too.
+  if (prior_output_tokens < s.min_tokens) {
+    p->set_min_tokens(prior_output_tokens + 1);
+    p->set_ignore_eos(s.ignore_eos);
+    p->mutable_stop_token_ids()->Add(s.stop_token_ids.begin(), s.stop_token_ids.end());
+  }
 }
 
 void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p) {

@@ -5,8 +5,11 @@
 namespace tandem {
 
 TextOutput::TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens,
-                       std::vector<std::string> stop, bool include_stop)
-    : detok_(tokenizer, skip_special_tokens), stop_(std::move(stop)), include_stop_(include_stop) {
+                       std::vector<std::string> stop, bool include_stop, uint32_t min_tokens)
+    : detok_(tokenizer, skip_special_tokens),
+      stop_(std::move(stop)),
+      include_stop_(include_stop),
+      min_tokens_(min_tokens) {
   stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
   for (const std::string& s : stop_) hold_ = std::max(hold_, s.size() - 1);
 }
@@ -14,6 +17,8 @@ TextOutput::TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens,
 std::string TextOutput::Add(const std::vector<int32_t>& ids) {
   if (stopped_) return "";
   pending_ += detok_.Add(ids);
+  num_tokens_ += static_cast<uint32_t>(ids.size());
+  if (num_tokens_ <= min_tokens_) fresh_ = pending_.size();  // not looked at for stops
   return Scan(/*final=*/false);
 }
 
@@ -35,10 +40,12 @@ std::string TextOutput::Finish() {
 
 std::string TextOutput::Scan(bool final) {
   // Every earlier return held back `hold_` bytes, so a stop string can only
-  // start inside pending_.
+  // start inside pending_: in its new text, or up to its length - 1 bytes
+  // before it (a match across the point).
   size_t first = std::string::npos;
   for (const std::string& s : stop_) {
-    const size_t at = pending_.find(s);
+    const size_t from = fresh_ > s.size() - 1 ? fresh_ - (s.size() - 1) : 0;
+    const size_t at = pending_.find(s, from);
     if (at < first) {
       first = at;
       matched_ = s;
@@ -49,6 +56,7 @@ std::string TextOutput::Scan(bool final) {
     stopped_ = true;
     out = pending_.substr(0, include_stop_ ? first + matched_.size() : first);
     pending_.clear();
+    fresh_ = 0;
     return out;
   }
   size_t cut = final ? pending_.size() : pending_.size() - std::min(pending_.size(), hold_);
@@ -58,6 +66,7 @@ std::string TextOutput::Scan(bool final) {
   }
   out = pending_.substr(0, cut);
   pending_.erase(0, cut);
+  fresh_ = pending_.size();
   return out;
 }
 

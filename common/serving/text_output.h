@@ -18,8 +18,11 @@ namespace tandem {
 
 class TextOutput {
  public:
+  // Stop strings are looked for only in text that tokens after the first
+  // `min_tokens` add (with the overlap a match across that point needs), as
+  // vLLM's detokenizer does.
   TextOutput(const Tokenizer* tokenizer, bool skip_special_tokens, std::vector<std::string> stop,
-             bool include_stop = false);
+             bool include_stop = false, uint32_t min_tokens = 0);
 
   // Adds new token ids; returns the text now final. After a stop string is
   // found, stopped() is true and the text ends before it.
@@ -41,6 +44,9 @@ class TextOutput {
   IncrementalDetokenizer detok_;
   std::vector<std::string> stop_;
   bool include_stop_ = false;
+  uint32_t min_tokens_ = 0;
+  uint32_t num_tokens_ = 0;  // added so far
+  size_t fresh_ = 0;         // pending_ from here on is not yet searched
   size_t hold_ = 0;      // longest stop string - 1
   std::string pending_;  // decoded, not yet returned
   bool stopped_ = false;

@@ -171,6 +171,27 @@ TEST(EngineTest, PriorOutputTokensCountAsOutputForPenalties) {
             std::string::npos);
 }
 
+// vLLM's min_tokens: a stop id is neither sampled nor obeyed before it.
+TEST(EngineTest, MinTokensKeepsStopIdsOffTheFirstTokens) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p;
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  ASSERT_TRUE(e->AddRequest("free", Prompt(5, 1), p).ok());
+  const std::vector<int32_t> free_run = RunAll(e.get())["free"];
+  SamplingParams stop = p;
+  stop.stop_token_ids = {free_run[1]};  // would end the output at its 2nd token
+  stop.min_tokens = 6;
+  ASSERT_TRUE(e->AddRequest("min", Prompt(5, 1), stop).ok());
+  std::map<std::string, FinishReason> reasons;
+  const std::vector<int32_t> out = RunAll(e.get(), &reasons)["min"];
+  ASSERT_GE(out.size(), 6u);
+  for (int i = 0; i < 6; ++i) EXPECT_NE(out[i], free_run[1]) << i;
+  if (reasons["min"] == FinishReason::kStop) EXPECT_EQ(out.back(), free_run[1]);
+  EXPECT_EQ(out[0], free_run[0]);
+  EXPECT_NE(out[1], free_run[1]);
+}
+
 TEST(EngineTest, AbortFreesBlocksMidGeneration) {
   auto e = MakeEngine(M::kFullDecodeOnly);
   SamplingParams p;

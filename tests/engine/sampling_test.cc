@@ -141,6 +141,27 @@ TEST(SamplerTest, MinPDropsTokensBelowItsShareOfTheTopOne) {
   }
 }
 
+TEST(SamplerTest, MinTokensBansStopIdsWhileTheOutputIsShort) {
+  Sampler s;
+  std::mt19937_64 rng(1);
+  float logits[] = {5.f, 4.f, 3.f, 2.f};  // 0 is EOS, 1 a stop id
+  const std::vector<int32_t> eos = {0};
+  SamplingParams p;
+  p.stop_token_ids = {1};
+  p.min_tokens = 3;
+  const std::vector<int32_t> two = {3, 3}, three = {3, 3, 3};
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, {}, {}, eos}, &rng), 2);
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, two, {}, eos}, &rng), 2);
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, {3}, {3}, eos}, &rng), 2);  // drafts count
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, three, {}, eos}, &rng), 0);
+  p.ignore_eos = true;  // EOS is no stop then, so not banned
+  EXPECT_EQ(s.Sample(logits, 4, p, {{}, two, {}, eos}, &rng), 0);
+  // Sampling never draws a banned id.
+  p.ignore_eos = false;
+  p.temperature = 1.f;
+  for (int i = 0; i < 200; ++i) EXPECT_GE(s.Sample(logits, 4, p, {{}, {}, {}, eos}, &rng), 2);
+}
+
 TEST(SamplerTest, LogprobsAreTheRawLogSoftmax) {
   std::vector<float> logits = {1.f, 3.f, -2.f, 3.f, 0.5f, 40.f, -40.f};
   double z = 0;

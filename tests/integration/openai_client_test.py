@@ -123,6 +123,16 @@ def main():
                                               max_tokens=64, stop=[" Paris"],
                                               extra_body={"include_stop_str_in_output": True})
         assert kept.choices[0].message.content == "The capital of France is Paris", kept
+        # min_tokens: the stop string inside the first 8 tokens' text and the
+        # EOS at the 8th are passed over.
+        longer = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                                max_tokens=24, stop=[" Paris"],
+                                                extra_body={"min_tokens": 8})
+        assert longer.usage.completion_tokens >= 8, longer
+        assert longer.choices[0].message.content.startswith(answer), longer
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, max_tokens=4, extra_body={"min_tokens": 5}),
+            "min_tokens (5) must be at most max_tokens (4)")
         passed += 1
 
         # vLLM's sampling extensions, through the pair (the prefill worker
