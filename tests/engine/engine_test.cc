@@ -44,6 +44,14 @@ std::map<std::string, std::vector<int32_t>> RunAll(LlmEngine* e,
   return out;
 }
 
+// `max_tokens` tokens whatever they are.
+SamplingParams IgnoringEos(uint32_t max_tokens) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
 std::vector<int32_t> Prompt(int n, int seed) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = (seed * 97 + i * 13) % 509 + 3;
@@ -55,9 +63,7 @@ TEST(EngineTest, GreedyOutputIdenticalInEveryMode) {
   for (M mode : {M::kNone, M::kPiecewise, M::kFull, M::kFullDecodeOnly, M::kFullAndPiecewise}) {
     SCOPED_TRACE(mode.name());
     auto e = MakeEngine(mode);
-    SamplingParams p;
-    p.max_tokens = 12;
-    p.ignore_eos = true;
+    SamplingParams p = IgnoringEos(12);
     for (int i = 0; i < 10; ++i) {  // prompts of 1..~100 tokens, some chunked
       ASSERT_TRUE(e->AddRequest("r" + std::to_string(i), Prompt(1 + i * 11, i), p).ok());
     }
@@ -82,9 +88,7 @@ TEST(EngineTest, GreedyOutputIdenticalInEveryMode) {
 
 TEST(EngineTest, StopConditions) {
   auto e = MakeEngine(M::kFullAndPiecewise);
-  SamplingParams p;
-  p.max_tokens = 30;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(30);
   ASSERT_TRUE(e->AddRequest("free", Prompt(5, 1), p).ok());
   std::map<std::string, FinishReason> reasons;
   auto free_run = RunAll(e.get(), &reasons);
@@ -117,9 +121,7 @@ TEST(EngineTest, ValidationErrors) {
 
 TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
   auto e = MakeEngine(M::kFullAndPiecewise);
-  SamplingParams p;
-  p.max_tokens = 24;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(24);
   ASSERT_TRUE(e->AddRequest("plain", Prompt(9, 4), p).ok());
   SamplingParams biased = p;
   biased.logit_bias = {{7, 100.f}};
@@ -146,9 +148,7 @@ TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
 // output, so it goes on as if it had not moved.
 TEST(EngineTest, PriorOutputTokensCountAsOutputForPenalties) {
   auto e = MakeEngine(M::kFullAndPiecewise);
-  SamplingParams p;
-  p.max_tokens = 20;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(20);
   p.frequency_penalty = -1.5f;  // repeats favoured: the output so far matters
   p.presence_penalty = -0.5f;
   ASSERT_TRUE(e->AddRequest("whole", Prompt(9, 4), p).ok());
@@ -174,9 +174,7 @@ TEST(EngineTest, PriorOutputTokensCountAsOutputForPenalties) {
 // vLLM's min_tokens: a stop id is neither sampled nor obeyed before it.
 TEST(EngineTest, MinTokensKeepsStopIdsOffTheFirstTokens) {
   auto e = MakeEngine(M::kFullAndPiecewise);
-  SamplingParams p;
-  p.max_tokens = 30;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(30);
   ASSERT_TRUE(e->AddRequest("free", Prompt(5, 1), p).ok());
   const std::vector<int32_t> free_run = RunAll(e.get())["free"];
   SamplingParams stop = p;
@@ -194,9 +192,7 @@ TEST(EngineTest, MinTokensKeepsStopIdsOffTheFirstTokens) {
 
 TEST(EngineTest, AbortFreesBlocksMidGeneration) {
   auto e = MakeEngine(M::kFullDecodeOnly);
-  SamplingParams p;
-  p.max_tokens = 100;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(100);
   ASSERT_TRUE(e->AddRequest("x", Prompt(40, 3), p).ok());
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->Step().ok());
   EXPECT_GT(e->kv_cache().pool().num_used(), 0);
@@ -208,9 +204,7 @@ TEST(EngineTest, AbortFreesBlocksMidGeneration) {
 // A cache too small for all requests at once: requests wait or are preempted
 // and recomputed, all finish with the tokens they get with a large cache.
 TEST(EngineTest, SmallCachePreemptsAndRecomputes) {
-  SamplingParams p;
-  p.max_tokens = 24;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(24);
   auto big = MakeEngine(M::kFullAndPiecewise, 0, 8, 4);
   auto small = MakeEngine(M::kFullAndPiecewise, /*num_kv_blocks=*/16, 8, 4);
   for (int i = 0; i < 6; ++i) {
@@ -242,9 +236,7 @@ TEST(EngineTest, RemoteFirstTokenIsTakenBeforeTheNextStep) {
   auto e = MakeEngine(M::kNone);
   for (int max_tokens : {1, 3}) {
     SCOPED_TRACE(max_tokens);
-    SamplingParams p;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = true;
+    SamplingParams p = IgnoringEos(max_tokens);
     ASSERT_TRUE(e->AddRequest("x", Prompt(20, 5), p, RequestKind::kRemotePrefill).ok());
     ASSERT_TRUE(e->Step().ok());
     ASSERT_TRUE(e->RemoteKvArrived("x", 9).ok());
@@ -288,9 +280,7 @@ TEST(EngineTest, PrefixCachingKeepsOutputsAndSkipsSharedPrefixes) {
     p.insert(p.end(), user.begin(), user.end());
     return p;
   };
-  SamplingParams p;
-  p.max_tokens = 6;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(6);
   for (M mode : {M::kNone, M::kFullAndPiecewise}) {
     for (int blocks : {0, 12}) {  // 12 blocks of 8: preemption and eviction
       SCOPED_TRACE(absl::StrCat(mode.name(), " blocks=", blocks));
@@ -325,9 +315,7 @@ TEST(EngineTest, PrefixCachingKeepsOutputsAndSkipsSharedPrefixes) {
 // A request's blocks are freed by the one Abort path in every state.
 TEST(EngineTest, AbortFreesBlocksInEveryState) {
   auto e = MakeEngine(M::kNone, /*num_kv_blocks=*/10, 4, /*block_size=*/8);
-  SamplingParams p;
-  p.max_tokens = 30;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(30);
   ASSERT_TRUE(e->AddRequest("run", Prompt(20, 1), p).ok());
   ASSERT_TRUE(e->AddRequest("remote", Prompt(20, 2), p, RequestKind::kRemotePrefill).ok());
   ASSERT_TRUE(e->AddRequest("wait", Prompt(40, 3), p).ok());  // 5 blocks: 4 are left
@@ -351,9 +339,7 @@ TEST(EngineTest, AbortFreesBlocksInEveryState) {
 // last token (59 of 60 under preemption in the pair).
 TEST(EngineTest, EachStepGivesOneOutputPerRequest) {
   auto e = MakeEngine(M::kNone);
-  SamplingParams p;
-  p.max_tokens = 2;
-  p.ignore_eos = true;
+  SamplingParams p = IgnoringEos(2);
   ASSERT_TRUE(e->AddRequest("x", Prompt(20, 4), p, RequestKind::kRemotePrefill).ok());
   auto first = e->Step();
   ASSERT_TRUE(first.ok());
