@@ -114,7 +114,6 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   PrefillClient::Args args;
   args.tokens = call->prompt;
   args.tokens.insert(args.tokens.end(), call->generated.begin(), call->generated.end());
-  args.num_output = static_cast<int64_t>(call->generated.size());
   args.num_cached = cached;
   args.prefill = call->prefills++;
   // The budget grows with the tokens to prefill: a long prompt on a slow

@@ -66,7 +66,9 @@ void PrefillClient::Start() {
     request_.set_request_id(absl::StrCat(call_->id, "#", args_.prefill, ".", args_.attempt));
     request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
-    FirstTokenSampling(call_->params, static_cast<uint32_t>(args_.num_output),
+    // Past the prompt: output of a preempted request, prefilled again.
+    FirstTokenSampling(call_->params,
+                       static_cast<uint32_t>(args_.tokens.size() - call_->prompt.size()),
                        request_.mutable_sampling());
     MutexLock lock(&call_->mu);
     call_->prefill_context = &context_;

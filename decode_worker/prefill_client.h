@@ -82,7 +82,6 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
 
   struct Args {
     std::vector<int32_t> tokens;  // prompt and output so far
-    int64_t num_output = 0;       // of which output (a preempted request's)
     int64_t num_cached = 0;       // leading tokens whose KV the decode side holds
     int prefill = 0;              // the call's prefill number (request id suffix)
     int attempt = 0;

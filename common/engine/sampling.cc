@@ -99,7 +99,7 @@ const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParam
   auto count = [&](absl::Span<const int32_t> ids) {
     for (int32_t id : ids) {
       if (id < 0 || id >= vocab) continue;
-      if (counts_[id]++ == 0 && !in_prompt_[id]) touched_.push_back(id);
+      if (counts_[id]++ == 0) touched_.push_back(id);  // the prompt is marked after
     }
   };
   count(history.output);

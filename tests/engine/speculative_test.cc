@@ -290,8 +290,11 @@ std::vector<int32_t> RepeatingPrompt(int i) {
   return t;
 }
 
+using Logprobs = std::map<std::string, std::vector<TokenLogprobs>>;
+
 std::map<std::string, std::vector<int32_t>> RunAll(
-    LlmEngine* e, std::map<std::string, FinishReason>* reasons = nullptr) {
+    LlmEngine* e, std::map<std::string, FinishReason>* reasons = nullptr,
+    Logprobs* logprobs = nullptr) {
   std::map<std::string, std::vector<int32_t>> out;
   for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
     auto step = e->Step();
@@ -304,17 +307,23 @@ std::map<std::string, std::vector<int32_t>> RunAll(
       auto& v = out[o.id];
       v.insert(v.end(), o.new_tokens.begin(), o.new_tokens.end());
       if (o.finished && reasons) (*reasons)[o.id] = o.finish_reason;
+      if (logprobs != nullptr) {
+        EXPECT_EQ(o.logprobs.size(), o.new_tokens.size()) << o.id;
+        auto& l = (*logprobs)[o.id];
+        l.insert(l.end(), o.logprobs.begin(), o.logprobs.end());
+      }
     }
   }
   return out;
 }
 
 std::map<std::string, std::vector<int32_t>> Generate(LlmEngine* e, const SamplingParams& p,
-                                                     int n, std::map<std::string, FinishReason>* reasons = nullptr) {
+                                                     int n, std::map<std::string, FinishReason>* reasons = nullptr,
+                                                     Logprobs* logprobs = nullptr) {
   for (int i = 0; i < n; ++i) {
     EXPECT_TRUE(e->AddRequest("r" + std::to_string(i), RepeatingPrompt(i), p).ok());
   }
-  return RunAll(e, reasons);
+  return RunAll(e, reasons, logprobs);
 }
 
 TEST(SpeculativeEngineTest, GreedyOutputEqualsPlainDecodingInEveryMode) {
@@ -379,20 +388,14 @@ TEST(SpeculativeEngineTest, LogprobsOfKeptDraftsArePlainDecodings) {
   p.max_tokens = 40;
   p.ignore_eos = true;
   p.logprobs = 2;
+  // Each engine's tokens and logprobs; greedy: each token is the most likely.
   auto logprobs = [&](LlmEngine* e) {
-    std::map<std::string, std::vector<TokenLogprobs>> out;
-    for (int i = 0; i < 6; ++i) EXPECT_TRUE(e->AddRequest("r" + std::to_string(i), RepeatingPrompt(i), p).ok());
-    for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
-      auto step = e->Step();
-      if (!step.ok()) break;
-      for (const auto& o : *step) {
-        EXPECT_EQ(o.logprobs.size(), o.new_tokens.size());
-        for (size_t i = 0; i < o.new_tokens.size() && i < o.logprobs.size(); ++i) {
-          // Greedy: the token is the most likely one.
-          EXPECT_EQ(o.logprobs[i].top.at(0).first, o.new_tokens[i]);
-          EXPECT_EQ(o.logprobs[i].top.at(0).second, o.logprobs[i].logprob);
-        }
-        out[o.id].insert(out[o.id].end(), o.logprobs.begin(), o.logprobs.end());
+    Logprobs out;
+    const auto tokens = Generate(e, p, 6, nullptr, &out);
+    for (const auto& [id, lps] : out) {
+      for (size_t i = 0; i < lps.size() && i < tokens.at(id).size(); ++i) {
+        EXPECT_EQ(lps[i].top.at(0).first, tokens.at(id)[i]);
+        EXPECT_EQ(lps[i].top.at(0).second, lps[i].logprob);
       }
     }
     return out;
