@@ -1,17 +1,15 @@
 #include "decode_worker/openai_frontend.h"
 
 #include <algorithm>
-#include <cmath>
 #include <ctime>
+#include <exception>
 #include <random>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
-#include "common/engine/sampling.h"
-#include "common/serving/status_convert.h"
 #include "decode_worker/decode_service.h"
+#include "decode_worker/openai_request.h"
 #include "decode_worker/tool_calls.h"
 #include "nlohmann/json.hpp"
 
@@ -19,12 +17,6 @@ namespace tandem {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-struct HttpError {
-  int status;
-  std::string message;
-  std::string param;  // the field at fault, or ""
-};
 
 std::string ErrorType(int status) {
   switch (status) {
@@ -71,207 +63,6 @@ std::string RandomHex(int n) {
   return s;
 }
 
-// The typed fields of a request body; each error names the field.
-class Fields {
- public:
-  explicit Fields(const Json& body) : body_(body) {}
-
-  bool Has(const char* name) const { return body_.contains(name) && !body_[name].is_null(); }
-
-  std::optional<HttpError> Int(const char* name, int64_t lo, int64_t hi, std::optional<int64_t>* out) const {
-    if (!Has(name)) return std::nullopt;
-    const Json& v = body_[name];
-    if (!v.is_number_integer() && !v.is_number_unsigned()) {
-      return Bad(name, absl::StrCat(name, " must be an integer, got ", v.dump()));
-    }
-    const int64_t i = v.get<int64_t>();
-    if (i < lo || i > hi) {
-      return Bad(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", i));
-    }
-    *out = i;
-    return std::nullopt;
-  }
-  std::optional<HttpError> Number(const char* name, double lo, double hi, std::optional<double>* out) const {
-    if (!Has(name)) return std::nullopt;
-    const Json& v = body_[name];
-    if (!v.is_number()) return Bad(name, absl::StrCat(name, " must be a number, got ", v.dump()));
-    const double d = v.get<double>();
-    if (!(d >= lo && d <= hi)) {
-      return Bad(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", v.dump()));
-    }
-    *out = d;
-    return std::nullopt;
-  }
-  std::optional<HttpError> Bool(const char* name, bool* out) const {
-    if (!Has(name)) return std::nullopt;
-    if (!body_[name].is_boolean()) {
-      return Bad(name, absl::StrCat(name, " must be true or false, got ", body_[name].dump()));
-    }
-    *out = body_[name].get<bool>();
-    return std::nullopt;
-  }
-  // A field this server does not implement: accepted at its neutral value.
-  std::optional<HttpError> Neutral(const char* name, const Json& neutral) const {
-    if (!Has(name) || body_[name] == neutral) return std::nullopt;
-    if (neutral.is_number() && body_[name].is_number() &&
-        body_[name].get<double>() == neutral.get<double>()) {
-      return std::nullopt;
-    }
-    return Bad(name, absl::StrCat(name, "=", body_[name].dump(), " is not supported (only ",
-                                  neutral.dump(), ")"));
-  }
-  static HttpError Bad(const char* name, std::string message) { return {400, std::move(message), name}; }
-
- private:
-  const Json& body_;
-};
-
-// Fills `req` with what chat and completions share; `default_max_tokens`
-// when the client gives none.
-std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t default_max_tokens,
-                                     int max_model_len, v1::GenerateRequest* req, bool* stream,
-                                     bool* include_usage) {
-  Fields f(body);
-  v1::SamplingParams* s = req->mutable_sampling();
-  std::optional<int64_t> i;
-  std::optional<double> d;
-  const int64_t token_limit = max_model_len > 0 ? max_model_len : (int64_t{1} << 31) - 1;
-  const char* max_name = chat && f.Has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (auto e = f.Int(max_name, 1, token_limit, &i)) return e;
-  s->set_max_tokens(static_cast<uint32_t>(i.value_or(default_max_tokens)));
-  i.reset();
-  d.reset();
-  if (auto e = f.Number("temperature", 0, 2, &d)) return e;
-  s->set_temperature(static_cast<float>(d.value_or(1.0)));
-  d.reset();
-  if (auto e = f.Number("top_p", 1e-9, 1, &d)) return e;
-  if (d) s->set_top_p(static_cast<float>(*d));
-  if (auto e = f.Int("top_k", -1, 1 << 30, &i)) return e;
-  if (i) s->set_top_k(static_cast<int32_t>(*i));
-  i.reset();
-  if (auto e = f.Int("seed", INT64_MIN, INT64_MAX, &i)) return e;
-  if (i) s->set_seed(static_cast<uint64_t>(*i));
-  i.reset();
-  if (auto e = f.Int("n", 1, 1, &i)) return e;
-  if (auto e = f.Int("best_of", 1, 1, &i)) return e;
-  bool flag = false;
-  if (auto e = f.Bool("ignore_eos", &flag)) return e;
-  s->set_ignore_eos(flag);
-  bool skip = true;
-  if (auto e = f.Bool("skip_special_tokens", &skip)) return e;
-  s->mutable_skip_special_tokens()->set_value(skip);
-  if (f.Has("stop")) {
-    const Json& stop = body["stop"];
-    if (stop.is_string()) {
-      s->add_stop(stop.get<std::string>());
-    } else if (stop.is_array()) {
-      for (const Json& one : stop) {
-        if (!one.is_string()) return Fields::Bad("stop", "stop must be a string or a list of strings");
-        s->add_stop(one.get<std::string>());
-      }
-    } else {
-      return Fields::Bad("stop", "stop must be a string or a list of strings");
-    }
-  }
-  if (f.Has("stop_token_ids")) {
-    if (!body["stop_token_ids"].is_array()) return Fields::Bad("stop_token_ids", "stop_token_ids must be a list of integers");
-    for (const Json& t : body["stop_token_ids"]) {
-      if (!t.is_number_integer()) return Fields::Bad("stop_token_ids", "stop_token_ids must be a list of integers");
-      s->add_stop_token_ids(t.get<int32_t>());
-    }
-  }
-  if (auto e = f.Bool("include_stop_str_in_output", &flag)) return e;
-  s->set_include_stop_str_in_output(flag);
-  d.reset();
-  if (auto e = f.Number("min_p", 0, 1, &d)) return e;
-  s->set_min_p(static_cast<float>(d.value_or(0)));
-  d.reset();
-  if (auto e = f.Number("presence_penalty", -2, 2, &d)) return e;
-  s->set_presence_penalty(static_cast<float>(d.value_or(0)));
-  d.reset();
-  if (auto e = f.Number("frequency_penalty", -2, 2, &d)) return e;
-  s->set_frequency_penalty(static_cast<float>(d.value_or(0)));
-  d.reset();
-  if (f.Has("repetition_penalty")) {
-    const Json& v = body["repetition_penalty"];
-    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
-      return Fields::Bad("repetition_penalty", absl::StrCat("repetition_penalty must be a number "
-                                                            "> 0 (1 = off), got ", v.dump()));
-    }
-    s->set_repetition_penalty(static_cast<float>(v.get<double>()));
-  }
-  if (f.Has("logit_bias")) {
-    // OpenAI's form: {"<token id>": bias}; biases are clamped to [-100, 100]
-    // as OpenAI and vLLM do.
-    const Json& bias = body["logit_bias"];
-    if (!bias.is_object()) {
-      return Fields::Bad("logit_bias", "logit_bias must be an object of token id -> bias");
-    }
-    if (bias.size() > kMaxLogitBias) {
-      return Fields::Bad("logit_bias", absl::StrCat("logit_bias has ", bias.size(),
-                                                    " entries; the limit is ", kMaxLogitBias));
-    }
-    for (const auto& [key, value] : bias.items()) {
-      int32_t id = 0;
-      if (!absl::SimpleAtoi(key, &id) || !value.is_number()) {
-        return Fields::Bad("logit_bias", absl::StrCat("logit_bias: each key must be a token id "
-                                                      "and each value a number, got \"",
-                                                      key, "\": ", value.dump()));
-      }
-      (*s->mutable_logit_bias())[id] =
-          static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
-    }
-  }
-  i.reset();
-  if (auto e = f.Int("min_tokens", 0, token_limit, &i)) return e;
-  s->set_min_tokens(static_cast<uint32_t>(i.value_or(0)));
-  i.reset();
-  // vLLM's fields that would constrain or score the output: refused rather
-  // than ignored, so that no client takes free text for constrained text.
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                           "structured_outputs", "allowed_token_ids", "prompt_logprobs",
-                           "truncate_prompt_tokens"}) {
-    if (auto e = f.Neutral(name, nullptr)) return e;
-  }
-  if (auto e = f.Neutral("bad_words", Json::array())) return e;
-  if (auto e = f.Neutral("use_beam_search", false)) return e;
-  if (chat) {
-    // OpenAI's chat form: logprobs (bool), top_logprobs (0..20, needs logprobs).
-    bool logprobs = false;
-    if (auto e = f.Bool("logprobs", &logprobs)) return e;
-    i.reset();
-    if (auto e = f.Int("top_logprobs", 0, kMaxLogprobs, &i)) return e;
-    if (i && *i > 0 && !logprobs) {
-      return Fields::Bad("top_logprobs", "top_logprobs needs logprobs=true");
-    }
-    if (logprobs) s->mutable_logprobs()->set_value(static_cast<int32_t>(i.value_or(0)));
-    i.reset();
-    if (f.Has("response_format") && body["response_format"].value("type", "") != "text") {
-      return Fields::Bad("response_format", "response_format: only {\"type\": \"text\"} is supported");
-    }
-  } else {
-    // The completions form: logprobs = how many top tokens (0..20).
-    if (auto e = f.Int("logprobs", 0, kMaxLogprobs, &i)) return e;
-    if (i) s->mutable_logprobs()->set_value(static_cast<int32_t>(*i));
-    i.reset();
-    if (auto e = f.Neutral("suffix", "")) return e;
-  }
-  *stream = false;
-  if (auto e = f.Bool("stream", stream)) return e;
-  *include_usage = false;
-  if (f.Has("stream_options")) {
-    const Json& so = body["stream_options"];
-    if (!so.is_object()) return Fields::Bad("stream_options", "stream_options must be an object");
-    if (so.contains("include_usage")) {
-      if (!so["include_usage"].is_boolean()) {
-        return Fields::Bad("stream_options", "stream_options.include_usage must be true or false");
-      }
-      *include_usage = so["include_usage"].get<bool>();
-    }
-  }
-  return std::nullopt;
-}
-
 std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\n\r");
   if (b == std::string::npos) return "";
@@ -283,17 +74,11 @@ std::string Trim(const std::string& s) {
 // HTTP stream as it streams (SSE) or whole at the end.
 class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
-  struct Spec {
-    bool chat = false;
-    bool stream = false;
-    bool include_usage = false;
-    bool tools = false;     // the request offered tools: look for calls in the reply
-    std::string echo;       // completions with echo: the prompt text, sent first
+  // The request's CompletionSpec and what the server adds.
+  struct Spec : CompletionSpec {
     std::string model;
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
-    bool return_token_ids = false;  // vLLM's extension: token ids in each choice
-    bool logprobs = false;          // the request set sampling.logprobs
     const Tokenizer* tokenizer = nullptr;  // a token's text in logprobs
   };
 
@@ -553,7 +338,9 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   }
 
   void Fail(const grpc::Status& status) {
-    const HttpError e{HttpStatusFor(status.error_code()), status.error_message(), ""};
+    // gRPC's codes are absl's (both the canonical codes).
+    const HttpError e{HttpStatusFor(static_cast<absl::StatusCode>(status.error_code())),
+                      status.error_message(), ""};
     if (!started_) return SendError(*http_, e);
     // Mid-stream: the error as an event, then the end (as vLLM does).
     http_->Write(Sse(Json::parse(ErrorBody(e))));
@@ -583,53 +370,6 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   std::string finish_ = "stop";
   uint32_t prompt_tokens_ = 0, completion_tokens_ = 0;
 };
-
-// OpenAI content: a string, null, or parts of which only text is supported.
-std::optional<HttpError> FlattenContent(Json* message, size_t index) {
-  if (!message->contains("content")) return std::nullopt;
-  Json& content = (*message)["content"];
-  if (content.is_string() || content.is_null()) return std::nullopt;
-  if (!content.is_array()) {
-    return Fields::Bad("messages", absl::StrCat("messages[", index, "].content must be a string or a list of parts"));
-  }
-  std::string text;
-  for (const Json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-        !part["text"].is_string()) {
-      return Fields::Bad("messages", absl::StrCat("messages[", index,
-                                                  "].content: only text parts are supported"));
-    }
-    if (!text.empty()) text += "\n";
-    text += part["text"].get<std::string>();
-  }
-  content = text;
-  return std::nullopt;
-}
-
-// Messages as chat templates expect them: content parts joined, tool call
-// arguments as objects (OpenAI sends them as JSON strings).
-std::optional<HttpError> NormalizeMessages(Json* messages) {
-  if (!messages->is_array() || messages->empty()) {
-    return Fields::Bad("messages", "messages must be a non-empty list");
-  }
-  for (size_t i = 0; i < messages->size(); ++i) {
-    Json& m = (*messages)[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-      return Fields::Bad("messages", absl::StrCat("messages[", i, "] must be an object with a role"));
-    }
-    if (auto e = FlattenContent(&m, i)) return e;
-    if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
-      for (Json& call : m["tool_calls"]) {
-        if (call.contains("function") && call["function"].contains("arguments") &&
-            call["function"]["arguments"].is_string()) {
-          Json args = Json::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
-          if (!args.is_discarded()) call["function"]["arguments"] = args;
-        }
-      }
-    }
-  }
-  return std::nullopt;
-}
 
 }  // namespace
 
@@ -699,150 +439,33 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
                   {"max_model_len", max_model_len_.load()}, {"vocab_size", vocab_size_.load()}};
     return SendJson(*stream, {{"object", "list"}, {"data", Json::array({model})}});
   }
-  const bool chat = path == "/v1/chat/completions";
-  const bool completions = path == "/v1/completions";
-  const bool tokenize = path == "/tokenize";
-  const bool detokenize = path == "/detokenize";
-  if (!chat && !completions && !tokenize && !detokenize) {
+  OpenAiRoute route;
+  if (path == "/v1/chat/completions") {
+    route = OpenAiRoute::kChatCompletions;
+  } else if (path == "/v1/completions") {
+    route = OpenAiRoute::kCompletions;
+  } else if (path == "/tokenize") {
+    route = OpenAiRoute::kTokenize;
+  } else if (path == "/detokenize") {
+    route = OpenAiRoute::kDetokenize;
+  } else {
     return SendError(*stream, {404, absl::StrCat("no route for ", request.method, " ", path), ""});
   }
   if (!only("POST")) return;
-  Json body = Json::parse(request.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object()) {
-    return SendError(*stream, {400, "the request body must be a JSON object", ""});
-  }
-  if (body.contains("model") && !body["model"].is_null() &&
-      body["model"] != Json(options_.served_model_name)) {
-    // A name as the client wrote it (not JSON-quoted); anything else as JSON.
-    const Json& model = body["model"];
-    return SendError(*stream, {404, absl::StrCat("The model `",
-                                                 model.is_string() ? model.get<std::string>()
-                                                                   : model.dump(),
-                                                 "` does not exist; this server serves `",
-                                                 options_.served_model_name, "`"),
-                               "model"});
-  }
-  if (detokenize) {
-    if (tokenizer_ == nullptr) return SendError(*stream, {400, "this model has no tokenizer", ""});
-    if (!body.contains("tokens") || !body["tokens"].is_array()) {
-      return SendError(*stream, {400, "tokens must be a list of token ids", "tokens"});
-    }
-    std::vector<int32_t> ids;
-    for (const Json& t : body["tokens"]) {
-      if (!t.is_number_integer()) return SendError(*stream, {400, "tokens must be a list of token ids", "tokens"});
-      ids.push_back(t.get<int32_t>());
-    }
-    return SendJson(*stream, {{"prompt", tokenizer_->Decode(ids)}});
-  }
-
-  // The prompt: chat messages through the template, or the completion prompt.
-  std::vector<int32_t> prompt_ids;
-  std::string prompt_text;
-  bool has_ids = false;
-  if (chat || (tokenize && body.contains("messages"))) {
-    if (tokenizer_ == nullptr || chat_template_ == nullptr) {
-      return SendError(*stream, {400, tokenizer_ == nullptr
-                                          ? "chat needs a tokenizer, and this model has none"
-                                          : "this model has no chat template; start the decode "
-                                            "worker with --chat-template=FILE",
-                                 "messages"});
-    }
-    Json messages = body.value("messages", Json());
-    if (auto e = NormalizeMessages(&messages)) return SendError(*stream, *e);
-    Json tools = body.value("tools", Json());
-    if (!tools.is_null() && !tools.is_array()) {
-      return SendError(*stream, {400, "tools must be a list", "tools"});
-    }
-    if (body.contains("tool_choice") && body["tool_choice"].is_string() &&
-        body["tool_choice"] == "none") {
-      tools = nullptr;
-    }
-    bool add_generation_prompt = true;
-    if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) {
-      return SendError(*stream, *e);
-    }
-    Json kwargs = body.value("chat_template_kwargs", Json());
-    if (!kwargs.is_null() && !kwargs.is_object()) {
-      return SendError(*stream, {400, "chat_template_kwargs must be an object", "chat_template_kwargs"});
-    }
-    auto rendered = chat_template_->Render(messages, tools, add_generation_prompt, kwargs);
-    if (!rendered.ok()) {
-      return SendError(*stream, {HttpStatusFor(ToGrpcStatus(rendered.status()).error_code()),
-                                 std::string(rendered.status().message()), "messages"});
-    }
-    // The template writes the special tokens itself (transformers and vLLM
-    // tokenize its output without adding any).
-    prompt_ids = tokenizer_->Encode(*rendered, /*add_special_tokens=*/false);
-    has_ids = true;
-  } else {
-    const Json& prompt = body.contains("prompt") ? body["prompt"] : Json();
-    if (prompt.is_string()) {
-      prompt_text = prompt.get<std::string>();
-    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-      prompt_text = prompt[0].get<std::string>();
-    } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
-      for (const Json& t : prompt) {
-        if (!t.is_number_integer()) return SendError(*stream, {400, "prompt: a list of token ids holds only integers", "prompt"});
-        prompt_ids.push_back(t.get<int32_t>());
-      }
-      has_ids = true;
-    } else {
-      return SendError(*stream, {400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt"});
-    }
-  }
-  if (tokenize) {
-    if (!has_ids) {
-      if (tokenizer_ == nullptr) return SendError(*stream, {400, "this model has no tokenizer", ""});
-      bool add_special = true;
-      if (auto e = Fields(body).Bool("add_special_tokens", &add_special)) return SendError(*stream, *e);
-      prompt_ids = tokenizer_->Encode(prompt_text, add_special);
-    }
-    return SendJson(*stream, {{"count", prompt_ids.size()}, {"max_model_len", max_model_len_.load()},
-                              {"tokens", prompt_ids}});
-  }
-
-  v1::GenerateRequest req;
+  OpenAiRequest parsed = ParseOpenAiRequest(
+      route, request.body, {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_});
+  if (parsed.error) return SendError(*stream, *parsed.error);
+  if (parsed.reply) return SendJson(*stream, *parsed.reply);
+  v1::GenerateRequest req = std::move(parsed.generate);
   std::string id = request.Header("X-Request-Id");
   if (id.empty()) id = RandomHex(32);
   req.set_request_id(id);
-  const int max_len = max_model_len_.load();
-  int64_t default_max = 16;  // OpenAI's for completions
-  if (chat) {
-    // vLLM's default: what the context has left.
-    default_max = std::max<int64_t>(1, max_len - static_cast<int64_t>(prompt_ids.size()));
-  }
   CompletionCall::Spec spec;
-  spec.chat = chat;
+  static_cast<CompletionSpec&>(spec) = std::move(parsed.spec);
   spec.model = options_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prefiller = request.Header(kPrefillerHeader);
-  spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
-               !(body.contains("tool_choice") && body["tool_choice"] == "none");
-  if (auto e = ParseCommon(body, chat, default_max, max_len, &req, &spec.stream, &spec.include_usage)) {
-    return SendError(*stream, *e);
-  }
-  if (auto e = Fields(body).Bool("return_token_ids", &spec.return_token_ids)) {
-    return SendError(*stream, *e);
-  }
-  spec.logprobs = req.sampling().has_logprobs();
   spec.tokenizer = tokenizer_;
-  if (!chat) {
-    bool echo = false;
-    if (auto e = Fields(body).Bool("echo", &echo)) return SendError(*stream, *e);
-    if (echo && spec.logprobs) {
-      return SendError(*stream, {400, "echo with logprobs (the prompt's log-probabilities) is not "
-                                      "supported; send echo or logprobs", "echo"});
-    }
-    if (echo) {
-      if (tokenizer_ == nullptr) return SendError(*stream, {400, "echo needs a tokenizer", "echo"});
-      spec.echo = has_ids ? tokenizer_->Decode(prompt_ids) : prompt_text;
-    }
-  }
-  if (has_ids) {
-    for (int32_t t : prompt_ids) req.add_prompt_token_ids(t);
-  } else {
-    req.set_prompt(prompt_text);
-  }
   CompletionCall::Run(stub_.get(), std::move(req), std::move(spec), std::move(stream));
 }
 

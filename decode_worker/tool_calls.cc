@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "decode_worker/openai_request.h"
+
 namespace tandem {
 
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
@@ -28,7 +30,7 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
       if (a == std::string::npos) break;
       const size_t b = text.find(close, a);
       const std::string inner = text.substr(a + open.size(), (b == std::string::npos ? text.size() : b) - a - open.size());
-      const Json call = Json::parse(inner, nullptr, false);
+      const Json call = ParseJsonBounded(inner);
       if (call.is_discarded() || !add(call)) return Json::array();  // not a call after all
       outside += text.substr(pos, a - pos);
       if (b == std::string::npos) {
@@ -43,7 +45,7 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
   }
   const size_t first = text.find_first_not_of(" \t\n\r");
   if (first != std::string::npos && text[first] == '{') {
-    const Json call = Json::parse(text.substr(first), nullptr, false);
+    const Json call = ParseJsonBounded(text.substr(first));
     if (!call.is_discarded() && (call.contains("parameters") || call.contains("arguments")) && add(call)) {
       rest->clear();
       return calls;

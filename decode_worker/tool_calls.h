@@ -15,7 +15,8 @@ namespace tandem {
 // The calls in OpenAI's shape ({"id", "type": "function", "function":
 // {"name", "arguments": a JSON string}}), ids from `new_id`, and in *rest
 // the text outside them. No calls (an empty array, *rest = text) when the
-// reply holds none, or a block that is not a JSON call.
+// reply holds none, or a block that is not a JSON call (or nests deeper
+// than kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
                                       const std::function<std::string()>& new_id);
 

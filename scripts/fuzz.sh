@@ -17,15 +17,17 @@ run_target() {
   local target=$1 work
   work=$(mktemp -d)
   [ -d "fuzz/corpus/$target" ] && cp -r "fuzz/corpus/$target/." "$work/"
+  local dict=()
+  [ -f "fuzz/$target.dict" ] && dict=(-dict="fuzz/$target.dict")
   local status=0
-  build-fuzz/${target}_fuzzer -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
+  build-fuzz/${target}_fuzzer "${dict[@]}" -max_total_time="$SECONDS_PER_TARGET" -max_len=65536 \
     -artifact_prefix="build-fuzz/$target-" -print_final_stats=1 "$work" >"build-fuzz/$target.log" 2>&1 \
     || status=$?
   rm -rf "$work"
   return "$status"
 }
 
-targets=(gguf tokenizer_json kv_stream flags safetensors jinja)
+targets=(gguf tokenizer_json kv_stream flags safetensors jinja openai_request)
 failed=0
 for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
   batch=("${targets[@]:i:JOBS}")

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <exception>
 #include <thread>
 #include <unordered_map>
 
@@ -302,7 +303,15 @@ class ServerImpl final : public HttpServer {
     stream->on_finished = [self](evhttp_connection* c) { self->active_.erase(c); };
     self->active_[conn] = stream;
     evhttp_connection_set_closecb(conn, &ServerImpl::OnConnectionClosed, self);
-    self->handler_(r, stream);
+    // An exception out of a handler would end the process, and every request
+    // in flight with it (this is a C callback): it answers 500 instead.
+    // Handlers are written not to throw; this is the net under them.
+    try {
+      self->handler_(r, stream);
+    } catch (const std::exception& e) {
+      TANDEM_LOG(ERROR) << "HTTP " << r.method << " " << r.path << ": the handler threw: " << e.what();
+      stream->Respond(500, "text/plain", absl::StrCat("internal error: ", e.what(), "\n"), {});
+    }
   }
 
   Handler handler_;

@@ -7,7 +7,8 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 /v1/models; chat through the model's own chat template, whole and streamed
 (with usage), equal to each other and to the answer the gRPC test expects;
 completions from token ids equal to `tandem generate --local`; stop strings;
-errors (400 naming the field, 404 for another model, 503-free health); a
+errors (400 naming the field, 404 for another model, 503-free health;
+malformed bodies refused without harm to the worker); a
 client that disconnects mid-stream frees its KV blocks at once; 24
 concurrent streams all complete. Stops both workers with SIGTERM (exit 0).
 
@@ -38,6 +39,15 @@ def http_get(url, timeout=5):
         return e.code, e.read().decode()
     except OSError:
         return None, ""
+
+
+def http_post(url, body, timeout=30):
+    req = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def metric(metrics_port, name):
@@ -218,6 +228,25 @@ def main():
             model="smollm2", prompt="hi", max_tokens=10**7), "max_tokens")
         expect_error(openai.NotFoundError, lambda: client.chat.completions.create(
             model="gpt-4o", messages=question), "The model `gpt-4o` does not exist")
+        passed += 1
+
+        # Bodies no SDK sends, each of which once ended the decode worker (an
+        # exception out of the handler, or a stack overflow): a 400 naming
+        # the field, and the worker serves on.
+        deep = "[" * 100000 + "]" * 100000
+        for path, body, needle in [
+                ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "response_format": 5}',
+                 "response_format must be an object"),
+                ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]}',
+                 "only text parts"),
+                ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": [5]}',
+                 "tools[0] must be an object"),
+                ("/v1/completions", '{"prompt": "hi", "temperature": ' + deep + '}', "nested at most 128 deep"),
+                ("/v1/completions", '{"prompt": [1, 4294967297]}', "prompt[1] must be a token id"),
+                ("/detokenize", '{"tokens": [-1]}', "tokens[0] must be a token id")]:
+            status, text = http_post(base + path, body)
+            assert status == 400 and needle in json.loads(text)["error"]["message"], (body[:80], status, text)
+        assert http_get(base + "/health")[0] == 200, "the decode worker did not survive a malformed body"
         passed += 1
 
         # A client that goes away mid-stream: its request is cancelled and

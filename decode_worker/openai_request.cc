@@ -1,0 +1,493 @@
+#include "decode_worker/openai_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/engine/sampling.h"
+
+namespace tandem {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// The typed fields of a request body; each error names the field.
+class Fields {
+ public:
+  explicit Fields(const Json& body) : body_(body) {}
+
+  bool Has(const char* name) const { return body_.contains(name) && !body_[name].is_null(); }
+
+  std::optional<HttpError> Int(const char* name, int64_t lo, int64_t hi, std::optional<int64_t>* out) const {
+    if (!Has(name)) return std::nullopt;
+    const Json& v = body_[name];
+    if (!v.is_number_integer()) {
+      return Bad(name, absl::StrCat(name, " must be an integer, got ", v.dump()));
+    }
+    // An unsigned value past int64 is out of every range here.
+    const bool huge = v.is_number_unsigned() &&
+                      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    const int64_t i = huge ? 0 : v.get<int64_t>();
+    if (huge || i < lo || i > hi) {
+      return Bad(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", v.dump()));
+    }
+    *out = i;
+    return std::nullopt;
+  }
+  std::optional<HttpError> Number(const char* name, double lo, double hi, std::optional<double>* out) const {
+    if (!Has(name)) return std::nullopt;
+    const Json& v = body_[name];
+    if (!v.is_number()) return Bad(name, absl::StrCat(name, " must be a number, got ", v.dump()));
+    const double d = v.get<double>();
+    if (!(d >= lo && d <= hi)) {
+      return Bad(name, absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", v.dump()));
+    }
+    *out = d;
+    return std::nullopt;
+  }
+  std::optional<HttpError> Bool(const char* name, bool* out) const {
+    if (!Has(name)) return std::nullopt;
+    if (!body_[name].is_boolean()) {
+      return Bad(name, absl::StrCat(name, " must be true or false, got ", body_[name].dump()));
+    }
+    *out = body_[name].get<bool>();
+    return std::nullopt;
+  }
+  // A field this server does not implement: accepted at its neutral value.
+  std::optional<HttpError> Neutral(const char* name, const Json& neutral) const {
+    if (!Has(name) || body_[name] == neutral) return std::nullopt;
+    if (neutral.is_number() && body_[name].is_number() &&
+        body_[name].get<double>() == neutral.get<double>()) {
+      return std::nullopt;
+    }
+    return Bad(name, absl::StrCat(name, "=", body_[name].dump(), " is not supported (only ",
+                                  neutral.dump(), ")"));
+  }
+  // A list of token ids, each in [0, 2^31).
+  std::optional<HttpError> TokenIds(const char* name, std::vector<int32_t>* out) const {
+    if (!Has(name)) return std::nullopt;
+    return TokenIdList(body_[name], name, out);
+  }
+  static std::optional<HttpError> TokenIdList(const Json& list, const char* name,
+                                              std::vector<int32_t>* out) {
+    if (!list.is_array()) return Bad(name, absl::StrCat(name, " must be a list of token ids"));
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Json& t = list[i];
+      const bool ok = t.is_number_unsigned()
+                          ? t.get<uint64_t>() <= std::numeric_limits<int32_t>::max()
+                          : t.is_number_integer() && t.get<int64_t>() >= 0 &&
+                                t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+      if (!ok) {
+        return Bad(name, absl::StrCat(name, "[", i, "] must be a token id (an integer in [0, ",
+                                      std::numeric_limits<int32_t>::max(), "]), got ", t.dump()));
+      }
+      out->push_back(t.get<int32_t>());
+    }
+    return std::nullopt;
+  }
+  static HttpError Bad(const char* name, std::string message) { return {400, std::move(message), name}; }
+
+ private:
+  const Json& body_;
+};
+
+// Fills `req` with what chat and completions share; `default_max_tokens`
+// when the client gives none.
+std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t default_max_tokens,
+                                     int max_model_len, v1::GenerateRequest* req, CompletionSpec* spec) {
+  Fields f(body);
+  v1::SamplingParams* s = req->mutable_sampling();
+  std::optional<int64_t> i;
+  std::optional<double> d;
+  const int64_t token_limit = max_model_len > 0 ? max_model_len : (int64_t{1} << 31) - 1;
+  const char* max_name = chat && f.Has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (auto e = f.Int(max_name, 1, token_limit, &i)) return e;
+  s->set_max_tokens(static_cast<uint32_t>(i.value_or(default_max_tokens)));
+  i.reset();
+  d.reset();
+  if (auto e = f.Number("temperature", 0, 2, &d)) return e;
+  s->set_temperature(static_cast<float>(d.value_or(1.0)));
+  d.reset();
+  if (auto e = f.Number("top_p", 1e-9, 1, &d)) return e;
+  if (d) s->set_top_p(static_cast<float>(*d));
+  if (auto e = f.Int("top_k", -1, 1 << 30, &i)) return e;
+  if (i) s->set_top_k(static_cast<int32_t>(*i));
+  i.reset();
+  if (auto e = f.Int("seed", INT64_MIN, INT64_MAX, &i)) return e;
+  if (i) s->set_seed(static_cast<uint64_t>(*i));
+  i.reset();
+  if (auto e = f.Int("n", 1, 1, &i)) return e;
+  if (auto e = f.Int("best_of", 1, 1, &i)) return e;
+  bool flag = false;
+  if (auto e = f.Bool("ignore_eos", &flag)) return e;
+  s->set_ignore_eos(flag);
+  bool skip = true;
+  if (auto e = f.Bool("skip_special_tokens", &skip)) return e;
+  s->mutable_skip_special_tokens()->set_value(skip);
+  if (f.Has("stop")) {
+    const Json& stop = body["stop"];
+    if (stop.is_string()) {
+      s->add_stop(stop.get<std::string>());
+    } else if (stop.is_array()) {
+      for (const Json& one : stop) {
+        if (!one.is_string()) return Fields::Bad("stop", "stop must be a string or a list of strings");
+        s->add_stop(one.get<std::string>());
+      }
+    } else {
+      return Fields::Bad("stop", "stop must be a string or a list of strings");
+    }
+  }
+  std::vector<int32_t> stop_ids;
+  if (auto e = f.TokenIds("stop_token_ids", &stop_ids)) return e;
+  for (int32_t t : stop_ids) s->add_stop_token_ids(t);
+  if (auto e = f.Bool("include_stop_str_in_output", &flag)) return e;
+  s->set_include_stop_str_in_output(flag);
+  d.reset();
+  if (auto e = f.Number("min_p", 0, 1, &d)) return e;
+  s->set_min_p(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (auto e = f.Number("presence_penalty", -2, 2, &d)) return e;
+  s->set_presence_penalty(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (auto e = f.Number("frequency_penalty", -2, 2, &d)) return e;
+  s->set_frequency_penalty(static_cast<float>(d.value_or(0)));
+  d.reset();
+  if (f.Has("repetition_penalty")) {
+    const Json& v = body["repetition_penalty"];
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
+      return Fields::Bad("repetition_penalty", absl::StrCat("repetition_penalty must be a number "
+                                                            "> 0 (1 = off), got ", v.dump()));
+    }
+    s->set_repetition_penalty(static_cast<float>(v.get<double>()));
+  }
+  if (f.Has("logit_bias")) {
+    // OpenAI's form: {"<token id>": bias}; biases are clamped to [-100, 100]
+    // as OpenAI and vLLM do.
+    const Json& bias = body["logit_bias"];
+    if (!bias.is_object()) {
+      return Fields::Bad("logit_bias", "logit_bias must be an object of token id -> bias");
+    }
+    if (bias.size() > kMaxLogitBias) {
+      return Fields::Bad("logit_bias", absl::StrCat("logit_bias has ", bias.size(),
+                                                    " entries; the limit is ", kMaxLogitBias));
+    }
+    for (const auto& [key, value] : bias.items()) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(key, &id) || !value.is_number()) {
+        return Fields::Bad("logit_bias", absl::StrCat("logit_bias: each key must be a token id "
+                                                      "and each value a number, got \"",
+                                                      key, "\": ", value.dump()));
+      }
+      (*s->mutable_logit_bias())[id] =
+          static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0));
+    }
+  }
+  i.reset();
+  if (auto e = f.Int("min_tokens", 0, token_limit, &i)) return e;
+  s->set_min_tokens(static_cast<uint32_t>(i.value_or(0)));
+  i.reset();
+  // vLLM's fields that would constrain or score the output: refused rather
+  // than ignored, so that no client takes free text for constrained text.
+  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                           "structured_outputs", "allowed_token_ids", "prompt_logprobs",
+                           "truncate_prompt_tokens"}) {
+    if (auto e = f.Neutral(name, nullptr)) return e;
+  }
+  if (auto e = f.Neutral("bad_words", Json::array())) return e;
+  if (auto e = f.Neutral("use_beam_search", false)) return e;
+  if (chat) {
+    // OpenAI's chat form: logprobs (bool), top_logprobs (0..20, needs logprobs).
+    bool logprobs = false;
+    if (auto e = f.Bool("logprobs", &logprobs)) return e;
+    i.reset();
+    if (auto e = f.Int("top_logprobs", 0, kMaxLogprobs, &i)) return e;
+    if (i && *i > 0 && !logprobs) {
+      return Fields::Bad("top_logprobs", "top_logprobs needs logprobs=true");
+    }
+    if (logprobs) s->mutable_logprobs()->set_value(static_cast<int32_t>(i.value_or(0)));
+    i.reset();
+    if (f.Has("response_format")) {
+      const Json& format = body["response_format"];
+      if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+        return Fields::Bad("response_format", absl::StrCat("response_format must be an object with "
+                                                           "a type, got ", format.dump()));
+      }
+      if (format["type"] != "text") {
+        return Fields::Bad("response_format",
+                           absl::StrCat("response_format type ", format["type"].dump(),
+                                        " is not supported (only \"text\")"));
+      }
+    }
+  } else {
+    // The completions form: logprobs = how many top tokens (0..20).
+    if (auto e = f.Int("logprobs", 0, kMaxLogprobs, &i)) return e;
+    if (i) s->mutable_logprobs()->set_value(static_cast<int32_t>(*i));
+    i.reset();
+    if (auto e = f.Neutral("suffix", "")) return e;
+  }
+  spec->logprobs = s->has_logprobs();
+  spec->stream = false;
+  if (auto e = f.Bool("stream", &spec->stream)) return e;
+  spec->include_usage = false;
+  if (f.Has("stream_options")) {
+    const Json& so = body["stream_options"];
+    if (!so.is_object()) return Fields::Bad("stream_options", "stream_options must be an object");
+    if (so.contains("include_usage")) {
+      if (!so["include_usage"].is_boolean()) {
+        return Fields::Bad("stream_options", "stream_options.include_usage must be true or false");
+      }
+      spec->include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  return Fields(body).Bool("return_token_ids", &spec->return_token_ids);
+}
+
+// OpenAI content: a string, null, or parts of which only text is supported.
+std::optional<HttpError> FlattenContent(Json* message, size_t index) {
+  if (!message->contains("content")) return std::nullopt;
+  Json& content = (*message)["content"];
+  if (content.is_string() || content.is_null()) return std::nullopt;
+  if (!content.is_array()) {
+    return Fields::Bad("messages", absl::StrCat("messages[", index, "].content must be a string or a list of parts"));
+  }
+  std::string text;
+  for (const Json& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return Fields::Bad("messages", absl::StrCat("messages[", index,
+                                                  "].content: only text parts are supported"));
+    }
+    if (!text.empty()) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  content = text;
+  return std::nullopt;
+}
+
+// Messages as chat templates expect them: content parts joined, tool call
+// arguments as objects (OpenAI sends them as JSON strings).
+std::optional<HttpError> NormalizeMessages(Json* messages) {
+  if (!messages->is_array() || messages->empty()) {
+    return Fields::Bad("messages", "messages must be a non-empty list");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    Json& m = (*messages)[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Fields::Bad("messages", absl::StrCat("messages[", i, "] must be an object with a role"));
+    }
+    if (auto e = FlattenContent(&m, i)) return e;
+    if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
+      for (Json& call : m["tool_calls"]) {
+        if (call.is_object() && call.contains("function") && call["function"].is_object() &&
+            call["function"].contains("arguments") && call["function"]["arguments"].is_string()) {
+          Json args = ParseJsonBounded(call["function"]["arguments"].get<std::string>());
+          if (!args.is_discarded()) call["function"]["arguments"] = std::move(args);
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// OpenAI's tools: [{"type": "function", "function": {"name", "description",
+// "parameters"}}], as vLLM checks them before the template sees them.
+std::optional<HttpError> CheckTools(const Json& tools) {
+  if (tools.is_null()) return std::nullopt;
+  if (!tools.is_array()) return Fields::Bad("tools", "tools must be a list");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    const std::string at = absl::StrCat("tools[", i, "]");
+    if (!t.is_object()) return Fields::Bad("tools", absl::StrCat(at, " must be an object"));
+    if (t.contains("type") && t["type"] != "function") {
+      return Fields::Bad("tools", absl::StrCat(at, ".type must be \"function\", got ", t["type"].dump()));
+    }
+    if (!t.contains("function") || !t["function"].is_object()) {
+      return Fields::Bad("tools", absl::StrCat(at, ".function must be an object"));
+    }
+    const Json& fn = t["function"];
+    if (!fn.contains("name") || !fn["name"].is_string()) {
+      return Fields::Bad("tools", absl::StrCat(at, ".function.name must be a string"));
+    }
+    if (fn.contains("parameters") && !fn["parameters"].is_null() && !fn["parameters"].is_object()) {
+      return Fields::Bad("tools", absl::StrCat(at, ".function.parameters must be an object"));
+    }
+  }
+  return std::nullopt;
+}
+
+OpenAiRequest Error(HttpError e) {
+  OpenAiRequest r;
+  r.error = std::move(e);
+  return r;
+}
+
+OpenAiRequest Reply(Json reply) {
+  OpenAiRequest r;
+  r.reply = std::move(reply);
+  return r;
+}
+
+}  // namespace
+
+Json ParseJsonBounded(const std::string& text) {
+  bool too_deep = false;
+  Json::parser_callback_t limit = [&too_deep](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) too_deep = true;
+    return !too_deep;  // a value too deep is dropped, not built
+  };
+  Json j = Json::parse(text, limit, /*allow_exceptions=*/false);
+  return too_deep ? Json(Json::value_t::discarded) : j;
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
+                                 const OpenAiContext& context) {
+  const bool chat = route == OpenAiRoute::kChatCompletions;
+  const bool tokenize = route == OpenAiRoute::kTokenize;
+  const Tokenizer* tokenizer = context.tokenizer;
+  const Json body = ParseJsonBounded(text);
+  if (body.is_discarded() || !body.is_object()) {
+    return Error({400, absl::StrCat("the request body must be a JSON object (nested at most ",
+                                    kMaxJsonDepth, " deep)"), ""});
+  }
+  if (body.contains("model") && !body["model"].is_null() &&
+      body["model"] != Json(context.served_model_name)) {
+    // A name as the client wrote it (not JSON-quoted); anything else as JSON.
+    const Json& model = body["model"];
+    return Error({404, absl::StrCat("The model `", model.is_string() ? model.get<std::string>() : model.dump(),
+                                    "` does not exist; this server serves `",
+                                    context.served_model_name, "`"),
+                  "model"});
+  }
+  if (route == OpenAiRoute::kDetokenize) {
+    if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
+    std::vector<int32_t> ids;
+    if (!body.contains("tokens")) return Error(Fields::Bad("tokens", "tokens must be a list of token ids"));
+    if (auto e = Fields::TokenIdList(body["tokens"], "tokens", &ids)) return Error(*e);
+    return Reply({{"prompt", tokenizer->Decode(ids)}});
+  }
+
+  // The prompt: chat messages through the template, or the completion prompt.
+  std::vector<int32_t> prompt_ids;
+  std::string prompt_text;
+  bool has_ids = false;
+  if (chat || (tokenize && body.contains("messages"))) {
+    if (tokenizer == nullptr || context.chat_template == nullptr) {
+      return Error({400, tokenizer == nullptr ? "chat needs a tokenizer, and this model has none"
+                                              : "this model has no chat template; start the decode "
+                                                "worker with --chat-template=FILE",
+                    "messages"});
+    }
+    Json messages = body.value("messages", Json());
+    if (auto e = NormalizeMessages(&messages)) return Error(*e);
+    Json tools = body.value("tools", Json());
+    if (auto e = CheckTools(tools)) return Error(*e);
+    if (body.contains("tool_choice") && body["tool_choice"] == "none") tools = nullptr;
+    bool add_generation_prompt = true;
+    if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
+    Json kwargs = body.value("chat_template_kwargs", Json());
+    if (!kwargs.is_null() && !kwargs.is_object()) {
+      return Error({400, "chat_template_kwargs must be an object", "chat_template_kwargs"});
+    }
+    auto rendered = context.chat_template->Render(messages, tools, add_generation_prompt, kwargs);
+    if (!rendered.ok()) {
+      return Error({HttpStatusFor(rendered.status().code()), std::string(rendered.status().message()),
+                    "messages"});
+    }
+    // The template writes the special tokens itself (transformers and vLLM
+    // tokenize its output without adding any).
+    prompt_ids = tokenizer->Encode(*rendered, /*add_special_tokens=*/false);
+    has_ids = true;
+  } else {
+    const Json& prompt = body.contains("prompt") ? body["prompt"] : Json();
+    if (prompt.is_string()) {
+      prompt_text = prompt.get<std::string>();
+    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+      prompt_text = prompt[0].get<std::string>();
+    } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
+      if (auto e = Fields::TokenIdList(prompt, "prompt", &prompt_ids)) return Error(*e);
+      has_ids = true;
+    } else {
+      return Error({400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt"});
+    }
+  }
+  if (tokenize) {
+    if (!has_ids) {
+      if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
+      bool add_special = true;
+      if (auto e = Fields(body).Bool("add_special_tokens", &add_special)) return Error(*e);
+      prompt_ids = tokenizer->Encode(prompt_text, add_special);
+    }
+    return Reply({{"count", prompt_ids.size()}, {"max_model_len", context.max_model_len},
+                  {"tokens", prompt_ids}});
+  }
+
+  OpenAiRequest r;
+  int64_t default_max = 16;  // OpenAI's for completions
+  if (chat) {
+    // vLLM's default: what the context has left.
+    default_max = std::max<int64_t>(1, context.max_model_len - static_cast<int64_t>(prompt_ids.size()));
+  }
+  CompletionSpec& spec = r.spec;
+  spec.chat = chat;
+  spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
+               !(body.contains("tool_choice") && body["tool_choice"] == "none");
+  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &r.generate, &spec)) {
+    return Error(*e);
+  }
+  if (!chat) {
+    bool echo = false;
+    if (auto e = Fields(body).Bool("echo", &echo)) return Error(*e);
+    if (echo && spec.logprobs) {
+      return Error({400, "echo with logprobs (the prompt's log-probabilities) is not supported; "
+                         "send echo or logprobs", "echo"});
+    }
+    if (echo) {
+      if (tokenizer == nullptr) return Error({400, "echo needs a tokenizer", "echo"});
+      spec.echo = has_ids ? tokenizer->Decode(prompt_ids) : prompt_text;
+    }
+  }
+  if (has_ids) {
+    for (int32_t t : prompt_ids) r.generate.add_prompt_token_ids(t);
+  } else {
+    r.generate.set_prompt(prompt_text);
+  }
+  return r;
+}
+
+}  // namespace tandem

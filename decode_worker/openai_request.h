@@ -1,0 +1,82 @@
+// An OpenAI API request body, checked field by field before anything runs:
+// the decode worker's HTTP front door (openai_frontend.cc) hands it the
+// route and the bytes a client sent and gets back an error naming the field,
+// an answer (/tokenize, /detokenize), or the tandem.v1.GenerateRequest to
+// run with what the reply needs to know.
+//
+// The bytes are anyone's: no input may throw, crash or recurse without
+// bound (fuzz/openai_request_fuzzer.cc). JSON nested deeper than
+// kMaxJsonDepth is refused as it is parsed, so nothing after it (copies,
+// dump(), the chat template) recurses deeply. No gRPC here.
+#ifndef TANDEM_DECODE_WORKER_OPENAI_REQUEST_H_
+#define TANDEM_DECODE_WORKER_OPENAI_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/chat/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "proto/tandem/v1/tandem.pb.h"
+
+namespace tandem {
+
+// Far deeper than any request body or tool schema clients send (a message
+// list with tool calls is 6 levels), and shallow enough that recursion over
+// the value (copies, dump(), the chat template) costs a few KB of stack.
+inline constexpr int kMaxJsonDepth = 128;
+
+// `text` as JSON, or a discarded value (is_discarded()) when it is not JSON
+// or nests arrays and objects deeper than kMaxJsonDepth.
+nlohmann::ordered_json ParseJsonBounded(const std::string& text);
+
+// The HTTP status of an error inside (absl and gRPC share the codes): 400 bad
+// input, 404 not found, 409 an id in flight, 429 queue full, 499 cancelled,
+// 501, 503 unavailable or draining, 504 deadline, 500 otherwise.
+int HttpStatusFor(absl::StatusCode code);
+
+struct HttpError {
+  int status;
+  std::string message;
+  std::string param;  // the field at fault, or ""
+};
+
+enum class OpenAiRoute { kChatCompletions, kCompletions, kTokenize, kDetokenize };
+
+// What the reply to a completion needs beside the GenerateRequest.
+struct CompletionSpec {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  bool tools = false;     // the request offered tools: look for calls in the reply
+  std::string echo;       // completions with echo: the prompt text, sent first
+  bool return_token_ids = false;  // vLLM's extension: token ids in each choice
+  bool logprobs = false;          // the request set sampling.logprobs
+};
+
+// What the server knows when a request comes: `tokenizer` and
+// `chat_template` may be null (the model has none); max_model_len 0 while
+// the engine is loading.
+struct OpenAiContext {
+  std::string served_model_name;
+  int max_model_len = 0;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+};
+
+// Exactly one of error, reply, or (generate, spec) holds.
+struct OpenAiRequest {
+  std::optional<HttpError> error;
+  std::optional<nlohmann::ordered_json> reply;  // /tokenize, /detokenize: the answer
+  v1::GenerateRequest generate;                 // without request_id
+  CompletionSpec spec;
+};
+
+OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& body,
+                                 const OpenAiContext& context);
+
+}  // namespace tandem
+
+#endif  // TANDEM_DECODE_WORKER_OPENAI_REQUEST_H_

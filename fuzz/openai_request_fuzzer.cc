@@ -1,0 +1,57 @@
+// The OpenAI HTTP API's request bodies on outside bytes: the first byte picks
+// the route (chat, completions, tokenize, detokenize), the rest is the body,
+// parsed with a real tokenizer and a chat template that renders tools and
+// tool calls. The same bytes are read as a model's reply for tool calls. No
+// input may throw (libFuzzer reports an uncaught exception as a crash),
+// crash, overflow the stack or leak; an answer is an error, a reply, or a
+// request.
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "decode_worker/openai_request.h"
+#include "decode_worker/tool_calls.h"
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+struct Fixture {
+  std::unique_ptr<tandem::Tokenizer> tokenizer;
+  std::unique_ptr<tandem::ChatTemplate> chat_template;
+  tandem::OpenAiContext context;
+
+  Fixture() {
+    auto t = tandem::Tokenizer::FromHuggingFaceJson(ReadFile("tests/fixtures/tiny_qwen3/tokenizer.json"),
+                                                    "tiny_qwen3");
+    if (!t.ok()) __builtin_trap();
+    tokenizer = std::move(*t);
+    const auto templates = nlohmann::ordered_json::parse(ReadFile("tests/fixtures/chat_templates.json"));
+    auto c = tandem::ChatTemplate::Create(templates["templates"]["qwen_style"], "qwen_style", "",
+                                          "<|im_end|>");
+    if (!c.ok()) __builtin_trap();
+    chat_template = std::make_unique<tandem::ChatTemplate>(std::move(*c));
+    context = {"tiny", 256, tokenizer.get(), chat_template.get()};
+  }
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const Fixture fixture;
+  if (size == 0) return 0;
+  const auto route = static_cast<tandem::OpenAiRoute>(data[0] % 4);
+  const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  const tandem::OpenAiRequest r = tandem::ParseOpenAiRequest(route, body, fixture.context);
+  const int answers = r.error.has_value() + r.reply.has_value();
+  if (answers > 1) __builtin_trap();
+  if (r.error.has_value() && (r.error->status < 400 || r.error->message.empty())) __builtin_trap();
+  std::string rest;
+  (void)tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); });
+  return 0;
+}

@@ -1,0 +1,207 @@
+// OpenAI request bodies as clients (and anyone else) send them: each
+// malformed one is a 400 naming the field, never an exception (one used to
+// end the decode worker), and well-formed ones become the GenerateRequest
+// they ask for. The tokenizer and chat template are real fixtures.
+#include "decode_worker/openai_request.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class OpenAiRequestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tokenizer = Tokenizer::FromHuggingFaceJson(ReadFile("tests/fixtures/tiny_qwen3/tokenizer.json"),
+                                                    "tiny_qwen3");
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = *std::move(tokenizer);
+    // A Qwen-style template that renders tools and tool calls.
+    const Json fixture = Json::parse(ReadFile("tests/fixtures/chat_templates.json"));
+    auto tmpl = ChatTemplate::Create(fixture["templates"]["qwen_style"], "qwen_style", "", "<|im_end|>");
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    template_.emplace(*std::move(tmpl));
+    context_ = {"tiny", 256, tokenizer_.get(), &*template_};
+  }
+
+  OpenAiRequest Parse(OpenAiRoute route, const std::string& body) {
+    return ParseOpenAiRequest(route, body, context_);
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  OpenAiContext context_;
+};
+
+std::string Nested(int depth, const std::string& inner = "1") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
+  const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
+  struct Case {
+    OpenAiRoute route;
+    std::string body;
+    std::string param;
+    std::string message;  // a part of it
+  };
+  const OpenAiRoute chat = OpenAiRoute::kChatCompletions, comp = OpenAiRoute::kCompletions;
+  const Case cases[] = {
+      // Each of these threw out of the handler (nlohmann's type_error), which
+      // ended the process.
+      {chat, "{" + user + R"(, "response_format": 5})", "response_format", "response_format must be an object with a type, got 5"},
+      {chat, "{" + user + R"(, "response_format": {"type": 5}})", "response_format", "must be an object with a type"},
+      {chat, "{" + user + R"(, "response_format": {"type": "json_object"}})", "response_format", "\"json_object\" is not supported"},
+      {chat, R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "messages", "messages[0].content: only text parts"},
+      // Token ids wrapped into int32 (4294967297 became 1).
+      {comp, R"({"prompt": [1, 4294967297]})", "prompt", "prompt[1] must be a token id (an integer in [0, 2147483647]), got 4294967297"},
+      {comp, R"({"prompt": [3, -1]})", "prompt", "prompt[1] must be a token id"},
+      {comp, R"({"prompt": [3], "stop_token_ids": [18446744073709551615]})", "stop_token_ids", "stop_token_ids[0] must be a token id"},
+      {OpenAiRoute::kDetokenize, R"({"tokens": [1, -2]})", "tokens", "tokens[1] must be a token id"},
+      {OpenAiRoute::kDetokenize, R"({"tokens": "1"})", "tokens", "tokens must be a list of token ids"},
+      {OpenAiRoute::kDetokenize, R"({})", "tokens", "tokens must be a list of token ids"},
+      // An unsigned integer past int64 named as sent, not wrapped negative.
+      {comp, R"({"prompt": "x", "max_tokens": 18446744073709551615})", "max_tokens", "max_tokens must be in [1, 256], got 18446744073709551615"},
+      {comp, R"({"prompt": "x", "seed": 9223372036854775808})", "seed", "got 9223372036854775808"},
+      // Tools the template would have been handed as they came.
+      {chat, "{" + user + R"(, "tools": 5})", "tools", "tools must be a list"},
+      {chat, "{" + user + R"(, "tools": [5]})", "tools", "tools[0] must be an object"},
+      {chat, "{" + user + R"(, "tools": [{"type": "function", "function": 5}]})", "tools", "tools[0].function must be an object"},
+      {chat, "{" + user + R"(, "tools": [{"function": {"name": 7}}]})", "tools", "tools[0].function.name must be a string"},
+      {chat, "{" + user + R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}]})", "tools", "tools[0].type must be \"function\""},
+      {chat, "{" + user + R"(, "tools": [{"function": {"name": "f", "parameters": []}}]})", "tools", "tools[0].function.parameters must be an object"},
+      {chat, R"({"messages": 5})", "messages", "messages must be a non-empty list"},
+      {chat, R"({"messages": [5]})", "messages", "messages[0] must be an object with a role"},
+      {chat, R"({"messages": [{"role": 5}]})", "messages", "messages[0] must be an object with a role"},
+      {chat, "{" + user + R"(, "stream_options": 5})", "stream_options", "stream_options must be an object"},
+      {chat, "{" + user + R"(, "logit_bias": [1]})", "logit_bias", "logit_bias must be an object"},
+      {chat, "{" + user + R"(, "stop": [1]})", "stop", "stop must be a string or a list of strings"},
+      {chat, "{" + user + R"(, "return_token_ids": 1})", "return_token_ids", "return_token_ids must be true or false"},
+      {comp, R"({"prompt": "x", "echo": "yes"})", "echo", "echo must be true or false"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    OpenAiRequest r;
+    ASSERT_NO_THROW(r = Parse(c.route, c.body));
+    ASSERT_TRUE(r.error.has_value());
+    EXPECT_EQ(r.error->status, 400);
+    EXPECT_EQ(r.error->param, c.param);
+    EXPECT_NE(r.error->message.find(c.message), std::string::npos) << r.error->message;
+  }
+}
+
+TEST_F(OpenAiRequestTest, DeepNestingIsRefusedAsItIsParsed) {
+  // 200,000 levels anywhere in a body: copies and dump() of such a value
+  // recursed off the end of the stack.
+  const std::string deep = Nested(200000);
+  for (const std::string& body :
+       {R"({"messages": )" + deep + "}", R"({"model": )" + deep + "}",
+        R"({"prompt": "x", "temperature": )" + deep + "}", deep}) {
+    OpenAiRequest r;
+    ASSERT_NO_THROW(r = Parse(OpenAiRoute::kChatCompletions, body));
+    ASSERT_TRUE(r.error.has_value());
+    EXPECT_EQ(r.error->status, 400);
+    EXPECT_NE(r.error->message.find("nested at most 128 deep"), std::string::npos) << r.error->message;
+  }
+  // The limit itself: 128 levels parse, 129 do not.
+  EXPECT_FALSE(ParseJsonBounded(Nested(kMaxJsonDepth)).is_discarded());
+  EXPECT_TRUE(ParseJsonBounded(Nested(kMaxJsonDepth + 1)).is_discarded());
+  EXPECT_TRUE(ParseJsonBounded("{\"a\": " + Nested(kMaxJsonDepth) + "}").is_discarded());
+  // Tool call arguments sent as a deep JSON string stay a string.
+  const Json body = {{"messages", {{{"role", "user"}, {"content", "hi"}},
+                                   {{"role", "assistant"},
+                                    {"content", ""},
+                                    {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", deep}}}}}}}}}};
+  OpenAiRequest r;
+  ASSERT_NO_THROW(r = Parse(OpenAiRoute::kChatCompletions, body.dump()));
+  EXPECT_FALSE(r.error.has_value()) << r.error->message;
+}
+
+TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
+  const std::string body = R"({
+    "model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "seed": 11,
+    "stop": ["x"], "stop_token_ids": [2], "min_p": 0.1, "logit_bias": {"5": 300},
+    "logprobs": true, "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true},
+    "response_format": {"type": "text"}, "return_token_ids": true,
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+  })";
+  const OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, body);
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  ASSERT_FALSE(r.reply.has_value());
+  const v1::SamplingParams& s = r.generate.sampling();
+  EXPECT_EQ(s.max_tokens(), 7u);
+  EXPECT_FLOAT_EQ(s.temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
+  EXPECT_EQ(s.top_k(), 3);
+  EXPECT_EQ(s.seed(), 11u);
+  ASSERT_EQ(s.stop_size(), 1);
+  EXPECT_EQ(s.stop(0), "x");
+  ASSERT_EQ(s.stop_token_ids_size(), 1);
+  EXPECT_EQ(s.stop_token_ids(0), 2);
+  EXPECT_FLOAT_EQ(s.min_p(), 0.1f);
+  EXPECT_FLOAT_EQ(s.logit_bias().at(5), 100.f);  // clamped
+  EXPECT_EQ(s.logprobs().value(), 2);
+  EXPECT_TRUE(r.spec.chat && r.spec.stream && r.spec.include_usage && r.spec.tools &&
+              r.spec.return_token_ids && r.spec.logprobs);
+  // The prompt is the template's text over the tools and the message, tokenized.
+  std::vector<int32_t> ids(r.generate.prompt_token_ids().begin(), r.generate.prompt_token_ids().end());
+  const std::string prompt = tokenizer_->Decode(ids);
+  EXPECT_NE(prompt.find("get_weather"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("<|im_start|>user\nhi<|im_end|>"), std::string::npos) << prompt;
+  EXPECT_TRUE(r.generate.prompt().empty());
+
+  // tool_choice "none": the template sees no tools and the reply is text.
+  Json none = Json::parse(body);
+  none["tool_choice"] = "none";
+  const OpenAiRequest n = Parse(OpenAiRoute::kChatCompletions, none.dump());
+  ASSERT_FALSE(n.error.has_value()) << n.error->message;
+  EXPECT_FALSE(n.spec.tools);
+  ids.assign(n.generate.prompt_token_ids().begin(), n.generate.prompt_token_ids().end());
+  EXPECT_EQ(tokenizer_->Decode(ids).find("get_weather"), std::string::npos);
+}
+
+TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
+  OpenAiRequest r = Parse(OpenAiRoute::kCompletions, R"({"prompt": ["hello"], "echo": true})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.generate.prompt(), "hello");
+  EXPECT_EQ(r.generate.sampling().max_tokens(), 16u);  // OpenAI's default for completions
+  EXPECT_EQ(r.spec.echo, "hello");
+
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": [5, 6, 7], "logprobs": 3})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.generate.prompt_token_ids_size(), 3);
+  EXPECT_EQ(r.generate.sampling().logprobs().value(), 3);
+
+  r = Parse(OpenAiRoute::kTokenize, R"({"prompt": "hello", "add_special_tokens": false})");
+  ASSERT_TRUE(r.reply.has_value());
+  const std::vector<int32_t> ids = (*r.reply)["tokens"];
+  EXPECT_EQ(ids, tokenizer_->Encode("hello", false));
+  EXPECT_EQ((*r.reply)["max_model_len"], 256);
+
+  r = Parse(OpenAiRoute::kDetokenize, Json{{"tokens", ids}}.dump());
+  ASSERT_TRUE(r.reply.has_value());
+  EXPECT_EQ((*r.reply)["prompt"], "hello");
+
+  r = Parse(OpenAiRoute::kCompletions, R"({"model": "gpt-4o", "prompt": "x"})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->status, 404);
+  EXPECT_EQ(r.error->message, "The model `gpt-4o` does not exist; this server serves `tiny`");
+}
+
+}  // namespace
+}  // namespace tandem
