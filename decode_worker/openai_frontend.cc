@@ -70,75 +70,186 @@ std::string Trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-// One completion: a Generate call on the in-process channel, written to the
-// HTTP stream as it streams (SSE) or whole at the end.
-class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+// One completion request: a Generate call on the in-process channel for each
+// of its choices (n samples of each prompt), written to the HTTP stream as
+// they stream (SSE, each chunk naming its choice) or whole when all are done.
+// One failed call fails the request and cancels the others (as vLLM fails a
+// parent request); a client that goes away cancels them all.
+class Completion {
  public:
   // The request's CompletionSpec and what the server adds.
   struct Spec : CompletionSpec {
+    std::string id;  // the response's id
     std::string model;
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
     const Tokenizer* tokenizer = nullptr;  // a token's text in logprobs
   };
 
-  // Deletes itself when the call ends.
-  static void Run(v1::Decode::Stub* stub, v1::GenerateRequest request, Spec spec,
+  // `requests[i]` (with its request id) is choice i. Deletes itself when the
+  // last call ends.
+  static void Run(v1::Decode::Stub* stub, std::vector<OpenAiChoice> requests, Spec spec,
                   std::shared_ptr<HttpServer::Stream> http) {
-    auto* call = new CompletionCall(std::move(request), std::move(spec), std::move(http));
-    // A client that goes away cancels the call (its KV blocks are freed).
-    auto guard = call->guard_;
-    call->http_->OnClose([guard] {
-      MutexLock lock(&guard->mu);
-      if (guard->call != nullptr) guard->call->context_.TryCancel();
-    });
-    if (!call->spec_.prefiller.empty()) {
-      call->context_.AddMetadata(kPrefillerHeader, call->spec_.prefiller);
+    auto* completion = new Completion(std::move(spec), std::move(http));
+    std::vector<Call*> calls;
+    {
+      MutexLock lock(&completion->mu_);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        completion->choices_.emplace_back();
+        completion->choices_.back().echo = std::move(requests[i].echo);
+        completion->choices_.back().counts_prompt = requests[i].counts_prompt;
+        calls.push_back(new Call(completion, i, std::move(requests[i].generate)));
+      }
+      completion->calls_ = calls;
+      completion->running_ = calls.size();
     }
-    stub->async()->Generate(&call->context_, &call->request_, call);
-    call->StartRead(&call->msg_);
-    call->StartCall();
+    // A client that goes away cancels every call (their KV blocks are freed).
+    // The callback runs on the HTTP loop and may outlive the completion.
+    auto guard = completion->guard_;
+    completion->http_->OnClose([guard] {
+      MutexLock lock(&guard->mu);
+      if (guard->completion != nullptr) guard->completion->CancelAll();
+    });
+    for (Call* call : calls) call->Start(stub);
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
-    Consume(msg_);
-    StartRead(&msg_);
+ private:
+  // A choice's Generate call; deletes itself when it ends.
+  class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+   public:
+    Call(Completion* parent, size_t index, v1::GenerateRequest request)
+        : parent_(parent), index_(index), request_(std::move(request)) {
+      if (!parent_->spec_.prefiller.empty()) context_.AddMetadata(kPrefillerHeader, parent_->spec_.prefiller);
+    }
+    void Start(v1::Decode::Stub* stub) {
+      stub->async()->Generate(&context_, &request_, this);
+      StartRead(&msg_);
+      StartCall();
+    }
+    void Cancel() { context_.TryCancel(); }
+    void OnReadDone(bool ok) override {
+      if (!ok) return;  // OnDone follows
+      parent_->OnMessage(index_, msg_);
+      StartRead(&msg_);
+    }
+    void OnDone(const grpc::Status& status) override {
+      parent_->OnCallDone(index_, status);
+      delete this;
+    }
+
+   private:
+    Completion* parent_;
+    const size_t index_;
+    grpc::ClientContext context_;
+    v1::GenerateRequest request_;
+    v1::GenerateResponse msg_;
+  };
+
+  struct Guard {
+    Mutex mu;
+    Completion* completion ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  struct Logprob {
+    std::string token;
+    float logprob;
+    std::vector<std::pair<std::string, float>> top;
+    size_t text_offset;
+  };
+
+  // What one choice has produced so far.
+  struct Choice {
+    std::string echo;
+    bool counts_prompt = false;
+    bool seen = false;  // a message came (its echo is out)
+    std::string text;
+    std::vector<int32_t> token_ids;
+    std::vector<Logprob> logprobs;  // per output token, when asked
+    size_t text_offset = 0;
+    std::string finish = "stop";
+    uint32_t prompt_tokens = 0, completion_tokens = 0;
+  };
+
+  Completion(Spec spec, std::shared_ptr<HttpServer::Stream> http)
+      : spec_(std::move(spec)), http_(std::move(http)), guard_(std::make_shared<Guard>()) {
+    MutexLock lock(&guard_->mu);
+    guard_->completion = this;
   }
 
-  void OnDone(const grpc::Status& status) override {
+  void CancelAll() {
+    MutexLock lock(&mu_);
+    for (Call* call : calls_) {
+      if (call != nullptr) call->Cancel();
+    }
+  }
+
+  void OnMessage(size_t index, const v1::GenerateResponse& m) {
+    MutexLock lock(&mu_);
+    if (failure_) return;
+    Choice& c = choices_[index];
+    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      c.finish = m.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop";
+      c.prompt_tokens = m.usage().prompt_tokens();
+      c.completion_tokens = m.usage().completion_tokens();
+    }
+    c.text += m.text();
+    c.token_ids.insert(c.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
+    if (spec_.logprobs) {
+      for (int i = 0; i < m.token_ids_size(); ++i) {
+        AddLogprobs(&c, m.token_ids(i), i < m.logprobs_size() ? m.logprobs(i) : v1::TokenLogprobs());
+      }
+    }
+    if (!spec_.stream || holding()) return;
+    EnsureStarted();
+    if (!c.seen) {
+      c.seen = true;
+      if (!c.echo.empty()) WriteDelta(index, c.echo);
+    }
+    // A chunk per message that carries tokens, even when their text is not
+    // out yet (an incomplete character; a model without a tokenizer): the
+    // client sees every step. Its token ids go with it on request (vLLM's
+    // return_token_ids) or when there is no text.
+    if (!m.text().empty() || m.token_ids_size() > 0) {
+      std::vector<int32_t> ids;
+      if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
+      WriteDelta(index, m.text(), ids,
+                 LogprobsJson(c, c.token_ids.size() - m.token_ids_size(), c.token_ids.size()));
+    }
+  }
+
+  void OnCallDone(size_t index, const grpc::Status& status) {
+    bool last = false;
+    {
+      MutexLock lock(&mu_);
+      calls_[index] = nullptr;
+      if (!status.ok() && !failure_) {
+        failure_ = status;
+        for (Call* call : calls_) {
+          if (call != nullptr) call->Cancel();
+        }
+      }
+      if (status.ok() && !failure_ && spec_.stream) FinishChoiceStream(index);
+      last = --running_ == 0;
+      if (last) {
+        if (failure_) {
+          Fail(*failure_);
+        } else if (spec_.stream) {
+          FinishStream();
+        } else {
+          FinishWhole();
+        }
+      }
+    }
+    if (!last) return;
     {
       MutexLock lock(&guard_->mu);
-      guard_->call = nullptr;
-    }
-    if (!status.ok()) {
-      Fail(status);
-    } else if (spec_.stream) {
-      FinishStream();
-    } else {
-      FinishWhole();
+      guard_->completion = nullptr;
     }
     delete this;
   }
 
- private:
-  struct Guard {
-    Mutex mu;
-    CompletionCall* call ABSL_GUARDED_BY(mu);
-  };
-
-  CompletionCall(v1::GenerateRequest request, Spec spec, std::shared_ptr<HttpServer::Stream> http)
-      : request_(std::move(request)), spec_(std::move(spec)), http_(std::move(http)),
-        guard_(std::make_shared<Guard>()) {
-    {
-      MutexLock lock(&guard_->mu);
-      guard_->call = this;
-    }
-    id_ = absl::StrCat(spec_.chat ? "chatcmpl-" : "cmpl-", request_.request_id());
-  }
-
   Json Envelope(bool chunk) const {
-    return {{"id", id_},
+    return {{"id", spec_.id},
             {"object", spec_.chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                   : "text_completion"},
             {"created", spec_.created},
@@ -149,41 +260,20 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
   // known only once the reply is whole).
   bool holding() const { return spec_.stream && spec_.tools; }
 
-  void Consume(const v1::GenerateResponse& m) {
-    if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      finish_ = m.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop";
-      prompt_tokens_ = m.usage().prompt_tokens();
-      completion_tokens_ = m.usage().completion_tokens();
-    }
-    text_ += m.text();
-    token_ids_.insert(token_ids_.end(), m.token_ids().begin(), m.token_ids().end());
-    if (spec_.logprobs) {
-      for (int i = 0; i < m.token_ids_size(); ++i) {
-        AddLogprobs(m.token_ids(i), i < m.logprobs_size() ? m.logprobs(i) : v1::TokenLogprobs());
-      }
-    }
-    if (!spec_.stream || holding()) return;
-    if (!started_) {
-      started_ = true;
-      http_->Start(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-      if (spec_.chat) {
-        Json first = Envelope(true);
-        first["choices"] = Json::array({{{"index", 0},
-                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", nullptr}}});
-        http_->Write(Sse(first));
-      }
-      if (!spec_.echo.empty()) WriteDelta(spec_.echo);
-    }
-    // A chunk per message that carries tokens, even when their text is not
-    // out yet (an incomplete character; a model without a tokenizer): the
-    // client sees every step. Its token ids go with it on request (vLLM's
-    // return_token_ids) or when there is no text.
-    if (!m.text().empty() || m.token_ids_size() > 0) {
-      std::vector<int32_t> ids;
-      if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
-      WriteDelta(m.text(), ids, LogprobsJson(token_ids_.size() - m.token_ids_size(), token_ids_.size()));
+  // The SSE response's start and, for chat, each choice's role (as vLLM
+  // sends them, all at once).
+  void EnsureStarted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (started_) return;
+    started_ = true;
+    http_->Start(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    if (!spec_.chat || holding()) return;
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Json first = Envelope(true);
+      first["choices"] = Json::array({{{"index", i},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+      http_->Write(Sse(first));
     }
   }
 
@@ -194,33 +284,33 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
                                       : absl::StrCat("token_id:", id);
   }
 
-  void AddLogprobs(int32_t id, const v1::TokenLogprobs& lp) {
+  void AddLogprobs(Choice* c, int32_t id, const v1::TokenLogprobs& lp) const {
     // vLLM's floor for a logprob JSON cannot hold (-inf).
     auto finite = [](float x) { return std::max(x, -9999.f); };
-    Logprob entry{TokenText(id), finite(lp.logprob()), {}, text_offset_};
+    Logprob entry{TokenText(id), finite(lp.logprob()), {}, c->text_offset};
     for (int i = 0; i < std::min(lp.top_token_ids_size(), lp.top_logprobs_size()); ++i) {
       entry.top.emplace_back(TokenText(lp.top_token_ids(i)), finite(lp.top_logprobs(i)));
     }
     // Completions' text_offset counts characters, as Python's len() does.
-    for (char c : entry.token) text_offset_ += (static_cast<uint8_t>(c) & 0xC0) != 0x80;
-    logprobs_.push_back(std::move(entry));
+    for (char ch : entry.token) c->text_offset += (static_cast<uint8_t>(ch) & 0xC0) != 0x80;
+    c->logprobs.push_back(std::move(entry));
   }
 
   // A choice's `logprobs` for output tokens [begin, end): OpenAI's chat form
   // ({"content": [...]}, each entry's top_logprobs the n most likely) or the
   // completions form (parallel lists, each top_logprobs a dict that also
   // holds the sampled token); null when the request did not ask.
-  Json LogprobsJson(size_t begin, size_t end) const {
+  Json LogprobsJson(const Choice& c, size_t begin, size_t end) const {
     if (!spec_.logprobs) return nullptr;
     auto bytes = [](const std::string& t) {
       Json b = Json::array();
-      for (char c : t) b.push_back(static_cast<uint8_t>(c));
+      for (char ch : t) b.push_back(static_cast<uint8_t>(ch));
       return b;
     };
     if (spec_.chat) {
       Json content = Json::array();
-      for (size_t i = begin; i < end && i < logprobs_.size(); ++i) {
-        const Logprob& e = logprobs_[i];
+      for (size_t i = begin; i < end && i < c.logprobs.size(); ++i) {
+        const Logprob& e = c.logprobs[i];
         Json top = Json::array();
         for (const auto& [token, logprob] : e.top) {
           top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes(token)}});
@@ -232,8 +322,8 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     }
     Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
          offsets = Json::array();
-    for (size_t i = begin; i < end && i < logprobs_.size(); ++i) {
-      const Logprob& e = logprobs_[i];
+    for (size_t i = begin; i < end && i < c.logprobs.size(); ++i) {
+      const Logprob& e = c.logprobs[i];
       tokens.push_back(e.token);
       token_logprobs.push_back(e.logprob);
       Json dict = Json::object();
@@ -246,10 +336,10 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
             {"text_offset", offsets}};
   }
 
-  void WriteDelta(const std::string& text, const std::vector<int32_t>& token_ids = {},
+  void WriteDelta(size_t index, const std::string& text, const std::vector<int32_t>& token_ids = {},
                   Json logprobs = nullptr) {
     Json chunk = Envelope(true);
-    Json choice = {{"index", 0}};
+    Json choice = {{"index", index}};
     if (spec_.chat) {
       choice["delta"] = {{"content", text}};
     } else {
@@ -262,17 +352,22 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     http_->Write(Sse(chunk));
   }
 
-  Json Usage() const {
-    return {{"prompt_tokens", prompt_tokens_},
-            {"completion_tokens", completion_tokens_},
-            {"total_tokens", prompt_tokens_ + completion_tokens_}};
+  // Usage over every choice, each prompt counted once.
+  Json Usage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t prompt = 0, completion = 0;
+    for (const Choice& c : choices_) {
+      if (c.counts_prompt) prompt += c.prompt_tokens;
+      completion += c.completion_tokens;
+    }
+    return {{"prompt_tokens", prompt}, {"completion_tokens", completion},
+            {"total_tokens", prompt + completion}};
   }
 
-  // The reply's message: content, or tool calls when the request offered tools.
-  Json Message(std::string* finish) const {
+  // A choice's message: content, or tool calls when the request offered tools.
+  Json Message(const Choice& c, std::string* finish) const {
     Json message = {{"role", "assistant"}};
     std::string rest;
-    Json calls = spec_.tools ? ParseToolCalls(text_, &rest, [] { return "call_" + RandomHex(24); })
+    Json calls = spec_.tools ? ParseToolCalls(c.text, &rest, [] { return "call_" + RandomHex(24); })
                              : Json::array();
     if (!calls.empty()) {
       const std::string content = Trim(rest);
@@ -280,44 +375,48 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
       message["tool_calls"] = calls;
       *finish = "tool_calls";
     } else {
-      message["content"] = text_;
+      message["content"] = c.text;
     }
     return message;
   }
 
-  void FinishWhole() {
+  void FinishWhole() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Json body = Envelope(false);
-    std::string finish = finish_;
-    Json choice = {{"index", 0}};
-    if (spec_.chat) {
-      choice["message"] = Message(&finish);
-    } else {
-      choice["text"] = spec_.echo + text_;
+    body["choices"] = Json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      const Choice& c = choices_[i];
+      std::string finish = c.finish;
+      Json choice = {{"index", i}};
+      if (spec_.chat) {
+        choice["message"] = Message(c, &finish);
+      } else {
+        choice["text"] = c.echo + c.text;
+      }
+      if (spec_.return_token_ids) choice["token_ids"] = c.token_ids;
+      choice["logprobs"] = LogprobsJson(c, 0, c.logprobs.size());
+      choice["finish_reason"] = finish;
+      body["choices"].push_back(std::move(choice));
     }
-    if (spec_.return_token_ids) choice["token_ids"] = token_ids_;
-    choice["logprobs"] = LogprobsJson(0, logprobs_.size());
-    choice["finish_reason"] = finish;
-    body["choices"] = Json::array({choice});
     body["usage"] = Usage();
     SendJson(*http_, body);
   }
 
-  void FinishStream() {
-    std::string finish = finish_;
-    if (!started_) {
-      started_ = true;
-      http_->Start(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
-      if (holding()) {
-        Json chunk = Envelope(true);
-        Json delta = Message(&finish);
-        chunk["choices"] = Json::array({{{"index", 0}, {"delta", delta},
-                                         {"logprobs", LogprobsJson(0, logprobs_.size())},
-                                         {"finish_reason", nullptr}}});
-        http_->Write(Sse(chunk));
-      }
+  // A streamed choice's end: what was held back (a tool call), then its
+  // finish_reason.
+  void FinishChoiceStream(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EnsureStarted();
+    const Choice& c = choices_[index];
+    std::string finish = c.finish;
+    if (holding()) {
+      Json chunk = Envelope(true);
+      Json delta = Message(c, &finish);
+      chunk["choices"] = Json::array({{{"index", index}, {"delta", delta},
+                                       {"logprobs", LogprobsJson(c, 0, c.logprobs.size())},
+                                       {"finish_reason", nullptr}}});
+      http_->Write(Sse(chunk));
     }
     Json last = Envelope(true);
-    Json choice = {{"index", 0}};
+    Json choice = {{"index", index}};
     if (spec_.chat) {
       choice["delta"] = Json::object();
     } else {
@@ -327,6 +426,10 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     choice["finish_reason"] = finish;
     last["choices"] = Json::array({choice});
     http_->Write(Sse(last));
+  }
+
+  void FinishStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    EnsureStarted();
     if (spec_.include_usage) {
       Json usage = Envelope(true);
       usage["choices"] = Json::array();
@@ -337,7 +440,7 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     http_->End();
   }
 
-  void Fail(const grpc::Status& status) {
+  void Fail(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // gRPC's codes are absl's (both the canonical codes).
     const HttpError e{HttpStatusFor(static_cast<absl::StatusCode>(status.error_code())),
                       status.error_message(), ""};
@@ -348,27 +451,16 @@ class CompletionCall final : public grpc::ClientReadReactor<v1::GenerateResponse
     http_->End();
   }
 
-  grpc::ClientContext context_;
-  v1::GenerateRequest request_;
-  v1::GenerateResponse msg_;
-  Spec spec_;
+  const Spec spec_;
   std::shared_ptr<HttpServer::Stream> http_;
   std::shared_ptr<Guard> guard_;
-  std::string id_;
-  // gRPC's callbacks for one call do not overlap: no lock needed.
-  bool started_ = false;
-  std::string text_;
-  std::vector<int32_t> token_ids_;
-  struct Logprob {
-    std::string token;
-    float logprob;
-    std::vector<std::pair<std::string, float>> top;
-    size_t text_offset;
-  };
-  std::vector<Logprob> logprobs_;  // per output token, when asked
-  size_t text_offset_ = 0;
-  std::string finish_ = "stop";
-  uint32_t prompt_tokens_ = 0, completion_tokens_ = 0;
+  // The calls' callbacks come on gRPC's threads, several at once.
+  Mutex mu_;
+  std::vector<Call*> calls_ ABSL_GUARDED_BY(mu_);  // null once a call is done
+  std::vector<Choice> choices_ ABSL_GUARDED_BY(mu_);
+  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);  // the first call that failed
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -456,17 +548,24 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
       route, request.body, {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
-  v1::GenerateRequest req = std::move(parsed.generate);
   std::string id = request.Header("X-Request-Id");
   if (id.empty()) id = RandomHex(32);
-  req.set_request_id(id);
-  CompletionCall::Spec spec;
+  // Each call's request id, as vLLM names them: "{id}-{prompt}" for a batch
+  // of prompts, "{sample}_{...}" for n > 1.
+  const size_t n = parsed.n, prompts = parsed.choices.size() / n;
+  for (size_t i = 0; i < parsed.choices.size(); ++i) {
+    std::string call_id = prompts > 1 ? absl::StrCat(id, "-", i / n) : id;
+    if (n > 1) call_id = absl::StrCat(i % n, "_", call_id);
+    parsed.choices[i].generate.set_request_id(std::move(call_id));
+  }
+  Completion::Spec spec;
   static_cast<CompletionSpec&>(spec) = std::move(parsed.spec);
+  spec.id = absl::StrCat(spec.chat ? "chatcmpl-" : "cmpl-", id);
   spec.model = options_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prefiller = request.Header(kPrefillerHeader);
   spec.tokenizer = tokenizer_;
-  CompletionCall::Run(stub_.get(), std::move(req), std::move(spec), std::move(stream));
+  Completion::Run(stub_.get(), std::move(parsed.choices), std::move(spec), std::move(stream));
 }
 
 }  // namespace tandem

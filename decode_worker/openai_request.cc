@@ -70,11 +70,12 @@ class Fields {
   // A list of token ids, each in [0, 2^31).
   std::optional<HttpError> TokenIds(const char* name, std::vector<int32_t>* out) const {
     if (!Has(name)) return std::nullopt;
-    return TokenIdList(body_[name], name, out);
+    return TokenIdList(body_[name], name, name, out);
   }
-  static std::optional<HttpError> TokenIdList(const Json& list, const char* name,
+  // `label` names the list in messages (a field, or "prompt[2]").
+  static std::optional<HttpError> TokenIdList(const Json& list, const char* name, const std::string& label,
                                               std::vector<int32_t>* out) {
-    if (!list.is_array()) return Bad(name, absl::StrCat(name, " must be a list of token ids"));
+    if (!list.is_array()) return Bad(name, absl::StrCat(label, " must be a list of token ids"));
     for (size_t i = 0; i < list.size(); ++i) {
       const Json& t = list[i];
       const bool ok = t.is_number_unsigned()
@@ -82,7 +83,7 @@ class Fields {
                           : t.is_number_integer() && t.get<int64_t>() >= 0 &&
                                 t.get<int64_t>() <= std::numeric_limits<int32_t>::max();
       if (!ok) {
-        return Bad(name, absl::StrCat(name, "[", i, "] must be a token id (an integer in [0, ",
+        return Bad(name, absl::StrCat(label, "[", i, "] must be a token id (an integer in [0, ",
                                       std::numeric_limits<int32_t>::max(), "]), got ", t.dump()));
       }
       out->push_back(t.get<int32_t>());
@@ -120,7 +121,6 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (auto e = f.Int("seed", INT64_MIN, INT64_MAX, &i)) return e;
   if (i) s->set_seed(static_cast<uint64_t>(*i));
   i.reset();
-  if (auto e = f.Int("n", 1, 1, &i)) return e;
   if (auto e = f.Int("best_of", 1, 1, &i)) return e;
   bool flag = false;
   if (auto e = f.Bool("ignore_eos", &flag)) return e;
@@ -398,14 +398,18 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
     std::vector<int32_t> ids;
     if (!body.contains("tokens")) return Error(Fields::Bad("tokens", "tokens must be a list of token ids"));
-    if (auto e = Fields::TokenIdList(body["tokens"], "tokens", &ids)) return Error(*e);
+    if (auto e = Fields::TokenIdList(body["tokens"], "tokens", "tokens", &ids)) return Error(*e);
     return Reply({{"prompt", tokenizer->Decode(ids)}});
   }
 
-  // The prompt: chat messages through the template, or the completion prompt.
-  std::vector<int32_t> prompt_ids;
-  std::string prompt_text;
-  bool has_ids = false;
+  // The prompts: chat messages through the template, or the completion's
+  // prompt (a string or token ids, or a list of them: a batch).
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string text;
+    bool has_ids = false;
+  };
+  std::vector<Prompt> prompts(1);
   if (chat || (tokenize && body.contains("messages"))) {
     if (tokenizer == nullptr || context.chat_template == nullptr) {
       return Error({400, tokenizer == nullptr ? "chat needs a tokenizer, and this model has none"
@@ -431,61 +435,99 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     }
     // The template writes the special tokens itself (transformers and vLLM
     // tokenize its output without adding any).
-    prompt_ids = tokenizer->Encode(*rendered, /*add_special_tokens=*/false);
-    has_ids = true;
+    prompts[0].ids = tokenizer->Encode(*rendered, /*add_special_tokens=*/false);
+    prompts[0].has_ids = true;
   } else {
     const Json& prompt = body.contains("prompt") ? body["prompt"] : Json();
+    const HttpError bad{400, "prompt must be a string, a list of token ids, or a list of either "
+                             "(a batch)", "prompt"};
     if (prompt.is_string()) {
-      prompt_text = prompt.get<std::string>();
-    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-      prompt_text = prompt[0].get<std::string>();
-    } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
-      if (auto e = Fields::TokenIdList(prompt, "prompt", &prompt_ids)) return Error(*e);
-      has_ids = true;
+      prompts[0].text = prompt.get<std::string>();
+    } else if (!prompt.is_array() || prompt.empty()) {
+      return Error(bad);
+    } else if (prompt[0].is_number_integer()) {
+      if (auto e = Fields::TokenIdList(prompt, "prompt", "prompt", &prompts[0].ids)) return Error(*e);
+      prompts[0].has_ids = true;
     } else {
-      return Error({400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt"});
+      if (prompt.size() > kMaxChoices) {
+        return Error({400, absl::StrCat("prompt is a batch of ", prompt.size(),
+                                        " prompts; the limit is ", kMaxChoices), "prompt"});
+      }
+      prompts.assign(prompt.size(), Prompt());
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        if (prompt[i].is_string()) {
+          prompts[i].text = prompt[i].get<std::string>();
+        } else if (prompt[i].is_array() && !prompt[i].empty()) {
+          if (auto e = Fields::TokenIdList(prompt[i], "prompt", absl::StrCat("prompt[", i, "]"),
+                                           &prompts[i].ids)) {
+            return Error(*e);
+          }
+          prompts[i].has_ids = true;
+        } else {
+          return Error(bad);
+        }
+      }
     }
   }
   if (tokenize) {
-    if (!has_ids) {
+    if (prompts.size() != 1) return Error({400, "/tokenize takes one prompt", "prompt"});
+    Prompt& p = prompts[0];
+    if (!p.has_ids) {
       if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
       bool add_special = true;
       if (auto e = Fields(body).Bool("add_special_tokens", &add_special)) return Error(*e);
-      prompt_ids = tokenizer->Encode(prompt_text, add_special);
+      p.ids = tokenizer->Encode(p.text, add_special);
     }
-    return Reply({{"count", prompt_ids.size()}, {"max_model_len", context.max_model_len},
-                  {"tokens", prompt_ids}});
+    return Reply({{"count", p.ids.size()}, {"max_model_len", context.max_model_len}, {"tokens", p.ids}});
   }
 
   OpenAiRequest r;
   int64_t default_max = 16;  // OpenAI's for completions
   if (chat) {
     // vLLM's default: what the context has left.
-    default_max = std::max<int64_t>(1, context.max_model_len - static_cast<int64_t>(prompt_ids.size()));
+    default_max = std::max<int64_t>(1, context.max_model_len - static_cast<int64_t>(prompts[0].ids.size()));
   }
   CompletionSpec& spec = r.spec;
   spec.chat = chat;
   spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
                !(body.contains("tool_choice") && body["tool_choice"] == "none");
-  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &r.generate, &spec)) {
+  v1::GenerateRequest common;
+  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);
   }
+  std::optional<int64_t> n;
+  if (auto e = Fields(body).Int("n", 1, kMaxChoices, &n)) return Error(*e);
+  const size_t per_prompt = static_cast<size_t>(n.value_or(1));
+  if (per_prompt * prompts.size() > kMaxChoices) {
+    return Error({400, absl::StrCat("n=", per_prompt, " for each of ", prompts.size(), " prompts is ",
+                                    per_prompt * prompts.size(), " completions; the limit is ",
+                                    kMaxChoices, " a request"), "n"});
+  }
+  r.n = per_prompt;
+  bool echo = false;
   if (!chat) {
-    bool echo = false;
     if (auto e = Fields(body).Bool("echo", &echo)) return Error(*e);
     if (echo && spec.logprobs) {
       return Error({400, "echo with logprobs (the prompt's log-probabilities) is not supported; "
                          "send echo or logprobs", "echo"});
     }
-    if (echo) {
-      if (tokenizer == nullptr) return Error({400, "echo needs a tokenizer", "echo"});
-      spec.echo = has_ids ? tokenizer->Decode(prompt_ids) : prompt_text;
-    }
+    if (echo && tokenizer == nullptr) return Error({400, "echo needs a tokenizer", "echo"});
   }
-  if (has_ids) {
-    for (int32_t t : prompt_ids) r.generate.add_prompt_token_ids(t);
-  } else {
-    r.generate.set_prompt(prompt_text);
+  // Choice p * n + j is sample j of prompt p; with a seed, sample j draws
+  // with seed + j (vLLM's parallel sampling).
+  for (const Prompt& p : prompts) {
+    for (size_t j = 0; j < per_prompt; ++j) {
+      OpenAiChoice& c = r.choices.emplace_back();
+      c.generate = common;
+      if (p.has_ids) {
+        c.generate.mutable_prompt_token_ids()->Add(p.ids.begin(), p.ids.end());
+      } else {
+        c.generate.set_prompt(p.text);
+      }
+      if (common.sampling().seed() != 0) c.generate.mutable_sampling()->set_seed(common.sampling().seed() + j);
+      if (echo) c.echo = p.has_ids ? tokenizer->Decode(p.ids) : p.text;
+      c.counts_prompt = j == 0;
+    }
   }
   return r;
 }

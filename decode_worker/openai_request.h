@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/chat/chat_template.h"
@@ -45,15 +46,25 @@ struct HttpError {
 
 enum class OpenAiRoute { kChatCompletions, kCompletions, kTokenize, kDetokenize };
 
-// What the reply to a completion needs beside the GenerateRequest.
+// Completions a request may ask for: n for each prompt of a batch (OpenAI's
+// own bound on n).
+inline constexpr size_t kMaxChoices = 128;
+
+// What the reply to a completion needs beside its GenerateRequests.
 struct CompletionSpec {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
   bool tools = false;     // the request offered tools: look for calls in the reply
-  std::string echo;       // completions with echo: the prompt text, sent first
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   bool logprobs = false;          // the request set sampling.logprobs
+};
+
+// One choice of the reply: a Generate call of its own.
+struct OpenAiChoice {
+  v1::GenerateRequest generate;  // without request_id
+  std::string echo;              // completions with echo: the prompt text, sent first
+  bool counts_prompt = false;    // the first choice of its prompt: usage counts its prompt
 };
 
 // What the server knows when a request comes: `tokenizer` and
@@ -66,11 +77,14 @@ struct OpenAiContext {
   const ChatTemplate* chat_template = nullptr;
 };
 
-// Exactly one of error, reply, or (generate, spec) holds.
+// Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j
+// is sample j of prompt p (a batch of prompts for completions; n samples
+// each, seed + j with a seed), as vLLM numbers them.
 struct OpenAiRequest {
   std::optional<HttpError> error;
   std::optional<nlohmann::ordered_json> reply;  // /tokenize, /detokenize: the answer
-  v1::GenerateRequest generate;                 // without request_id
+  std::vector<OpenAiChoice> choices;
+  size_t n = 1;  // samples of each prompt
   CompletionSpec spec;
 };
 

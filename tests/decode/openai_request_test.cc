@@ -143,7 +143,9 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   const OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, body);
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
   ASSERT_FALSE(r.reply.has_value());
-  const v1::SamplingParams& s = r.generate.sampling();
+  ASSERT_EQ(r.choices.size(), 1u);
+  const v1::GenerateRequest& g = r.choices[0].generate;
+  const v1::SamplingParams& s = g.sampling();
   EXPECT_EQ(s.max_tokens(), 7u);
   EXPECT_FLOAT_EQ(s.temperature(), 0.5f);
   EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
@@ -159,11 +161,11 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   EXPECT_TRUE(r.spec.chat && r.spec.stream && r.spec.include_usage && r.spec.tools &&
               r.spec.return_token_ids && r.spec.logprobs);
   // The prompt is the template's text over the tools and the message, tokenized.
-  std::vector<int32_t> ids(r.generate.prompt_token_ids().begin(), r.generate.prompt_token_ids().end());
+  std::vector<int32_t> ids(g.prompt_token_ids().begin(), g.prompt_token_ids().end());
   const std::string prompt = tokenizer_->Decode(ids);
   EXPECT_NE(prompt.find("get_weather"), std::string::npos) << prompt;
   EXPECT_NE(prompt.find("<|im_start|>user\nhi<|im_end|>"), std::string::npos) << prompt;
-  EXPECT_TRUE(r.generate.prompt().empty());
+  EXPECT_TRUE(g.prompt().empty());
 
   // tool_choice "none": the template sees no tools and the reply is text.
   Json none = Json::parse(body);
@@ -171,21 +173,24 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   const OpenAiRequest n = Parse(OpenAiRoute::kChatCompletions, none.dump());
   ASSERT_FALSE(n.error.has_value()) << n.error->message;
   EXPECT_FALSE(n.spec.tools);
-  ids.assign(n.generate.prompt_token_ids().begin(), n.generate.prompt_token_ids().end());
+  ASSERT_EQ(n.choices.size(), 1u);
+  ids.assign(n.choices[0].generate.prompt_token_ids().begin(), n.choices[0].generate.prompt_token_ids().end());
   EXPECT_EQ(tokenizer_->Decode(ids).find("get_weather"), std::string::npos);
 }
 
 TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
   OpenAiRequest r = Parse(OpenAiRoute::kCompletions, R"({"prompt": ["hello"], "echo": true})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
-  EXPECT_EQ(r.generate.prompt(), "hello");
-  EXPECT_EQ(r.generate.sampling().max_tokens(), 16u);  // OpenAI's default for completions
-  EXPECT_EQ(r.spec.echo, "hello");
+  ASSERT_EQ(r.choices.size(), 1u);
+  EXPECT_EQ(r.choices[0].generate.prompt(), "hello");
+  EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 16u);  // OpenAI's default for completions
+  EXPECT_EQ(r.choices[0].echo, "hello");
 
   r = Parse(OpenAiRoute::kCompletions, R"({"prompt": [5, 6, 7], "logprobs": 3})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
-  EXPECT_EQ(r.generate.prompt_token_ids_size(), 3);
-  EXPECT_EQ(r.generate.sampling().logprobs().value(), 3);
+  ASSERT_EQ(r.choices.size(), 1u);
+  EXPECT_EQ(r.choices[0].generate.prompt_token_ids_size(), 3);
+  EXPECT_EQ(r.choices[0].generate.sampling().logprobs().value(), 3);
 
   r = Parse(OpenAiRoute::kTokenize, R"({"prompt": "hello", "add_special_tokens": false})");
   ASSERT_TRUE(r.reply.has_value());
@@ -201,6 +206,62 @@ TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
   ASSERT_TRUE(r.error.has_value());
   EXPECT_EQ(r.error->status, 404);
   EXPECT_EQ(r.error->message, "The model `gpt-4o` does not exist; this server serves `tiny`");
+}
+
+TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
+  // Two prompts (text and ids), three samples each: choice p * 3 + j.
+  OpenAiRequest r = Parse(OpenAiRoute::kCompletions,
+                          R"({"prompt": ["hello", [5, 6]], "n": 3, "seed": 40, "echo": true})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.n, 3u);
+  ASSERT_EQ(r.choices.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE(i);
+    const OpenAiChoice& c = r.choices[i];
+    EXPECT_EQ(c.counts_prompt, i % 3 == 0);
+    EXPECT_EQ(c.generate.sampling().seed(), 40u + i % 3);  // vLLM: seed + sample index
+    if (i < 3) {
+      EXPECT_EQ(c.generate.prompt(), "hello");
+      EXPECT_EQ(c.echo, "hello");
+    } else {
+      EXPECT_EQ(c.generate.prompt_token_ids_size(), 2);
+      EXPECT_EQ(c.echo, tokenizer_->Decode({5, 6}));
+    }
+  }
+  // Unseeded samples stay unseeded (each draws its own).
+  r = Parse(OpenAiRoute::kChatCompletions, R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  ASSERT_EQ(r.choices.size(), 2u);
+  EXPECT_EQ(r.choices[1].generate.sampling().seed(), 0u);
+  EXPECT_TRUE(r.choices[0].counts_prompt && !r.choices[1].counts_prompt);
+
+  struct Case {
+    OpenAiRoute route;
+    std::string body, param, message;
+  };
+  const Case cases[] = {
+      {OpenAiRoute::kCompletions, R"({"prompt": "x", "n": 129})", "n", "n must be in [1, 128], got 129"},
+      {OpenAiRoute::kCompletions, R"({"prompt": "x", "n": 0})", "n", "n must be in [1, 128], got 0"},
+      {OpenAiRoute::kCompletions, R"({"prompt": ["a", "b", "c"], "n": 50})", "n",
+       "n=50 for each of 3 prompts is 150 completions; the limit is 128 a request"},
+      {OpenAiRoute::kCompletions, R"({"prompt": ["a", [1, -3]]})", "prompt", "prompt[1][1] must be a token id"},
+      {OpenAiRoute::kCompletions, R"({"prompt": ["a", []]})", "prompt", "prompt must be a string, a list of token ids, or a list of either"},
+      {OpenAiRoute::kCompletions, R"({"prompt": []})", "prompt", "prompt must be a string"},
+      {OpenAiRoute::kTokenize, R"({"prompt": ["a", "b"]})", "prompt", "/tokenize takes one prompt"},
+      {OpenAiRoute::kCompletions, R"({"prompt": "x", "best_of": 2})", "best_of", "best_of must be in [1, 1]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body);
+    r = Parse(c.route, c.body);
+    ASSERT_TRUE(r.error.has_value());
+    EXPECT_EQ(r.error->param, c.param);
+    EXPECT_NE(r.error->message.find(c.message), std::string::npos) << r.error->message;
+  }
+  std::string batch = "[";
+  for (size_t i = 0; i <= kMaxChoices; ++i) batch += i == 0 ? "\"a\"" : ", \"a\"";
+  r = Parse(OpenAiRoute::kCompletions, "{\"prompt\": " + batch + "]}");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "prompt is a batch of 129 prompts; the limit is 128");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 /v1/models; chat through the model's own chat template, whole and streamed
 (with usage), equal to each other and to the answer the gRPC test expects;
 completions from token ids equal to `tandem generate --local`; stop strings;
+n samples (seeded: each the single request with seed + j) and batches of prompts;
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
 client that disconnects mid-stream frees its KV blocks at once; 24
@@ -221,7 +222,7 @@ def main():
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, temperature=-1), "temperature")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, n=2), "n must be in [1, 1]")
+            model="smollm2", messages=question, n=129), "n must be in [1, 128], got 129")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=[]), "messages")
         expect_error(openai.BadRequestError, lambda: client.completions.create(
@@ -249,11 +250,48 @@ def main():
         assert http_get(base + "/health")[0] == 200, "the decode worker did not survive a malformed body"
         passed += 1
 
-        # A client that goes away mid-stream: its request is cancelled and
-        # every KV block it held is free at once.
+        # n samples (vLLM's parallel sampling): sample j draws with seed + j,
+        # so it is the single request with that seed; the prompt counts once.
+        story = [{"role": "user", "content": "Tell me a story about a fox."}]
+        three = client.chat.completions.create(model="smollm2", messages=story, temperature=0.8,
+                                               seed=7, max_tokens=12, n=3)
+        assert [c.index for c in three.choices] == [0, 1, 2], three
+        texts = [c.message.content for c in three.choices]
+        singles = [client.chat.completions.create(model="smollm2", messages=story, temperature=0.8,
+                                                  seed=7 + j, max_tokens=12) for j in range(3)]
+        assert texts == [one.choices[0].message.content for one in singles], (texts, singles)
+        assert len(set(texts)) > 1, texts
+        assert three.usage.prompt_tokens == singles[0].usage.prompt_tokens, three.usage
+        assert three.usage.completion_tokens == sum(o.usage.completion_tokens for o in singles), three.usage
+        parts, finishes, usage = {}, {}, None
+        for chunk in client.chat.completions.create(model="smollm2", messages=story, temperature=0.8,
+                                                    seed=7, max_tokens=12, n=3, stream=True,
+                                                    stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                parts[choice.index] = parts.get(choice.index, "") + (choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes[choice.index] = choice.finish_reason
+        assert [parts[j] for j in range(3)] == texts and sorted(finishes) == [0, 1, 2], (parts, finishes)
+        assert usage.total_tokens == three.usage.total_tokens, usage
+        # A batch of prompts (as lm-eval sends them): one choice per prompt, in order.
+        other = [504, 3575, 282, 4649, 314, 253]
+        batch = client.completions.create(model="smollm2", prompt=[prompt, other], max_tokens=10,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        alone = client.completions.create(model="smollm2", prompt=other, max_tokens=10, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert [c.index for c in batch.choices] == [0, 1], batch
+        assert [c.text for c in batch.choices] == [expected_text, alone.choices[0].text], batch
+        assert batch.usage.prompt_tokens == len(prompt) + len(other), batch.usage
+        assert metric(dm, "tandem_kv_cache_blocks_in_use") == 0
+        passed += 1
+
+        # A client that goes away mid-stream: its request (both of its
+        # samples) is cancelled and every KV block it held is free at once.
         stream = client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "Count from 1 to 500."}],
-            temperature=0.8, seed=3, max_tokens=1500, stream=True,
+            temperature=0.8, seed=3, max_tokens=1500, stream=True, n=2,
             extra_body={"ignore_eos": True})
         seen = 0
         for chunk in stream:
