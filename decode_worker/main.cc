@@ -1,8 +1,10 @@
 // decode_worker: the Decode gRPC service, Tandem's front door
 // (FULL_DECODE_ONLY graphs by default).
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/flags.h"
 #include "common/base/logging.h"
 #include "common/serving/engine_flags.h"
@@ -73,6 +75,15 @@ int main(int argc, char** argv) {
             "the model's name in the OpenAI API (default: the --model file or directory name)");
   flags.Add("chat-template", &chat_template_path,
             "a Jinja2 chat template file, instead of the model's own");
+  std::string reasoning_parser;
+  flags.Add("reasoning-parser", &reasoning_parser,
+            "return chat replies' reasoning (<think>...</think>) in `reasoning`, apart from "
+            "the answer: qwen3 or deepseek_r1 (vLLM's names); empty: all of a reply is content");
+  std::string api_key;
+  flags.Add("api-key", &api_key,
+            "require `Authorization: Bearer KEY` on the OpenAI API's /v1/ routes (several "
+            "keys: comma-separated; default: $TANDEM_API_KEY, which keeps the key out of the "
+            "process list); empty: no key asked");
   tandem::TlsFiles prefill_tls;  // the client side of the decode -> prefill hop
   prefill_tls.Register(&flags, "prefill-", /*server=*/false);
   tandem::EngineConfig config;
@@ -123,6 +134,16 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
     return 1;
   }
+  auto parser = tandem::ReasoningParserByName(reasoning_parser);
+  if (!parser.ok()) {
+    std::cerr << "decode_worker: " << parser.status().message() << std::endl;
+    return 2;
+  }
+  openai.reasoning_parser = *parser;
+  if (api_key.empty()) {
+    if (const char* env = std::getenv("TANDEM_API_KEY"); env != nullptr) api_key = env;
+  }
+  openai.api_keys = absl::StrSplit(api_key, ',', absl::SkipWhitespace());
   if (openai.served_model_name.empty()) {
     std::string name = config.model;
     while (name.size() > 1 && name.back() == '/') name.pop_back();

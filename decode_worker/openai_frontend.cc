@@ -1,15 +1,18 @@
 #include "decode_worker/openai_frontend.h"
 
 #include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <exception>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
 #include "decode_worker/decode_service.h"
 #include "decode_worker/openai_request.h"
+#include "decode_worker/reasoning.h"
 #include "decode_worker/tool_calls.h"
 #include "nlohmann/json.hpp"
 
@@ -21,6 +24,7 @@ using Json = nlohmann::ordered_json;
 std::string ErrorType(int status) {
   switch (status) {
     case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 409: return "conflict_error";
     case 429: return "rate_limit_error";
@@ -63,6 +67,28 @@ std::string RandomHex(int n) {
   return s;
 }
 
+// Whether `authorization` is "Bearer KEY" for one of `keys`. Every key's
+// bytes are compared in full, so the time taken does not tell how much of a
+// guess was right (only, at most, its length).
+bool Authorized(const std::string& authorization, const std::vector<std::string>& keys) {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.size() < kBearer.size() ||
+      !std::equal(kBearer.begin(), kBearer.end(), authorization.begin(),
+                  [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+    return false;
+  }
+  const std::string_view given = std::string_view(authorization).substr(kBearer.size());
+  bool match = false;
+  for (const std::string& key : keys) {
+    unsigned char diff = given.size() == key.size() ? 0 : 1;
+    for (size_t i = 0; i < key.size(); ++i) {
+      diff |= static_cast<unsigned char>(key[i] ^ (i < given.size() ? given[i] : 0));
+    }
+    match |= diff == 0;
+  }
+  return match;
+}
+
 std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\n\r");
   if (b == std::string::npos) return "";
@@ -84,6 +110,7 @@ class Completion {
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
     const Tokenizer* tokenizer = nullptr;  // a token's text in logprobs
+    ReasoningParser reasoning = ReasoningParser::kNone;  // chat: split off the reasoning
   };
 
   // `requests[i]` (with its request id) is choice i. Deletes itself when the
@@ -95,7 +122,7 @@ class Completion {
     {
       MutexLock lock(&completion->mu_);
       for (size_t i = 0; i < requests.size(); ++i) {
-        completion->choices_.emplace_back();
+        completion->choices_.emplace_back(completion->spec_.reasoning, completion->spec_.thinking);
         completion->choices_.back().echo = std::move(requests[i].echo);
         completion->choices_.back().counts_prompt = requests[i].counts_prompt;
         calls.push_back(new Call(completion, i, std::move(requests[i].generate)));
@@ -159,6 +186,8 @@ class Completion {
 
   // What one choice has produced so far.
   struct Choice {
+    Choice(ReasoningParser parser, bool thinking) : splitter(parser, thinking) {}
+    ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
     std::string echo;
     bool counts_prompt = false;
     bool seen = false;  // a message came (its echo is out)
@@ -212,8 +241,10 @@ class Completion {
     if (!m.text().empty() || m.token_ids_size() > 0) {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
-      WriteDelta(index, m.text(), ids,
-                 LogprobsJson(c, c.token_ids.size() - m.token_ids_size(), c.token_ids.size()));
+      ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
+      WriteDelta(index, parts.content, ids,
+                 LogprobsJson(c, c.token_ids.size() - m.token_ids_size(), c.token_ids.size()),
+                 parts.reasoning);
     }
   }
 
@@ -336,12 +367,16 @@ class Completion {
             {"text_offset", offsets}};
   }
 
+  // A chunk of choice `index`: its new text (and, for chat, reasoning).
   void WriteDelta(size_t index, const std::string& text, const std::vector<int32_t>& token_ids = {},
-                  Json logprobs = nullptr) {
+                  Json logprobs = nullptr, const std::string& reasoning = "") {
     Json chunk = Envelope(true);
     Json choice = {{"index", index}};
     if (spec_.chat) {
-      choice["delta"] = {{"content", text}};
+      Json delta = Json::object();
+      SetReasoning(&delta, reasoning);
+      if (!text.empty() || reasoning.empty()) delta["content"] = text;
+      choice["delta"] = std::move(delta);
     } else {
       choice["text"] = text;
     }
@@ -363,11 +398,22 @@ class Completion {
             {"total_tokens", prompt + completion}};
   }
 
-  // A choice's message: content, or tool calls when the request offered tools.
+  // vLLM's `reasoning`, and `reasoning_content` (its earlier name, which
+  // many clients still read), when there is any.
+  static void SetReasoning(Json* message, const std::string& reasoning) {
+    if (reasoning.empty()) return;
+    (*message)["reasoning"] = reasoning;
+    (*message)["reasoning_content"] = reasoning;
+  }
+
+  // A choice's message: its reasoning, and content or tool calls when the
+  // request offered tools (looked for in the answer, not the reasoning).
   Json Message(const Choice& c, std::string* finish) const {
     Json message = {{"role", "assistant"}};
+    const ReasoningSplitter::Parts parts = ReasoningSplitter::Split(spec_.reasoning, spec_.thinking, c.text);
+    SetReasoning(&message, parts.reasoning);
     std::string rest;
-    Json calls = spec_.tools ? ParseToolCalls(c.text, &rest, [] { return "call_" + RandomHex(24); })
+    Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, [] { return "call_" + RandomHex(24); })
                              : Json::array();
     if (!calls.empty()) {
       const std::string content = Trim(rest);
@@ -375,7 +421,10 @@ class Completion {
       message["tool_calls"] = calls;
       *finish = "tool_calls";
     } else {
-      message["content"] = c.text;
+      // With a parser, an answer that never came is null (as vLLM's).
+      message["content"] = parts.content.empty() && spec_.reasoning != ReasoningParser::kNone
+                               ? Json(nullptr)
+                               : Json(parts.content);
     }
     return message;
   }
@@ -405,9 +454,13 @@ class Completion {
   // finish_reason.
   void FinishChoiceStream(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     EnsureStarted();
-    const Choice& c = choices_[index];
+    Choice& c = choices_[index];
     std::string finish = c.finish;
-    if (holding()) {
+    if (!holding()) {
+      // Reasoning held back in case it ended in a tag.
+      const ReasoningSplitter::Parts rest = c.splitter.Finish();
+      if (!rest.reasoning.empty()) WriteDelta(index, "", {}, nullptr, rest.reasoning);
+    } else {
       Json chunk = Envelope(true);
       Json delta = Message(c, &finish);
       chunk["choices"] = Json::array({{{"index", index}, {"delta", delta},
@@ -490,7 +543,7 @@ absl::Status OpenAiFrontend::Start(grpc::Server* server) {
                    << "/v1 (model '" << options_.served_model_name << "'"
                    << (chat_template_ != nullptr ? ", chat template from " + chat_template_->origin()
                                                  : ", no chat template")
-                   << ")";
+                   << (options_.api_keys.empty() ? "" : ", an API key required on /v1/") << ")";
   return absl::OkStatus();
 }
 
@@ -511,6 +564,11 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
     SendError(*stream, {405, absl::StrCat(path, " takes ", method, ", not ", request.method), ""});
     return false;
   };
+  if (!options_.api_keys.empty() && request.method != "OPTIONS" && absl::StartsWith(path, "/v1") &&
+      !Authorized(request.Header("Authorization"), options_.api_keys)) {
+    return SendError(*stream, {401, "a missing or wrong API key: send `Authorization: Bearer KEY` "
+                                    "with a key this server was started with (--api-key)", ""});
+  }
   if (path == "/health" || path == "/ping") {
     if (!only("GET")) return;
     const grpc::Status admit = state_->Admit();
@@ -565,6 +623,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prefiller = request.Header(kPrefillerHeader);
   spec.tokenizer = tokenizer_;
+  if (spec.chat) spec.reasoning = options_.reasoning_parser;
   Completion::Run(stub_.get(), std::move(parsed.choices), std::move(spec), std::move(stream));
 }
 

@@ -5,6 +5,7 @@
 //   GET  /health, /ping         200 while the gRPC health is SERVING, else 503
 //   POST /tokenize, /detokenize as vLLM's
 //   GET  /version
+// With api_keys, /v1/ answers only requests that carry one (Bearer).
 // Streaming answers are Server-Sent Events (`data: {...}` chunks, then
 // `data: [DONE]`), with usage on request (stream_options.include_usage).
 //
@@ -24,12 +25,14 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/chat/chat_template.h"
 #include "common/serving/http_server.h"
 #include "common/serving/worker.h"
 #include "common/serving/worker_state.h"
 #include "common/tokenizer/tokenizer.h"
+#include "decode_worker/reasoning.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
 namespace tandem {
@@ -37,6 +40,13 @@ namespace tandem {
 struct OpenAiOptions {
   std::string http_address = "0.0.0.0:8000";
   std::string served_model_name;  // `model` in requests and /v1/models
+  // When set, a request to /v1/... must carry `Authorization: Bearer KEY`
+  // with one of these (vLLM's --api-key); 401 otherwise. /health, /ping,
+  // /version, /tokenize and /detokenize stay open, as in vLLM.
+  std::vector<std::string> api_keys;
+  // Chat replies' reasoning (<think>...</think>) returned apart, in
+  // `reasoning` (reasoning.h); kNone: all of a reply is content.
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
 };
 
 class OpenAiFrontend final : public FrontDoor {

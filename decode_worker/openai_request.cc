@@ -280,6 +280,11 @@ std::optional<HttpError> NormalizeMessages(Json* messages) {
       return Fields::Bad("messages", absl::StrCat("messages[", i, "] must be an object with a role"));
     }
     if (auto e = FlattenContent(&m, i)) return e;
+    // Templates read an earlier turn's reasoning as reasoning_content
+    // (vLLM's newer name for it is reasoning).
+    if (m.contains("reasoning") && m["reasoning"].is_string() && !m.contains("reasoning_content")) {
+      m["reasoning_content"] = m["reasoning"];
+    }
     if (m.contains("tool_calls") && m["tool_calls"].is_array()) {
       for (Json& call : m["tool_calls"]) {
         if (call.is_object() && call.contains("function") && call["function"].is_object() &&
@@ -410,6 +415,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     bool has_ids = false;
   };
   std::vector<Prompt> prompts(1);
+  bool thinking = true;
   if (chat || (tokenize && body.contains("messages"))) {
     if (tokenizer == nullptr || context.chat_template == nullptr) {
       return Error({400, tokenizer == nullptr ? "chat needs a tokenizer, and this model has none"
@@ -421,12 +427,22 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (auto e = NormalizeMessages(&messages)) return Error(*e);
     Json tools = body.value("tools", Json());
     if (auto e = CheckTools(tools)) return Error(*e);
+    // "required" and a named function force a call, which takes constrained
+    // decoding: refused rather than answered as "auto" would be.
+    if (Fields(body).Has("tool_choice") && body["tool_choice"] != "auto" && body["tool_choice"] != "none") {
+      return Error(Fields::Bad("tool_choice", absl::StrCat("tool_choice=", body["tool_choice"].dump(),
+                                                           " is not supported (only \"auto\" and "
+                                                           "\"none\")")));
+    }
     if (body.contains("tool_choice") && body["tool_choice"] == "none") tools = nullptr;
     bool add_generation_prompt = true;
     if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
     Json kwargs = body.value("chat_template_kwargs", Json());
     if (!kwargs.is_null() && !kwargs.is_object()) {
       return Error({400, "chat_template_kwargs must be an object", "chat_template_kwargs"});
+    }
+    if (kwargs.is_object() && kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean()) {
+      thinking = kwargs["enable_thinking"].get<bool>();
     }
     auto rendered = context.chat_template->Render(messages, tools, add_generation_prompt, kwargs);
     if (!rendered.ok()) {
@@ -489,6 +505,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   }
   CompletionSpec& spec = r.spec;
   spec.chat = chat;
+  spec.thinking = thinking;
   spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
                !(body.contains("tool_choice") && body["tool_choice"] == "none");
   v1::GenerateRequest common;

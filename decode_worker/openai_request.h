@@ -58,6 +58,7 @@ struct CompletionSpec {
   bool tools = false;     // the request offered tools: look for calls in the reply
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   bool logprobs = false;          // the request set sampling.logprobs
+  bool thinking = true;           // chat_template_kwargs.enable_thinking (Qwen3's switch)
 };
 
 // One choice of the reply: a Generate call of its own.

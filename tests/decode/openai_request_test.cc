@@ -84,6 +84,8 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       {chat, "{" + user + R"(, "tools": [{"function": {"name": 7}}]})", "tools", "tools[0].function.name must be a string"},
       {chat, "{" + user + R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}]})", "tools", "tools[0].type must be \"function\""},
       {chat, "{" + user + R"(, "tools": [{"function": {"name": "f", "parameters": []}}]})", "tools", "tools[0].function.parameters must be an object"},
+      {chat, "{" + user + R"(, "tool_choice": "required"})", "tool_choice", "tool_choice=\"required\" is not supported (only \"auto\" and \"none\")"},
+      {chat, "{" + user + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})", "tool_choice", "is not supported"},
       {chat, R"({"messages": 5})", "messages", "messages must be a non-empty list"},
       {chat, R"({"messages": [5]})", "messages", "messages[0] must be an object with a role"},
       {chat, R"({"messages": [{"role": 5}]})", "messages", "messages[0] must be an object with a role"},

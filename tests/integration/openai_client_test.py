@@ -8,6 +8,7 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 (with usage), equal to each other and to the answer the gRPC test expects;
 completions from token ids equal to `tandem generate --local`; stop strings;
 n samples (seeded: each the single request with seed + j) and batches of prompts;
+an API key (401 without it on /v1/, /health open); --reasoning-parser (a second pair);
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
 client that disconnects mid-stream frees its KV blocks at once; 24
@@ -42,8 +43,11 @@ def http_get(url, timeout=5):
         return None, ""
 
 
-def http_post(url, body, timeout=30):
-    req = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+def http_post(url, body, timeout=30, key="key-two"):
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = "Bearer " + key
+    req = urllib.request.Request(url, data=body.encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
@@ -71,6 +75,9 @@ def expect_error(kind, fn, needle):
 def main():
     bin_dir, model = sys.argv[1], sys.argv[2]
     out = tempfile.mkdtemp(prefix="tandem_openai_")
+    # Every /v1/ request below carries an API key: the second of two the
+    # decode worker takes from $TANDEM_API_KEY.
+    os.environ["TANDEM_API_KEY"] = "key-one,key-two"
     pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2"])
     dm = pair.metrics_port
     passed = 0
@@ -79,7 +86,16 @@ def main():
         # SERVING: the engine is up and a prefill worker usable.
         pair.wait(lambda: http_get(base + "/health")[0] == 200,
                   "the decode worker's /health never answered 200")
-        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
+        # Without the key, or with another, /v1/ is refused; /health and
+        # /tokenize stay open (as vLLM's --api-key leaves them).
+        stranger = openai.OpenAI(base_url=base + "/v1", api_key="key-three", max_retries=0, timeout=60)
+        expect_error(openai.AuthenticationError, lambda: stranger.models.list(), "API key")
+        expect_error(openai.AuthenticationError, lambda: openai.OpenAI(
+            base_url=base + "/v1", api_key="key-t", max_retries=0).models.list(), "API key")
+        status, text = http_post(base + "/v1/completions", '{"prompt": "hi"}', key=None)
+        assert status == 401 and json.loads(text)["error"]["type"] == "authentication_error", (status, text)
+        assert http_post(base + "/tokenize", '{"prompt": "hi"}', key=None)[0] == 200
 
         models = client.models.list().data
         assert [m.id for m in models] == ["smollm2"], models
@@ -332,7 +348,45 @@ def main():
     finally:
         codes = pair.stop(timeout=60)
     assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
+    passed += reasoning(bin_dir, model, answer)
     print(f"{passed} passed, 0 failed")
+
+
+def reasoning(bin_dir, model, answer):
+    """A pair with --reasoning-parser: SmolLM2 never closes a <think>, so a
+    whole reply is reasoning (as a reply cut by max_tokens would be), in
+    `reasoning` and `reasoning_content`, whole and streamed; with thinking
+    turned off it is content again."""
+    out = tempfile.mkdtemp(prefix="tandem_reasoning_")
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2", "--reasoning-parser=deepseek_r1"])
+    try:
+        base = f"http://127.0.0.1:{pair.http_port}"
+        pair.wait(lambda: http_get(base + "/health")[0] == 200,
+                  "the decode worker's /health never answered 200")
+        client = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        whole = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                               max_tokens=64)
+        message = whole.choices[0].message
+        assert message.content is None, message
+        assert message.model_extra["reasoning"] == answer, message
+        assert message.model_extra["reasoning_content"] == answer, message
+        streamed = ""
+        for chunk in client.chat.completions.create(model="smollm2", messages=question,
+                                                    temperature=0, max_tokens=64, stream=True):
+            for choice in chunk.choices:
+                assert not choice.delta.content, chunk
+                streamed += (choice.delta.model_extra or {}).get("reasoning") or ""
+        assert streamed == answer, streamed
+        off = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                             max_tokens=64,
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert off.choices[0].message.content == answer, off
+        assert "reasoning" not in (off.choices[0].message.model_extra or {}), off
+    finally:
+        codes = pair.stop(timeout=60)
+    assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
+    return 1
 
 
 if __name__ == "__main__":
