@@ -215,6 +215,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
                                   options_.max_stop_string_bytes, " bytes, got ", stop.size()));
     }
   }
+  absl::StatusOr<SamplingParams> params = FromProto(request->sampling());
+  if (!params.ok()) {
+    writer->End(ToGrpcStatus(params.status()));
+    return writer.get();
+  }
   // A gateway's choice of prefill worker for this request (llm-d's P/D
   // routing header); without one, the pool's rotation.
   PrefillPool::Endpoint* chosen = nullptr;
@@ -242,7 +247,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   } else {
     call->prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
   }
-  call->params = FromProto(request->sampling());
+  call->params = *std::move(params);
   if (tokenizer_ != nullptr) {
     const bool skip_special =
         !request->sampling().has_skip_special_tokens() ||

@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << tokenizer.status().message() << std::endl;
     return 1;
   }
+  if (*tokenizer != nullptr) config.vocabulary = tandem::TokenVocabularyOf(**tokenizer);
   auto chat_template = tandem::LoadChatTemplate(config.model, chat_template_path);
   if (!chat_template.ok()) {
     std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;

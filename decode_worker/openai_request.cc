@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/engine/sampling.h"
 
 namespace tandem {
@@ -95,6 +96,93 @@ class Fields {
  private:
   const Json& body_;
 };
+
+// Structured outputs, in any of the forms clients send: OpenAI's
+// response_format (json_object, json_schema), vLLM's structured_outputs
+// (json, json_object, choice) and its older guided_json / guided_choice. At
+// most one; the schema is compiled where the request runs (FromProto).
+std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingParams* s) {
+  Fields f(body);
+  std::vector<const char*> given;
+  Json schema;                   // a JSON schema, or null
+  const Json* choices = nullptr;  // a list of strings, or null
+  if (f.Has("response_format")) {
+    const Json& format = body["response_format"];
+    if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+      return Fields::Bad("response_format", absl::StrCat("response_format must be an object with "
+                                                         "a type, got ", format.dump()));
+    }
+    const std::string type = format["type"].get<std::string>();
+    if (type == "json_object") {
+      schema = {{"type", "object"}};
+      given.push_back("response_format");
+    } else if (type == "json_schema") {
+      if (!format.contains("json_schema") || !format["json_schema"].is_object() ||
+          !format["json_schema"].contains("schema") || !format["json_schema"]["schema"].is_object()) {
+        return Fields::Bad("response_format", "response_format.json_schema.schema must be an object "
+                                              "(a JSON schema)");
+      }
+      schema = format["json_schema"]["schema"];
+      given.push_back("response_format");
+    } else if (type != "text") {
+      return Fields::Bad("response_format", absl::StrCat("response_format type ", format["type"].dump(),
+                                                         " is not supported (text, json_object or "
+                                                         "json_schema)"));
+    }
+  }
+  auto json_or_text = [](const Json& v) -> Json {
+    return v.is_string() ? ParseJsonBounded(v.get<std::string>()) : v;
+  };
+  if (f.Has("structured_outputs")) {
+    const Json& so = body["structured_outputs"];
+    if (!so.is_object()) return Fields::Bad("structured_outputs", "structured_outputs must be an object");
+    for (const auto& [key, value] : so.items()) {
+      if (value.is_null() || (value.is_boolean() && !value.get<bool>())) continue;
+      if (key == "json") {
+        schema = json_or_text(value);
+      } else if (key == "json_object") {
+        schema = {{"type", "object"}};
+      } else if (key == "choice") {
+        choices = &value;
+      } else {
+        return Fields::Bad("structured_outputs", absl::StrCat("structured_outputs.", key,
+                                                              " is not supported (json, json_object "
+                                                              "or choice)"));
+      }
+      given.push_back("structured_outputs");
+    }
+  }
+  if (f.Has("guided_json")) {
+    schema = json_or_text(body["guided_json"]);
+    given.push_back("guided_json");
+  }
+  if (f.Has("guided_choice")) {
+    choices = &body["guided_choice"];
+    given.push_back("guided_choice");
+  }
+  if (given.empty()) return std::nullopt;
+  if (given.size() > 1) {
+    return Fields::Bad(given[1], absl::StrCat("give one structured output, not ", given.size(), " (",
+                                              absl::StrJoin(given, ", "), ")"));
+  }
+  if (choices != nullptr) {
+    if (!choices->is_array() || choices->empty()) {
+      return Fields::Bad(given[0], "choice must be a non-empty list of strings");
+    }
+    for (const Json& c : *choices) {
+      if (!c.is_string() || c.get<std::string>().empty()) {
+        return Fields::Bad(given[0], "choice must be a non-empty list of non-empty strings");
+      }
+      s->add_structured_choice(c.get<std::string>());
+    }
+    return std::nullopt;
+  }
+  if (!schema.is_object() && !schema.is_boolean()) {
+    return Fields::Bad(given[0], "the JSON schema must be an object");
+  }
+  s->set_structured_json_schema(schema.dump());
+  return std::nullopt;
+}
 
 // Fills `req` with what chat and completions share; `default_max_tokens`
 // when the client gives none.
@@ -190,10 +278,11 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (auto e = f.Int("min_tokens", 0, token_limit, &i)) return e;
   s->set_min_tokens(static_cast<uint32_t>(i.value_or(0)));
   i.reset();
-  // vLLM's fields that would constrain or score the output: refused rather
-  // than ignored, so that no client takes free text for constrained text.
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                           "structured_outputs", "allowed_token_ids", "prompt_logprobs",
+  if (auto e = ParseStructuredOutput(body, s)) return e;
+  // vLLM's fields that would constrain or score the output otherwise:
+  // refused rather than ignored, so that no client takes free text for
+  // constrained text.
+  for (const char* name : {"guided_regex", "guided_grammar", "allowed_token_ids", "prompt_logprobs",
                            "truncate_prompt_tokens"}) {
     if (auto e = f.Neutral(name, nullptr)) return e;
   }
@@ -210,18 +299,6 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
     }
     if (logprobs) s->mutable_logprobs()->set_value(static_cast<int32_t>(i.value_or(0)));
     i.reset();
-    if (f.Has("response_format")) {
-      const Json& format = body["response_format"];
-      if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
-        return Fields::Bad("response_format", absl::StrCat("response_format must be an object with "
-                                                           "a type, got ", format.dump()));
-      }
-      if (format["type"] != "text") {
-        return Fields::Bad("response_format",
-                           absl::StrCat("response_format type ", format["type"].dump(),
-                                        " is not supported (only \"text\")"));
-      }
-    }
   } else {
     // The completions form: logprobs = how many top tokens (0..20).
     if (auto e = f.Int("logprobs", 0, kMaxLogprobs, &i)) return e;
@@ -337,16 +414,6 @@ OpenAiRequest Reply(Json reply) {
 }
 
 }  // namespace
-
-Json ParseJsonBounded(const std::string& text) {
-  bool too_deep = false;
-  Json::parser_callback_t limit = [&too_deep](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxJsonDepth) too_deep = true;
-    return !too_deep;  // a value too deep is dropped, not built
-  };
-  Json j = Json::parse(text, limit, /*allow_exceptions=*/false);
-  return too_deep ? Json(Json::value_t::discarded) : j;
-}
 
 int HttpStatusFor(absl::StatusCode code) {
   switch (code) {

@@ -6,8 +6,8 @@
 //
 // The bytes are anyone's: no input may throw, crash or recurse without
 // bound (fuzz/openai_request_fuzzer.cc). JSON nested deeper than
-// kMaxJsonDepth is refused as it is parsed, so nothing after it (copies,
-// dump(), the chat template) recurses deeply. No gRPC here.
+// kMaxJsonDepth is refused as it is parsed (common/base/json.h), so nothing
+// after it (copies, dump(), the chat template) recurses deeply. No gRPC here.
 #ifndef TANDEM_DECODE_WORKER_OPENAI_REQUEST_H_
 #define TANDEM_DECODE_WORKER_OPENAI_REQUEST_H_
 
@@ -17,21 +17,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/base/json.h"
 #include "common/chat/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
-
-// Far deeper than any request body or tool schema clients send (a message
-// list with tool calls is 6 levels), and shallow enough that recursion over
-// the value (copies, dump(), the chat template) costs a few KB of stack.
-inline constexpr int kMaxJsonDepth = 128;
-
-// `text` as JSON, or a discarded value (is_discarded()) when it is not JSON
-// or nests arrays and objects deeper than kMaxJsonDepth.
-nlohmann::ordered_json ParseJsonBounded(const std::string& text);
 
 // The HTTP status of an error inside (absl and gRPC share the codes): 400 bad
 // input, 404 not found, 409 an id in flight, 429 queue full, 499 cancelled,

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "decode_worker/openai_request.h"
+#include "common/base/json.h"
 
 namespace tandem {
 

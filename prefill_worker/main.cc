@@ -3,6 +3,7 @@
 
 #include "common/base/flags.h"
 #include "common/serving/engine_flags.h"
+#include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "prefill_worker/prefill_service.h"
 
@@ -31,6 +32,13 @@ int main(int argc, char** argv) {
       code >= 0) {
     return code;
   }
+  // The tokenizer's bytes of each token, for structured outputs' first token.
+  auto tokenizer = tandem::LoadTokenizer(config.model);
+  if (!tokenizer.ok()) {
+    std::cerr << "prefill_worker: " << tokenizer.status().message() << std::endl;
+    return 1;
+  }
+  if (*tokenizer != nullptr) config.vocabulary = tandem::TokenVocabularyOf(**tokenizer);
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("prefill");
   if (!(kv_export_timeout_s > 0)) {

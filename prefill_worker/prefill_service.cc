@@ -330,6 +330,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
                                           " layers)")));
     return writer.get();
   }
+  absl::StatusOr<SamplingParams> params = FromProto(request->sampling());
+  if (!params.ok()) {
+    writer->End(ToGrpcStatus(params.status()));
+    return writer.get();
+  }
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
@@ -355,7 +360,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
   EngineClient::Submission s;
   s.id = g->id;
   s.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
-  s.params = FromProto(request->sampling());
+  s.params = *std::move(params);
   s.params.max_tokens = 1;  // the prefill worker samples only the first token
   s.kind = RequestKind::kPrefillOnly;
   s.max_waiting = max_waiting_;

@@ -2,8 +2,8 @@
 """Fails when an #include crosses the layers the design allows.
 
 graph <- backend <- kernels <- model <- engine <- serving <- workers/tools,
-with base under everything and the tokenizer and chat templates beside the
-model; the two workers never include each other (they meet only over gRPC); the model sees
+with base under everything, the tokenizer and chat templates beside the
+model, and structured outputs' grammars under the engine; the two workers never include each other (they meet only over gRPC); the model sees
 the kernel interface (ops.h), never a concrete backend; the generic backend
 and kernel files never include the cpu/ or cuda/ ones.
 
@@ -21,9 +21,10 @@ ALLOWED = {
     "common/kernels": BASE | {"common/graph", "common/backend", "common/kernels"},
     "common/tokenizer": BASE | {"common/tokenizer"},
     "common/chat": BASE | {"common/chat"},
+    "common/structured": BASE | {"common/structured"},
     "common/model": BASE | {"common/graph", "common/backend", "common/kernels/ops.h", "common/model"},
     "common/engine": BASE | {"common/graph", "common/backend", "common/kernels", "common/model",
-                             "common/engine"},
+                             "common/structured", "common/engine"},
     "common/serving": {"common", "proto"},
     "prefill_worker": {"common", "proto", "prefill_worker"},
     "decode_worker": {"common", "proto", "decode_worker"},

@@ -1,6 +1,7 @@
 #include "common/engine/engine.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
@@ -99,6 +100,10 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
         "sampling.prior_output_tokens (", params.prior_output_tokens,
         ") must be less than the prompt's ", prompt.size(), " tokens"));
   }
+  if (params.grammar != nullptr && config_.vocabulary == nullptr) {
+    return absl::InvalidArgumentError(
+        "structured outputs need the model's tokenizer (its tokens' bytes), and this worker has none");
+  }
   for (const auto& [id, bias] : params.logit_bias) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -135,6 +140,17 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->arrival = next_arrival_++;
   r->queued_at = absl::Now();
   r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
+  if (params.grammar != nullptr) {
+    r->matcher = std::make_unique<GrammarMatcher>(params.grammar);
+    // A re-prefilled request's output so far is in its prompt.
+    for (int64_t i = r->prompt_len - params.prior_output_tokens; i < r->prompt_len; ++i) {
+      if (!r->matcher->Accept(TokenBytes(r->tokens[i]))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the request's earlier output (sampling.prior_output_tokens) does not match its "
+            "structured output at token ", i - (r->prompt_len - params.prior_output_tokens)));
+      }
+    }
+  }
   scheduler_->AddWaiting(r.get());
   requests_.emplace(id, std::move(r));
   return absl::OkStatus();
@@ -203,6 +219,8 @@ void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o,
   const bool first = r->num_output_tokens() == 0;
   r->tokens.push_back(token);
   o.new_tokens.push_back(token);
+  // The mask allowed it; EOS (no bytes) leaves the matcher as it is.
+  if (r->matcher != nullptr) r->matcher->Accept(TokenBytes(token));
   if (r->params.logprobs >= 0) o.logprobs.push_back(logprobs ? std::move(*logprobs) : TokenLogprobs{});
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
@@ -323,6 +341,7 @@ void LlmEngine::ProposeDrafts() {
   for (Request* r : scheduler_->running()) {
     r->drafts.clear();
     if (r->num_tokens() - r->num_computed != 1) continue;  // prefilling
+    if (r->matcher != nullptr) continue;  // drafts would skip the grammar's mask
     // No draft past max_tokens or max_model_len: the step yields up to
     // drafts + 1 tokens, the last of them sampled after the drafts.
     const int64_t room = std::min<int64_t>(
@@ -337,6 +356,22 @@ void LlmEngine::ProposeDrafts() {
     const int k = static_cast<int>(std::min<int64_t>(r->draft_length->Next(), room));
     r->proposer->Propose(r->tokens, k, &r->drafts);
   }
+}
+
+const std::string& LlmEngine::TokenBytes(int32_t token) const {
+  static const std::string kNone;
+  const TokenVocabulary* v = config_.vocabulary.get();
+  return v != nullptr && token >= 0 && token < v->size() ? v->bytes(token) : kNone;
+}
+
+const float* LlmEngine::Masked(const GrammarMatcher& matcher, const float* logits, int vocab) {
+  allowed_.resize(vocab);
+  matcher.FillMask(*config_.vocabulary, model_->config().eos_token_ids, &allowed_);
+  masked_logits_.assign(logits, logits + vocab);
+  for (int i = 0; i < vocab; ++i) {
+    if (!allowed_[i]) masked_logits_[i] = -std::numeric_limits<float>::infinity();
+  }
+  return masked_logits_.data();
 }
 
 void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
@@ -361,6 +396,11 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
                          r->drafts[kept], &r->rng, &next)) {
       break;
     }
+  }
+  if (r->matcher != nullptr) {
+    // Structured outputs (never drafted): the tokens that cannot come next
+    // are out of the draw, and out of the logprobs, as vLLM's bitmask does.
+    logits = Masked(*r->matcher, logits, vocab);
   }
   if (kept == drafts) {
     next = sampler_.Sample(logits + int64_t{drafts} * vocab, vocab, r->params, history(drafts),

@@ -42,6 +42,9 @@ struct EngineConfig {
   // Speculative decoding (off by default); when on, the runner's
   // uniform_decode_query_len is 1 + num_speculative_tokens.
   SpeculativeConfig speculative;
+  // The tokens' bytes, for structured outputs (SamplingParams::grammar);
+  // null when the model has no tokenizer, and then such requests are refused.
+  std::shared_ptr<const TokenVocabulary> vocabulary;
 };
 
 // Speculative decoding counters since start-up (vLLM's SpecDecodingStats).
@@ -244,6 +247,10 @@ class LlmEngine {
   // computed length back to the last kept one.
   void AcceptTokens(const ScheduledChunk& c, const float* logits, std::vector<RequestOutput>* out,
                     size_t carried);
+  // Structured outputs: a token's bytes ("" past the tokenizer's vocabulary),
+  // and a copy of a row of logits with what `matcher` rules out at -inf.
+  const std::string& TokenBytes(int32_t token) const;
+  const float* Masked(const GrammarMatcher& matcher, const float* logits, int vocab);
   // Calls copy(offset, cache_k, cache_v, bytes) for each run of consecutive
   // slots that rows [first, first + count) of `layer` occupy in a request's
   // blocks (at most one block each), `offset` being the run's first byte in
@@ -276,6 +283,8 @@ class LlmEngine {
   // Outputs made between steps (a remote request's first token), returned
   // by the next Step().
   std::vector<RequestOutput> pending_outputs_;
+  std::vector<uint8_t> allowed_;       // Masked()'s, reused
+  std::vector<float> masked_logits_;   // Masked()'s, reused
 };
 
 }  // namespace tandem

@@ -89,6 +89,8 @@ struct Request {
   std::vector<int32_t> drafts;
   // The step's input when it carries drafts: the last token, then drafts.
   std::vector<int32_t> step_tokens;
+  // Structured outputs: the reply's progress through params.grammar.
+  std::unique_ptr<GrammarMatcher> matcher;
   // While a step computes this kPrefillOnly request's rows [num_computed,
   // step_kv_end): they become final layer by layer (LlmEngine::KvReadyTokens).
   // 0 outside a step.

@@ -8,12 +8,14 @@
 #define TANDEM_COMMON_ENGINE_SAMPLING_H_
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/structured/json_grammar.h"
 
 namespace tandem {
 
@@ -52,6 +54,9 @@ struct SamplingParams {
   // (the API refuses min_tokens > max_tokens; a prefill worker's one-token
   // request carries the caller's min_tokens).
   uint32_t min_tokens = 0;
+  // Structured outputs: the reply must match this grammar (a JSON schema, or
+  // one of some strings), its tokens masked at each step; null: free text.
+  std::shared_ptr<const JsonGrammar> grammar;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

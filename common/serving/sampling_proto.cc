@@ -2,10 +2,25 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 
-SamplingParams FromProto(const v1::SamplingParams& p) {
+absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   SamplingParams s;
+  if (!p.structured_json_schema().empty() && p.structured_choice_size() > 0) {
+    return absl::InvalidArgumentError(
+        "sampling.structured_json_schema and sampling.structured_choice: give one of the two");
+  }
+  if (!p.structured_json_schema().empty()) {
+    auto g = JsonGrammar::FromSchema(p.structured_json_schema());
+    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.structured_json_schema: ", g.status().message()));
+    s.grammar = *std::move(g);
+  } else if (p.structured_choice_size() > 0) {
+    auto g = JsonGrammar::FromChoices({p.structured_choice().begin(), p.structured_choice().end()});
+    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.structured_", g.status().message()));
+    s.grammar = *std::move(g);
+  }
   s.max_tokens = p.max_tokens();
   s.temperature = p.temperature();
   s.top_p = p.top_p() == 0.f ? 1.f : p.top_p();
@@ -40,6 +55,10 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   p->set_presence_penalty(s.presence_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
   if (s.logprobs >= 0) p->mutable_logprobs()->set_value(s.logprobs);
+  if (s.grammar != nullptr) {
+    p->set_structured_json_schema(s.grammar->schema());
+    p->mutable_structured_choice()->Add(s.grammar->choices().begin(), s.grammar->choices().end());
+  }
   // A first token that min_tokens keeps from stopping the output: its stop
   // ids are banned there too.
   if (prior_output_tokens < s.min_tokens) {

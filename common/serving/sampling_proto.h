@@ -2,17 +2,19 @@
 #ifndef TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_
 #define TANDEM_COMMON_SERVING_SAMPLING_PROTO_H_
 
+#include "absl/status/statusor.h"
 #include "common/engine/sampling.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
 
-// Sampling parameters from the API message (top_p 0 means 1).
-SamplingParams FromProto(const v1::SamplingParams& p);
+// Sampling parameters from the API message (top_p 0 means 1); its
+// structured output compiled. INVALID_ARGUMENT names a schema's fault.
+absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p);
 
 // What decides a prompt's first token, for the prefill worker that samples
 // it: max_tokens 1, and the distribution's fields (temperature, top-p/k,
-// min-p, seed, logit bias, penalties, logprobs); the stop conditions stay
+// min-p, seed, logit bias, penalties, logprobs, structured output); the stop conditions stay
 // with the decode worker. `prior_output_tokens`: the prompt's last tokens
 // that are output already (a preempted request prefilled again).
 void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,

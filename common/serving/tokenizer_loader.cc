@@ -130,4 +130,15 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string
   return std::make_unique<ChatTemplate>(std::move(t));
 }
 
+std::shared_ptr<const TokenVocabulary> TokenVocabularyOf(const Tokenizer& tokenizer) {
+  const int32_t n = tokenizer.vocab_size();
+  std::vector<std::string> bytes(n);
+  std::vector<bool> never(n, false);
+  for (int32_t id = 0; id < n; ++id) {
+    never[id] = tokenizer.IsSpecial(id);
+    if (!never[id]) bytes[id] = tokenizer.TokenBytes(id);
+  }
+  return std::make_shared<const TokenVocabulary>(std::move(bytes), never);
+}
+
 }  // namespace tandem

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/chat/chat_template.h"
+#include "common/structured/json_grammar.h"
 #include "common/serving/gguf_vocab.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -18,6 +19,10 @@ namespace tandem {
 // directory without tokenizer.json, a GGUF without tokenizer.ggml.model.
 // INVALID_ARGUMENT names the file and what the tokenizer does not implement.
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model_spec);
+
+// Each token's bytes (special tokens never allowed), for structured outputs'
+// masks (EngineConfig::vocabulary).
+std::shared_ptr<const TokenVocabulary> TokenVocabularyOf(const Tokenizer& tokenizer);
 
 // The chat template that goes with a --model spec: the file `override_path`
 // when given (vLLM's --chat-template), else the GGUF's

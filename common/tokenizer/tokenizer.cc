@@ -57,6 +57,15 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special
   return absl::StrJoin(t.Decoded(std::move(tokens)), "");
 }
 
+std::string Tokenizer::TokenBytes(int32_t id) const {
+  if (impl_->unused_ids.contains(id)) return "";
+  if (auto a = impl_->added_by_id.find(id); a != impl_->added_by_id.end()) {
+    return impl_->added[a->second].content;
+  }
+  const std::string& s = impl_->bpe.IdToToken(id);
+  return s.empty() ? s : impl_->RawBytes(s);
+}
+
 std::string Tokenizer::IdToToken(int32_t id) const {
   auto a = impl_->added_by_id.find(id);
   if (a != impl_->added_by_id.end()) return impl_->added[a->second].content;

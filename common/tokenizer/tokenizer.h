@@ -58,6 +58,10 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
   // The token's string in the vocabulary ("" when none).
   std::string IdToToken(int32_t id) const;
+  // The bytes the token stands for in the middle of a text (not always
+  // UTF-8 on its own: a byte-level token may hold part of a character); an
+  // added token's content; "" when the id has none.
+  std::string TokenBytes(int32_t id) const;
   // -1 when absent.
   int32_t TokenToId(absl::string_view token) const;
   bool IsSpecial(int32_t id) const;

@@ -386,6 +386,46 @@ struct Tokenizer::Impl {
     cache.emplace(word, std::move(ids));
   }
 
+  // The bytes a vocabulary token stands for in the middle of a text: the
+  // decoder's steps on it alone, with no UTF-8 repair (a byte-level token may
+  // hold part of a character) and none of the steps that only trim the ends
+  // of a whole text.
+  std::string RawBytes(std::string token) const {
+    for (const DecStep& d : decoder) {
+      switch (d.kind) {
+        case DecStep::kByteLevel: {
+          std::string mapped;
+          for (size_t i = 0; i < token.size();) {
+            size_t len = 0;
+            const int b = UnicodeToByte(CodePointAt(token, i, &len));
+            if (b < 0) return token;
+            mapped.push_back(static_cast<char>(b));
+            i += len;
+          }
+          token = std::move(mapped);
+          break;
+        }
+        case DecStep::kReplace:
+          token = absl::StrReplaceAll(token, {{d.a, d.b}});
+          break;
+        case DecStep::kByteFallback:
+          if (token.size() == 6 && absl::StartsWith(token, "<0x") && token[5] == '>' &&
+              isxdigit(static_cast<unsigned char>(token[3])) &&
+              isxdigit(static_cast<unsigned char>(token[4]))) {
+            token = std::string(1, static_cast<char>(std::stoi(token.substr(3, 2), nullptr, 16)));
+          }
+          break;
+        case DecStep::kMetaspace:
+          token = absl::StrReplaceAll(token, {{d.a, " "}});
+          break;
+        case DecStep::kFuse:
+        case DecStep::kStrip:
+          break;
+      }
+    }
+    return token;
+  }
+
   std::vector<std::string> Decoded(std::vector<std::string> tokens) const {
     for (const DecStep& d : decoder) {
       std::vector<std::string> next;

@@ -65,7 +65,13 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       // ended the process.
       {chat, "{" + user + R"(, "response_format": 5})", "response_format", "response_format must be an object with a type, got 5"},
       {chat, "{" + user + R"(, "response_format": {"type": 5}})", "response_format", "must be an object with a type"},
-      {chat, "{" + user + R"(, "response_format": {"type": "json_object"}})", "response_format", "\"json_object\" is not supported"},
+      {chat, "{" + user + R"(, "response_format": {"type": "xml"}})", "response_format", "\"xml\" is not supported"},
+      {chat, "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})", "response_format", "response_format.json_schema.schema must be an object"},
+      {chat, "{" + user + R"(, "structured_outputs": {"regex": "a+"}})", "structured_outputs", "structured_outputs.regex is not supported"},
+      {chat, "{" + user + R"(, "guided_choice": [], "max_tokens": 3})", "guided_choice", "choice must be a non-empty list"},
+      {chat, "{" + user + R"(, "guided_json": "{not json"})", "guided_json", "the JSON schema must be an object"},
+      {chat, "{" + user + R"(, "guided_json": {}, "response_format": {"type": "json_object"}})", "guided_json", "give one structured output, not 2 (response_format, guided_json)"},
+      {chat, "{" + user + R"(, "guided_regex": "a"})", "guided_regex", "guided_regex=\"a\" is not supported"},
       {chat, R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "messages", "messages[0].content: only text parts"},
       // Token ids wrapped into int32 (4294967297 became 1).
       {comp, R"({"prompt": [1, 4294967297]})", "prompt", "prompt[1] must be a token id (an integer in [0, 2147483647]), got 4294967297"},
@@ -178,6 +184,35 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   ASSERT_EQ(n.choices.size(), 1u);
   ids.assign(n.choices[0].generate.prompt_token_ids().begin(), n.choices[0].generate.prompt_token_ids().end());
   EXPECT_EQ(tokenizer_->Decode(ids).find("get_weather"), std::string::npos);
+}
+
+TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
+  const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";
+  struct Case {
+    std::string fields, schema;
+    std::vector<std::string> choices;
+  };
+  const Case cases[] = {
+      {R"("response_format": {"type": "json_object"})", R"({"type":"object"})", {}},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": )" + schema + "}}",
+       Json::parse(schema).dump(), {}},
+      {R"("structured_outputs": {"json": )" + schema + "}", Json::parse(schema).dump(), {}},
+      {R"("structured_outputs": {"json": )" + Json(schema).dump() + "}", Json::parse(schema).dump(), {}},
+      {R"("structured_outputs": {"json_object": true, "regex": null})", R"({"type":"object"})", {}},
+      {R"("guided_json": )" + schema, Json::parse(schema).dump(), {}},
+      {R"("structured_outputs": {"choice": ["yes", "no"]})", "", {"yes", "no"}},
+      {R"("guided_choice": ["a b"])", "", {"a b"}},
+      {R"("response_format": {"type": "text"})", "", {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.fields);
+    const OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, "{" + user + ", " + c.fields + "}");
+    ASSERT_FALSE(r.error.has_value()) << r.error->message;
+    const v1::SamplingParams& s = r.choices[0].generate.sampling();
+    EXPECT_EQ(s.structured_json_schema(), c.schema);
+    EXPECT_EQ(std::vector<std::string>(s.structured_choice().begin(), s.structured_choice().end()), c.choices);
+  }
 }
 
 TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {

@@ -203,6 +203,106 @@ TEST(EngineTest, AbortFreesBlocksMidGeneration) {
 
 // A cache too small for all requests at once: requests wait or are preempted
 // and recomputed, all finish with the tokens they get with a large cache.
+// Structured outputs on the synthetic model: a vocabulary of JSON pieces
+// (id % 16; EOS is 2) that, as a real one, can spell every byte the
+// grammars need one at a time; a grammar; replies that always match it.
+std::shared_ptr<const TokenVocabulary> JsonPieces() {
+  static const char* kPieces[] = {"{", "}", "", "\"a\"", ":", ",", " ", "1", "2", "[", "]",
+                                  "\"", "b", "null", "a", "x"};
+  std::vector<std::string> bytes(512);
+  for (int id = 0; id < 512; ++id) bytes[id] = kPieces[id % 16];
+  return std::make_shared<const TokenVocabulary>(bytes, std::vector<bool>(512, false));
+}
+
+std::unique_ptr<LlmEngine> MakeStructuredEngine(int num_kv_blocks = 0) {
+  EngineConfig c;
+  c.model = "synthetic";
+  c.runner.graph.requested_mode = M::kFullAndPiecewise;
+  c.runner.max_num_batched_tokens = 64;
+  c.runner.max_model_len = 512;
+  c.num_kv_blocks = num_kv_blocks;
+  c.vocabulary = JsonPieces();
+  auto e = LlmEngine::Create(c);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(e).value();
+}
+
+std::string Text(const TokenVocabulary& v, const std::vector<int32_t>& ids) {
+  std::string t;
+  for (int32_t id : ids) t += v.bytes(id);
+  return t;
+}
+
+TEST(EngineTest, StructuredOutputsHoldEveryReplyToItsGrammar) {
+  auto e = MakeStructuredEngine();
+  auto schema = JsonGrammar::FromSchema(
+      R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
+          "maxItems": 3}}, "required": ["a"]})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  auto choice = JsonGrammar::FromChoices({"bb", "x1x"});
+  ASSERT_TRUE(choice.ok());
+  for (int i = 0; i < 12; ++i) {
+    SamplingParams p;
+    p.max_tokens = 60;
+    p.temperature = 1.0f;  // a random model, sampled: anything the mask leaves
+    p.seed = 100 + i;
+    p.grammar = i % 3 == 2 ? *choice : *schema;
+    ASSERT_TRUE(e->AddRequest("r" + std::to_string(i), Prompt(6, i), p).ok());
+  }
+  std::map<std::string, FinishReason> reasons;
+  const auto out = RunAll(e.get(), &reasons);
+  const auto vocab = JsonPieces();
+  int whole = 0;
+  for (int i = 0; i < 12; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    SCOPED_TRACE(id);
+    std::vector<int32_t> tokens = out.at(id);
+    const bool stopped = reasons[id] == FinishReason::kStop;
+    if (stopped) {
+      ASSERT_EQ(tokens.back(), 2);  // EOS, once the reply is whole
+      tokens.pop_back();
+    }
+    GrammarMatcher m(i % 3 == 2 ? *choice : *schema);
+    const std::string text = Text(*vocab, tokens);
+    ASSERT_TRUE(m.Accept(text)) << text;
+    EXPECT_EQ(m.CanEnd(), stopped) << text;
+    whole += stopped;
+    if (i % 3 == 2) EXPECT_TRUE(text == "bb" || text == "x1x") << text;
+  }
+  EXPECT_GE(whole, 4);  // the choices end at once; most objects do too
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+}
+
+TEST(EngineTest, StructuredOutputResumesAfterPriorOutput) {
+  auto e = MakeStructuredEngine();
+  auto g = JsonGrammar::FromSchema(R"({"type": "array", "items": {"type": "integer"}})");
+  ASSERT_TRUE(g.ok());
+  SamplingParams p;
+  p.max_tokens = 14;
+  p.grammar = *g;  // greedy: the same tokens when resumed
+  ASSERT_TRUE(e->AddRequest("whole", Prompt(7, 2), p).ok());
+  const std::vector<int32_t> whole = RunAll(e.get())["whole"];
+  ASSERT_GE(whole.size(), 6u);
+  std::vector<int32_t> resumed_prompt = Prompt(7, 2);
+  resumed_prompt.insert(resumed_prompt.end(), whole.begin(), whole.begin() + 5);
+  SamplingParams resumed = p;
+  resumed.max_tokens = p.max_tokens - 5;
+  resumed.prior_output_tokens = 5;
+  ASSERT_TRUE(e->AddRequest("resumed", resumed_prompt, resumed).ok());
+  EXPECT_EQ(RunAll(e.get())["resumed"], std::vector<int32_t>(whole.begin() + 5, whole.end()));
+  // Prior output the grammar cannot have made is refused.
+  std::vector<int32_t> wrong = Prompt(7, 2);
+  wrong.push_back(1);  // "}"
+  resumed.prior_output_tokens = 1;
+  const absl::Status refused = e->AddRequest("wrong", wrong, resumed);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("does not match its structured output"), std::string::npos) << refused;
+  // Without a vocabulary, structured outputs cannot be served.
+  auto plain = MakeEngine(M::kNone);
+  const absl::Status none = plain->AddRequest("x", Prompt(3, 1), p);
+  EXPECT_NE(none.message().find("structured outputs need the model's tokenizer"), std::string::npos) << none;
+}
+
 TEST(EngineTest, SmallCachePreemptsAndRecomputes) {
   SamplingParams p = IgnoringEos(24);
   auto big = MakeEngine(M::kFullAndPiecewise, 0, 8, 4);

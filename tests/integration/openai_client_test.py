@@ -9,6 +9,7 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 completions from token ids equal to `tandem generate --local`; stop strings;
 n samples (seeded: each the single request with seed + j) and batches of prompts;
 an API key (401 without it on /v1/, /health open); --reasoning-parser (a second pair);
+structured outputs (a JSON schema, any object, a choice);
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
 client that disconnects mid-stream frees its KV blocks at once; 24
@@ -191,8 +192,44 @@ def main():
             model="smollm2", messages=question, logit_bias={"99999999": 1}),
             "logit_bias names token 99999999, outside the vocabulary [0, 49152)")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, extra_body={"guided_json": {"type": "object"}}),
-            "guided_json")
+            model="smollm2", messages=question, extra_body={"guided_regex": "a+"}),
+            "guided_regex")
+        passed += 1
+
+        # Structured outputs through the pair (the prefill worker samples the
+        # first token under the same grammar): a JSON schema, whole and
+        # streamed; any object, sampled, n times; a choice; a schema refused.
+        person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                  "age": {"type": "integer"}, "city": {"enum": ["Paris", "Lyon"]}},
+                  "required": ["name", "age", "city"]}
+        ask = [{"role": "user", "content": "Describe a person who lives in France, as JSON."}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+        made = client.chat.completions.create(model="smollm2", messages=ask, temperature=0,
+                                              max_tokens=80, response_format=fmt)
+        assert made.choices[0].finish_reason == "stop", made
+        value = json.loads(made.choices[0].message.content)
+        assert set(value) == {"name", "age", "city"} and isinstance(value["age"], int), value
+        assert isinstance(value["name"], str) and len(value["name"]) <= 20, value
+        assert value["city"] in ("Paris", "Lyon"), value
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="smollm2", messages=ask, temperature=0, max_tokens=80, response_format=fmt,
+            stream=True) if c.choices)
+        assert streamed == made.choices[0].message.content, (streamed, made)
+        objects = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "List three colors."}],
+            temperature=1.0, seed=11, max_tokens=120, n=3, response_format={"type": "json_object"})
+        for choice in objects.choices:
+            if choice.finish_reason == "stop":
+                assert isinstance(json.loads(choice.message.content), dict), choice
+        assert any(c.finish_reason == "stop" for c in objects.choices), objects
+        yes_no = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Is Paris in France?"}],
+            temperature=1.0, seed=2, max_tokens=10, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        assert yes_no.choices[0].message.content in ("yes", "no"), yes_no
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=ask, response_format={"type": "json_schema", "json_schema": {
+                "name": "p", "schema": {"type": "string", "pattern": "^a"}}}),
+            'the keyword "pattern" is not supported')
         passed += 1
 
         # Log-probabilities (vLLM's raw ones), the first token's from the

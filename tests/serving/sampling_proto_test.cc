@@ -10,7 +10,7 @@ namespace {
 TEST(SamplingProtoTest, FieldsReachTheEngineWithTheirNeutralDefaults) {
   v1::SamplingParams p;
   p.set_max_tokens(9);
-  SamplingParams s = FromProto(p);
+  SamplingParams s = *FromProto(p);
   EXPECT_EQ(s.top_p, 1.f);
   EXPECT_EQ(s.repetition_penalty, 1.f);
   EXPECT_EQ(s.logprobs, -1);
@@ -23,7 +23,7 @@ TEST(SamplingProtoTest, FieldsReachTheEngineWithTheirNeutralDefaults) {
   (*p.mutable_logit_bias())[4] = -1.f;
   p.mutable_logprobs()->set_value(0);
   p.set_min_tokens(3);
-  s = FromProto(p);
+  s = *FromProto(p);
   EXPECT_EQ(s.min_p, 0.2f);
   EXPECT_EQ(s.repetition_penalty, 1.3f);
   EXPECT_EQ(s.frequency_penalty, -0.5f);
@@ -54,7 +54,7 @@ TEST(SamplingProtoTest, TheFirstTokensSamplingCarriesTheDistributionAndMinTokens
   // The first token may not stop the output: its stop ids are banned there.
   EXPECT_EQ(p.min_tokens(), 1u);
   EXPECT_EQ(p.stop_token_ids_size(), 2);
-  const SamplingParams back = FromProto(p);
+  const SamplingParams back = *FromProto(p);
   EXPECT_EQ(back.min_tokens, 1u);
   EXPECT_EQ(back.prior_output_tokens, 0u);
   // A preempted request with 2 tokens out: its next may not stop either.

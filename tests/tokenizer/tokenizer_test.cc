@@ -186,6 +186,58 @@ TEST(TokenizerTest, QwenFixtureTokenizerMatchesTokenizersFromBothFormats) {
   }
 }
 
+// Each token's bytes (for structured outputs' masks), joined, are the text
+// the decoder makes of the whole sequence (but for the leading spaces a
+// decoder drops at the start of a text), byte-level tokens that split a
+// character included.
+TEST(TokenizerTest, TokenBytesJoinToTheDecodedText) {
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(FromJsonFile("bytelevel.json"));
+  toks.push_back(FromJsonFile("spm.json"));
+  toks.push_back(FromJsonFile("spm_metaspace.json"));
+  auto smol = LoadTokenizer(SmolLm2Path());
+  ASSERT_TRUE(smol.ok()) << smol.status();
+  toks.push_back(std::move(*smol));
+  const Json& corpus = Corpus();
+  for (const auto& tok : toks) {
+    ASSERT_NE(tok, nullptr);
+    SCOPED_TRACE(tok->source());
+    int checked = 0;
+    for (size_t i = 0; i < 400; ++i) {
+      const std::string text = corpus[i];
+      // Added tokens strip spaces around them as the tokenizer says: not a
+      // token's bytes.
+      if (text.find("<|") != std::string::npos || text.find("<s>") != std::string::npos ||
+          text.find("</s>") != std::string::npos) {
+        continue;
+      }
+      const std::vector<int32_t> ids = tok->Encode(text, /*add_special_tokens=*/false);
+      std::string joined;
+      bool special = false;
+      for (int32_t id : ids) {
+        special |= tok->IsSpecial(id);
+        joined += tok->TokenBytes(id);
+      }
+      if (special) continue;
+      // The decoders' start-of-text rules (Strip, Metaspace's first token)
+      // drop leading spaces that a token in the middle of a text keeps.
+      std::string decoded = tok->Decode(ids);
+      auto ltrim = [](std::string* t) { t->erase(0, t->find_first_not_of(' ')); };
+      ltrim(&joined);
+      ltrim(&decoded);
+      ASSERT_EQ(joined, decoded);
+      ++checked;
+    }
+    EXPECT_GT(checked, 300);
+  }
+  // A byte-level token that holds part of a character stands for that byte.
+  auto tok = FromJsonFile("bytelevel.json");
+  const std::vector<int32_t> ids = tok->Encode("\xF0\x9F\x98\x80", false);  // one 4-byte character
+  std::string joined;
+  for (int32_t id : ids) joined += tok->TokenBytes(id);
+  EXPECT_EQ(joined, "\xF0\x9F\x98\x80");
+}
+
 TEST(TokenizerTest, UnsupportedComponentsAreNamed) {
   auto bad_model = Tokenizer::FromHuggingFaceJson(R"({"model": {"type": "WordPiece"}})", "t.json");
   EXPECT_NE(bad_model.status().message().find("WordPiece"), std::string::npos);

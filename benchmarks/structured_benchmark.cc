@@ -1,0 +1,61 @@
+// Structured outputs' cost per decode step: the token mask (GrammarMatcher::
+// FillMask) over SmolLM2's 49,152 tokens (from its GGUF; TANDEM_SMOLLM2_GGUF
+// or the fetch script's cache) at each point of a JSON reply, and the
+// vocabulary's one-off indexing at start-up.
+//
+//   build/bin/structured_benchmark --benchmark_repetitions=3
+#include <cstdlib>
+#include <string>
+
+#include "benchmark/benchmark.h"
+#include "common/serving/tokenizer_loader.h"
+#include "common/structured/json_grammar.h"
+
+namespace tandem {
+namespace {
+
+const Tokenizer& SmolLm2() {
+  static const std::unique_ptr<Tokenizer> tok = [] {
+    const char* env = std::getenv("TANDEM_SMOLLM2_GGUF");
+    auto t = LoadTokenizer(env != nullptr ? env : TANDEM_SMOLLM2_GGUF);
+    if (!t.ok() || *t == nullptr) std::abort();
+    return std::move(*t);
+  }();
+  return *tok;
+}
+
+const char* kSchema = R"({"type": "object", "properties": {"name": {"type": "string"},
+    "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "city": {"enum": ["Paris", "Lyon", "Nice"]}}, "required": ["name", "age"]})";
+const char* kReply = R"({"name": "Ana Lima", "age": 31, "tags": ["pilot", "chess"], "city": "Lyon"})";
+
+void BM_VocabularyIndex(benchmark::State& state) {
+  const Tokenizer& tok = SmolLm2();
+  for (auto _ : state) benchmark::DoNotOptimize(TokenVocabularyOf(tok));
+}
+BENCHMARK(BM_VocabularyIndex)->Unit(benchmark::kMillisecond);
+
+// One mask per byte of the reply (a decode step is one token, a few bytes):
+// the mean over every point of the reply, structure and strings alike.
+void BM_MaskAlongAReply(benchmark::State& state) {
+  const auto vocab = TokenVocabularyOf(SmolLm2());
+  auto g = JsonGrammar::FromSchema(kSchema);
+  if (!g.ok()) std::abort();
+  const std::string reply = kReply;
+  std::vector<uint8_t> allowed(vocab->size());
+  for (auto _ : state) {
+    GrammarMatcher m(*g);
+    for (char c : reply) {
+      m.FillMask(*vocab, {2}, &allowed);
+      m.Accept(std::string(1, c));
+    }
+  }
+  state.counters["masks"] = benchmark::Counter(static_cast<double>(reply.size()) * state.iterations(),
+                                               benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_MaskAlongAReply)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace tandem
+
+BENCHMARK_MAIN();

@@ -1,0 +1,235 @@
+// Structured outputs' grammars: what a JSON schema (the supported subset),
+// any JSON object, or a list of choices admits byte by byte, and the token
+// mask against a brute-force check of every token.
+#include "common/structured/json_grammar.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+std::shared_ptr<const JsonGrammar> Schema(const std::string& schema) {
+  auto g = JsonGrammar::FromSchema(schema);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : nullptr;
+}
+
+// Whether `text` is a whole reply the grammar admits.
+bool Whole(const std::shared_ptr<const JsonGrammar>& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.Accept(text) && m.CanEnd();
+}
+
+// Whether `text` may begin a reply.
+bool Prefix(const std::shared_ptr<const JsonGrammar>& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.Accept(text);
+}
+
+TEST(JsonGrammarTest, AnyObject) {
+  const auto g = Schema(R"({"type": "object"})");
+  EXPECT_TRUE(Whole(g, R"({"a": [1, -2.5e3, "x\u00e9\n", {}], "b": {"c": null, "d": true}})"));
+  EXPECT_TRUE(Whole(g, "{}"));
+  EXPECT_TRUE(Whole(g, "{\n  \"k\" : \"v\"\n}"));
+  EXPECT_FALSE(Prefix(g, "["));
+  EXPECT_FALSE(Prefix(g, R"({"a" 1)"));
+  EXPECT_FALSE(Prefix(g, "{} "));  // nothing after the value
+  EXPECT_FALSE(Prefix(g, R"({"a": tru })"));
+  EXPECT_FALSE(Prefix(g, R"({"a": "\x"})"));
+  EXPECT_FALSE(Prefix(g, "{\"a\": \"line\nbreak\"}"));  // a raw control character
+  EXPECT_FALSE(Whole(g, R"({"a": 1)"));
+  GrammarMatcher done(g);
+  ASSERT_TRUE(done.Accept("{}"));
+  EXPECT_TRUE(done.Done());
+}
+
+TEST(JsonGrammarTest, PropertiesRequiredAndNoOtherKeys) {
+  const auto g = Schema(R"({"type": "object", "properties": {"name": {"type": "string"},
+      "age": {"type": "integer"}, "nick": {"type": "string"}}, "required": ["name"]})");
+  EXPECT_TRUE(Whole(g, R"({"name": "Bo", "age": 3})"));
+  EXPECT_TRUE(Whole(g, R"({"age": 3, "name": "Bo"})"));  // any order
+  EXPECT_TRUE(Whole(g, R"({"name": "Bo"})"));
+  EXPECT_FALSE(Whole(g, "{}"));                            // name is required
+  EXPECT_FALSE(Prefix(g, R"({"age": 3.5)"));               // an integer
+  EXPECT_FALSE(Prefix(g, R"({"name": "x", "other")"));     // no other key
+  EXPECT_FALSE(Prefix(g, R"({"name": "a", "name")"));      // no key twice
+  EXPECT_TRUE(Prefix(g, R"({"n)"));                        // name or nick: open
+  EXPECT_FALSE(Prefix(g, R"({"name": "a", "age": 1, "nick": "b",)"));  // no key left
+  // additionalProperties as a schema admits other keys with such values.
+  const auto open = Schema(R"({"properties": {"a": {"type": "null"}}, "additionalProperties": {"type": "integer"}})");
+  EXPECT_TRUE(Whole(open, R"({"a": null, "zz": 7})"));
+  EXPECT_FALSE(Prefix(open, R"({"zz": "7")"));
+}
+
+TEST(JsonGrammarTest, EnumConstUnionsAndTypeLists) {
+  const auto color = Schema(R"({"enum": ["red", "green", 3, null]})");
+  EXPECT_TRUE(Whole(color, "\"red\""));
+  EXPECT_TRUE(Whole(color, "3"));
+  EXPECT_TRUE(Whole(color, "null"));
+  EXPECT_FALSE(Prefix(color, "\"blue"));
+  EXPECT_TRUE(Whole(Schema(R"({"const": {"a": [1]}})"), R"({"a":[1]})"));
+  const auto nullable = Schema(R"({"type": ["string", "null"]})");
+  EXPECT_TRUE(Whole(nullable, "null"));
+  EXPECT_TRUE(Whole(nullable, "\"x\""));
+  EXPECT_FALSE(Prefix(nullable, "1"));
+  const auto either = Schema(R"({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+      "required": ["a"]}, {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}]})");
+  EXPECT_TRUE(Whole(either, R"({"a": 1})"));
+  EXPECT_TRUE(Whole(either, R"({"a": "1"})"));
+  EXPECT_FALSE(Prefix(either, R"({"a": true)"));
+  const auto boolean = Schema(R"({"type": "boolean"})");
+  EXPECT_TRUE(Whole(boolean, "false"));
+  EXPECT_FALSE(Prefix(boolean, "n"));
+}
+
+TEST(JsonGrammarTest, RefsIncludingRecursion) {
+  const auto list = Schema(R"({"$defs": {"node": {"type": "object", "properties": {
+      "value": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+      "required": ["value", "next"]}}, "$ref": "#/$defs/node"})");
+  EXPECT_TRUE(Whole(list, R"({"value": 1, "next": {"value": 2, "next": null}})"));
+  EXPECT_FALSE(Whole(list, R"({"value": 1, "next": {"value": 2}})"));
+  const auto pydantic = Schema(R"({"definitions": {"Pet": {"type": "object", "properties": {"kind":
+      {"enum": ["cat", "dog"]}}, "required": ["kind"]}}, "type": "object", "properties": {"pets":
+      {"type": "array", "items": {"$ref": "#/definitions/Pet"}}}, "required": ["pets"]})");
+  EXPECT_TRUE(Whole(pydantic, R"({"pets": [{"kind": "cat"}, {"kind": "dog"}]})"));
+  EXPECT_FALSE(Prefix(pydantic, R"({"pets": [{"kind": "cow")"));
+  // A union that leads back to itself before any byte is taken ends.
+  const auto loop = Schema(R"({"anyOf": [{"$ref": "#"}]})");
+  EXPECT_FALSE(Prefix(loop, "1"));
+}
+
+TEST(JsonGrammarTest, ArrayAndStringBounds) {
+  const auto a = Schema(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2})");
+  EXPECT_FALSE(Whole(a, "[]"));
+  EXPECT_TRUE(Whole(a, "[1]"));
+  EXPECT_TRUE(Whole(a, "[1, 2]"));
+  EXPECT_FALSE(Prefix(a, "[1, 2,"));
+  const auto s = Schema(R"({"type": "string", "minLength": 1, "maxLength": 2})");
+  EXPECT_FALSE(Whole(s, "\"\""));
+  EXPECT_TRUE(Whole(s, "\"\xC3\xA9\\n\""));  // two characters: a two-byte one and an escape
+  EXPECT_TRUE(Whole(s, "\"\\u00e9\""));
+  EXPECT_FALSE(Prefix(s, "\"abc"));
+}
+
+TEST(JsonGrammarTest, NumbersAndWhitespace) {
+  const auto n = Schema(R"({"type": "number"})");
+  for (const char* ok : {"0", "-1", "12.5", "1e5", "-0.25E-3"}) EXPECT_TRUE(Whole(n, ok)) << ok;
+  for (const char* bad : {"01", "-", "1.", "1e", ".5", "+1"}) EXPECT_FALSE(Whole(n, bad)) << bad;
+  EXPECT_FALSE(Prefix(Schema(R"({"type": "integer"})"), "1."));
+  const auto any = Schema("{}");
+  EXPECT_TRUE(Prefix(any, std::string(kMaxWhitespace, ' ')));
+  EXPECT_FALSE(Prefix(any, std::string(kMaxWhitespace + 1, ' ')));
+  EXPECT_TRUE(Whole(any, "[1, [2, {\"x\": \"y\"}], false]"));
+  // Replies nest at most 128 deep.
+  EXPECT_TRUE(Prefix(any, std::string(128, '[')));
+  EXPECT_FALSE(Prefix(any, std::string(129, '[')));
+}
+
+TEST(JsonGrammarTest, SchemasTooLargeOrDeepAreRefused) {
+  std::string deep;
+  for (int i = 0; i < 200; ++i) deep += R"({"type": "array", "items": )";
+  deep += "{}" + std::string(200, '}');
+  EXPECT_NE(std::string(JsonGrammar::FromSchema(deep).status().message()).find("nests deeper than 128"),
+            std::string::npos);
+  // A chain of $refs, each to the next: 600 deep.
+  std::string defs = R"({"$defs": {)";
+  for (int i = 0; i < 600; ++i) defs += absl::StrCat(i ? ", " : "", "\"d", i, "\": {\"$ref\": \"#/$defs/d", i + 1, "\"}");
+  defs += R"(, "d600": {"type": "null"}}, "$ref": "#/$defs/d0"})";
+  EXPECT_NE(std::string(JsonGrammar::FromSchema(defs).status().message()).find("nests deeper than 512"),
+            std::string::npos);
+  std::string big_enum = R"({"enum": [)";
+  for (int i = 0; i < 1025; ++i) big_enum += absl::StrCat(i ? ", " : "", i);
+  big_enum += "]}";
+  EXPECT_EQ(JsonGrammar::FromSchema(big_enum).status().message(), "an enum has 1025 values; the limit is 1024");
+}
+
+TEST(JsonGrammarTest, Choices) {
+  auto g = JsonGrammar::FromChoices({"yes", "no", "not sure"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(Whole(*g, "yes"));
+  EXPECT_TRUE(Whole(*g, "not sure"));
+  EXPECT_FALSE(Whole(*g, "n"));
+  EXPECT_FALSE(Prefix(*g, "yex"));
+  EXPECT_FALSE(JsonGrammar::FromChoices({}).ok());
+}
+
+TEST(JsonGrammarTest, KeywordsThatAssertMoreAreRefusedByName) {
+  struct Case {
+    const char* schema;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}})",
+       "JSON schema at #/properties/x: the keyword \"pattern\" is not supported"},
+      {R"({"type": "integer", "minimum": 0})", "JSON schema at #: the keyword \"minimum\" is not supported"},
+      {R"({"type": "thing"})", "JSON schema at #: type \"thing\" is not a JSON schema type"},
+      {R"({"$ref": "#/$defs/missing"})", "$ref \"#/$defs/missing\" names no schema"},
+      {R"({"properties": {"a": {}}, "required": ["b"]})", "required names \"b\", which is not in properties"},
+      {R"(not json)", "the JSON schema is not JSON"},
+  };
+  for (const Case& c : cases) {
+    auto g = JsonGrammar::FromSchema(c.schema);
+    ASSERT_FALSE(g.ok()) << c.schema;
+    EXPECT_NE(std::string(g.status().message()).find(c.message), std::string::npos) << g.status();
+  }
+}
+
+// A vocabulary of every 1-3 byte string over JSON's structural bytes and a
+// few others, and EOS.
+TokenVocabulary TestVocabulary(int32_t* eos) {
+  const std::string alphabet = "{}[]\":, a1-.e\\nu0tx";
+  std::vector<std::string> bytes;
+  for (char a : alphabet) {
+    bytes.push_back(std::string(1, a));
+    for (char b : alphabet) {
+      bytes.push_back(std::string{a, b});
+      for (char c : alphabet) bytes.push_back(std::string{a, b, c});
+    }
+  }
+  bytes.push_back("<|special|>");
+  bytes.push_back("");  // EOS: no bytes
+  *eos = static_cast<int32_t>(bytes.size()) - 1;
+  std::vector<bool> never(bytes.size(), false);
+  never[bytes.size() - 2] = true;
+  return TokenVocabulary(bytes, never);
+}
+
+TEST(JsonGrammarTest, TheMaskIsEveryTokenThatCanComeNext) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  const auto g = Schema(R"({"type": "object", "properties": {"a": {"type": "array", "items":
+      {"type": "number"}}, "t": {"type": "string"}, "u": {"type": "string", "maxLength": 3}},
+      "required": ["a"]})");
+  const std::string reply = R"({"a": [1, -0.5e1], "t": "x\n\u00e9 a", "u": "ax"})";
+  GrammarMatcher m(g);
+  std::vector<uint8_t> mask(vocab.size() + 5);
+  for (size_t i = 0; i <= reply.size(); ++i) {
+    SCOPED_TRACE("after " + reply.substr(0, i));
+    m.FillMask(vocab, {eos}, &mask);
+    for (int32_t id = 0; id < vocab.size(); ++id) {
+      if (id == eos) continue;
+      GrammarMatcher copy = m;
+      const bool expect = id != vocab.size() - 2 && copy.Accept(vocab.bytes(id));
+      ASSERT_EQ(mask[id], expect ? 1 : 0) << "token '" << vocab.bytes(id) << "'";
+    }
+    EXPECT_EQ(mask[eos], i == reply.size() ? 1 : 0);
+    for (size_t id = vocab.size(); id < mask.size(); ++id) EXPECT_EQ(mask[id], 0);
+    if (i < reply.size()) {
+      ASSERT_TRUE(m.Accept(reply.substr(i, 1)));
+    }
+  }
+  EXPECT_TRUE(m.Done());
+  // Once whole, only EOS.
+  m.FillMask(vocab, {eos}, &mask);
+  int allowed = 0;
+  for (uint8_t a : mask) allowed += a;
+  EXPECT_EQ(allowed, 1);
+  EXPECT_EQ(mask[eos], 1);
+}
+
+}  // namespace
+}  // namespace tandem
