@@ -412,6 +412,33 @@ class Completion {
     Json message = {{"role", "assistant"}};
     const ReasoningSplitter::Parts parts = ReasoningSplitter::Split(spec_.reasoning, spec_.thinking, c.text);
     SetReasoning(&message, parts.reasoning);
+    auto call = [](const std::string& name, const std::string& arguments) {
+      return Json{{"id", "call_" + RandomHex(24)},
+                  {"type", "function"},
+                  {"function", {{"name", name}, {"arguments", arguments}}}};
+    };
+    if (!spec_.forced_function.empty() || spec_.tool_choice_required) {
+      // A forced call (vLLM's named and required tool_choice): the reply was
+      // held to the tools' schemas; content "", finish_reason unchanged.
+      Json calls = Json::array();
+      if (!spec_.forced_function.empty()) {
+        calls.push_back(call(spec_.forced_function, parts.content));
+      } else {
+        const Json list = ParseJsonBounded(parts.content);
+        if (list.is_array()) {
+          for (const Json& c : list) {
+            if (c.is_object() && c.contains("name") && c["name"].is_string() && c.contains("parameters")) {
+              calls.push_back(call(c["name"].get<std::string>(), c["parameters"].dump()));
+            }
+          }
+        }
+      }
+      if (!calls.empty()) {
+        message["content"] = "";
+        message["tool_calls"] = calls;
+        return message;
+      }
+    }
     std::string rest;
     Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, [] { return "call_" + RandomHex(24); })
                              : Json::array();

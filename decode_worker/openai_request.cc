@@ -184,6 +184,58 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
   return std::nullopt;
 }
 
+// tool_choice "required" or a named function: the reply is held to the
+// tools' schemas as vLLM holds it (a structured output) and becomes the
+// calls. "auto" and "none" leave it free.
+std::optional<HttpError> ForcedToolCall(const Json& body, CompletionSpec* spec, v1::SamplingParams* s) {
+  if (!Fields(body).Has("tool_choice")) return std::nullopt;
+  const Json& choice = body["tool_choice"];
+  if (choice == "auto" || choice == "none") return std::nullopt;
+  const Json& tools = body.contains("tools") ? body["tools"] : Json();
+  if (!tools.is_array() || tools.empty()) {
+    return Fields::Bad("tool_choice", absl::StrCat("tool_choice=", choice.dump(), " needs tools"));
+  }
+  if (!s->structured_json_schema().empty() || s->structured_choice_size() > 0) {
+    return Fields::Bad("tool_choice", "tool_choice forces a call, a structured output of its own: "
+                                      "send it without response_format or structured_outputs");
+  }
+  auto parameters = [](const Json& tool) -> Json {
+    const Json& fn = tool["function"];
+    return fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"]
+                                                                      : Json{{"type", "object"}};
+  };
+  if (choice == "required") {
+    // A list of at least one {"name", "parameters"}, each a tool's.
+    Json alternatives = Json::array();
+    for (const Json& tool : tools) {
+      alternatives.push_back({{"type", "object"},
+                              {"properties", {{"name", {{"enum", {tool["function"]["name"]}}}},
+                                              {"parameters", parameters(tool)}}},
+                              {"required", {"name", "parameters"}}});
+    }
+    const Json schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", alternatives}}}};
+    s->set_structured_json_schema(schema.dump());
+    spec->tool_choice_required = true;
+    return std::nullopt;
+  }
+  if (!choice.is_object() || !choice.contains("function") || !choice["function"].is_object() ||
+      !choice["function"].contains("name") || !choice["function"]["name"].is_string()) {
+    return Fields::Bad("tool_choice", absl::StrCat("tool_choice must be \"auto\", \"none\", \"required\" "
+                                                   "or {\"type\": \"function\", \"function\": {\"name\"}}, got ",
+                                                   choice.dump()));
+  }
+  const std::string name = choice["function"]["name"].get<std::string>();
+  for (const Json& tool : tools) {
+    if (tool["function"]["name"] == name) {
+      s->set_structured_json_schema(parameters(tool).dump());
+      spec->forced_function = name;
+      return std::nullopt;
+    }
+  }
+  return Fields::Bad("tool_choice", absl::StrCat("tool_choice names the function `", name,
+                                                 "`, which is not among the tools"));
+}
+
 // Fills `req` with what chat and completions share; `default_max_tokens`
 // when the client gives none.
 std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t default_max_tokens,
@@ -494,13 +546,6 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (auto e = NormalizeMessages(&messages)) return Error(*e);
     Json tools = body.value("tools", Json());
     if (auto e = CheckTools(tools)) return Error(*e);
-    // "required" and a named function force a call, which takes constrained
-    // decoding: refused rather than answered as "auto" would be.
-    if (Fields(body).Has("tool_choice") && body["tool_choice"] != "auto" && body["tool_choice"] != "none") {
-      return Error(Fields::Bad("tool_choice", absl::StrCat("tool_choice=", body["tool_choice"].dump(),
-                                                           " is not supported (only \"auto\" and "
-                                                           "\"none\")")));
-    }
     if (body.contains("tool_choice") && body["tool_choice"] == "none") tools = nullptr;
     bool add_generation_prompt = true;
     if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
@@ -578,6 +623,9 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   v1::GenerateRequest common;
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);
+  }
+  if (chat) {
+    if (auto e = ForcedToolCall(body, &spec, common.mutable_sampling())) return Error(*e);
   }
   std::optional<int64_t> n;
   if (auto e = Fields(body).Int("n", 1, kMaxChoices, &n)) return Error(*e);

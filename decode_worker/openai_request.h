@@ -51,6 +51,10 @@ struct CompletionSpec {
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   bool logprobs = false;          // the request set sampling.logprobs
   bool thinking = true;           // chat_template_kwargs.enable_thinking (Qwen3's switch)
+  // tool_choice forced a call: a named function (the reply is its
+  // arguments) or "required" (the reply is a list of {"name", "parameters"}).
+  std::string forced_function;
+  bool tool_choice_required = false;
 };
 
 // One choice of the reply: a Generate call of its own.

@@ -4,6 +4,8 @@
 // they ask for. The tokenizer and chat template are real fixtures.
 #include "decode_worker/openai_request.h"
 
+#include "common/structured/json_grammar.h"
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -90,8 +92,10 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       {chat, "{" + user + R"(, "tools": [{"function": {"name": 7}}]})", "tools", "tools[0].function.name must be a string"},
       {chat, "{" + user + R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}]})", "tools", "tools[0].type must be \"function\""},
       {chat, "{" + user + R"(, "tools": [{"function": {"name": "f", "parameters": []}}]})", "tools", "tools[0].function.parameters must be an object"},
-      {chat, "{" + user + R"(, "tool_choice": "required"})", "tool_choice", "tool_choice=\"required\" is not supported (only \"auto\" and \"none\")"},
-      {chat, "{" + user + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})", "tool_choice", "is not supported"},
+      {chat, "{" + user + R"(, "tool_choice": "required"})", "tool_choice", "tool_choice=\"required\" needs tools"},
+      {chat, "{" + user + R"(, "tools": [{"function": {"name": "g"}}], "tool_choice": {"type": "function", "function": {"name": "f"}}})", "tool_choice", "tool_choice names the function `f`, which is not among the tools"},
+      {chat, "{" + user + R"(, "tools": [{"function": {"name": "g"}}], "tool_choice": "any"})", "tool_choice", "tool_choice must be \"auto\""},
+      {chat, "{" + user + R"(, "tools": [{"function": {"name": "g"}}], "tool_choice": "required", "response_format": {"type": "json_object"}})", "tool_choice", "a structured output of its own"},
       {chat, R"({"messages": 5})", "messages", "messages must be a non-empty list"},
       {chat, R"({"messages": [5]})", "messages", "messages[0] must be an object with a role"},
       {chat, R"({"messages": [{"role": 5}]})", "messages", "messages[0] must be an object with a role"},
@@ -213,6 +217,34 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
     EXPECT_EQ(s.structured_json_schema(), c.schema);
     EXPECT_EQ(std::vector<std::string>(s.structured_choice().begin(), s.structured_choice().end()), c.choices);
   }
+}
+
+TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
+  const std::string base = R"("messages": [{"role": "user", "content": "hi"}], "tools": [
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+       "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now"}}])";
+  OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions,
+                          "{" + base + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.spec.forced_function, "get_weather");
+  EXPECT_EQ(Json::parse(r.choices[0].generate.sampling().structured_json_schema()),
+            Json::parse(R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})"));
+  r = Parse(OpenAiRoute::kChatCompletions, "{" + base + R"(, "tool_choice": "required"})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_TRUE(r.spec.tool_choice_required);
+  const Json schema = Json::parse(r.choices[0].generate.sampling().structured_json_schema());
+  EXPECT_EQ(schema["type"], "array");
+  EXPECT_EQ(schema["minItems"], 1);
+  ASSERT_EQ(schema["items"]["anyOf"].size(), 2u);
+  EXPECT_EQ(schema["items"]["anyOf"][1]["properties"]["name"]["enum"][0], "now");
+  EXPECT_EQ(schema["items"]["anyOf"][1]["properties"]["parameters"], Json::parse(R"({"type": "object"})"));
+  // The schema compiles, and admits a call of each tool.
+  auto g = JsonGrammar::FromSchema(schema.dump());
+  ASSERT_TRUE(g.ok()) << g.status();
+  GrammarMatcher m(*g);
+  EXPECT_TRUE(m.Accept(R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}])"));
+  EXPECT_TRUE(m.CanEnd());
 }
 
 TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {

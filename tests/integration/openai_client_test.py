@@ -9,7 +9,7 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 completions from token ids equal to `tandem generate --local`; stop strings;
 n samples (seeded: each the single request with seed + j) and batches of prompts;
 an API key (401 without it on /v1/, /health open); --reasoning-parser (a second pair);
-structured outputs (a JSON schema, any object, a choice);
+structured outputs (a JSON schema, any object, a choice) and forced tool calls;
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
 client that disconnects mid-stream frees its KV blocks at once; 24
@@ -230,6 +230,29 @@ def main():
             model="smollm2", messages=ask, response_format={"type": "json_schema", "json_schema": {
                 "name": "p", "schema": {"type": "string", "pattern": "^a"}}}),
             'the keyword "pattern" is not supported')
+        # Forced tool calls (vLLM's named and required tool_choice): the reply
+        # is held to the tools' schemas and comes back as the calls.
+        weather = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+            "required": ["city"]}}}, {"type": "function", "function": {"name": "get_time"}}]
+        where = [{"role": "user", "content": "What is the weather in Paris?"}]
+        named = client.chat.completions.create(
+            model="smollm2", messages=where, tools=weather, temperature=0, max_tokens=60,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        calls = named.choices[0].message.tool_calls
+        assert len(calls) == 1 and calls[0].function.name == "get_weather", named
+        assert isinstance(json.loads(calls[0].function.arguments)["city"], str), named
+        required = client.chat.completions.create(model="smollm2", messages=where, tools=weather,
+                                                  temperature=0, max_tokens=120, tool_choice="required")
+        calls = required.choices[0].message.tool_calls
+        assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls), required
+        for c in calls:
+            assert isinstance(json.loads(c.function.arguments), dict), required
+        streamed = [d for c in client.chat.completions.create(
+            model="smollm2", messages=where, tools=weather, temperature=0, max_tokens=60, stream=True,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+            for d in (c.choices[0].delta.tool_calls or [] if c.choices else [])]
+        assert [d.function.arguments for d in streamed] == [named.choices[0].message.tool_calls[0].function.arguments], streamed
         passed += 1
 
         # Log-probabilities (vLLM's raw ones), the first token's from the
