@@ -239,6 +239,10 @@ void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o,
              (std::find(stops.begin(), stops.end(), token) != stops.end() ||
               (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()))) {
     r->finish = FinishReason::kStop;
+  } else if (r->matcher != nullptr && r->matcher->Done()) {
+    // The structured output is whole and nothing may follow it: the reply
+    // ends here, without a step for its EOS (which min_tokens could ban).
+    r->finish = FinishReason::kStop;
   } else if (r->num_output_tokens() >= r->params.max_tokens ||
              r->num_tokens() >= max_model_len()) {
     r->finish = FinishReason::kLength;

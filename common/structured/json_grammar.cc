@@ -32,6 +32,8 @@ struct JsonGrammar::Node {
   int min_length = 0, max_length = -1;
   // kUnion: the alternatives; kLiteral: texts_ indices, one of which is the value
   std::vector<int> alternatives;
+  // A choice: the text exactly, no whitespace before it (JSON values may have some).
+  bool exact = false;
 };
 
 namespace {
@@ -330,6 +332,7 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromChoices(std:
   std::shared_ptr<JsonGrammar> g(new JsonGrammar());
   Node n;
   n.kind = Node::kLiteral;
+  n.exact = true;
   for (const std::string& c : choices) {
     if (c.empty()) return absl::InvalidArgumentError("choice: a choice is empty");
     g->texts_.push_back(c);
@@ -437,9 +440,9 @@ class Stepper {
 
   void FeedValue(Thread t, uint8_t c, std::vector<Thread>* out, int depth) const {
     if (depth > kMaxUnionDepth) return;
-    if (Whitespace(&t, c)) return out->push_back(std::move(t));
     const int node = t.stack.back().node;
     const JsonGrammar::Node& n = nodes_[node];
+    if (!n.exact && Whitespace(&t, c)) return out->push_back(std::move(t));
     auto become = [&](Frame f) {
       Thread next = t;
       next.stack.back() = f;

@@ -154,6 +154,7 @@ TEST(JsonGrammarTest, Choices) {
   EXPECT_TRUE(Whole(*g, "not sure"));
   EXPECT_FALSE(Whole(*g, "n"));
   EXPECT_FALSE(Prefix(*g, "yex"));
+  EXPECT_FALSE(Prefix(*g, " yes"));  // exactly the text: no whitespace before it
   EXPECT_FALSE(JsonGrammar::FromChoices({}).ok());
 }
 
