@@ -45,6 +45,9 @@ std::string ShapeText(const std::vector<int64_t>& s) {
 // [half, 2] (interleaved) back to [2, half] (rotate_half layout).
 void UnpermuteRows(char* w, int64_t rows, size_t row_bytes, int heads) {
   const int64_t head_dim = rows / heads, half = head_dim / 2;
+  // Fewer rows than heads (a tensor whose shape the caller did not check
+  // against the config): nothing to move, and no empty buffer to copy from.
+  if (head_dim == 0 || row_bytes == 0) return;
   std::vector<char> tmp(head_dim * row_bytes);
   for (int h = 0; h < heads; ++h) {
     char* base = w + h * head_dim * row_bytes;
