@@ -89,6 +89,9 @@ bool Authorized(const std::string& authorization, const std::vector<std::string>
   return match;
 }
 
+// A tool call's id, as OpenAI's look.
+std::string NewCallId() { return "call_" + RandomHex(24); }
+
 std::string Trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\n\r");
   if (b == std::string::npos) return "";
@@ -413,7 +416,7 @@ class Completion {
     const ReasoningSplitter::Parts parts = ReasoningSplitter::Split(spec_.reasoning, spec_.thinking, c.text);
     SetReasoning(&message, parts.reasoning);
     auto call = [](const std::string& name, const std::string& arguments) {
-      return Json{{"id", "call_" + RandomHex(24)},
+      return Json{{"id", NewCallId()},
                   {"type", "function"},
                   {"function", {{"name", name}, {"arguments", arguments}}}};
     };
@@ -440,7 +443,7 @@ class Completion {
       }
     }
     std::string rest;
-    Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, [] { return "call_" + RandomHex(24); })
+    Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, NewCallId)
                              : Json::array();
     if (!calls.empty()) {
       const std::string content = Trim(rest);

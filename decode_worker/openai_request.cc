@@ -535,6 +535,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   };
   std::vector<Prompt> prompts(1);
   bool thinking = true;
+  bool offered_tools = false;  // tools that reach the template (not tool_choice "none")
   if (chat || (tokenize && body.contains("messages"))) {
     if (tokenizer == nullptr || context.chat_template == nullptr) {
       return Error({400, tokenizer == nullptr ? "chat needs a tokenizer, and this model has none"
@@ -547,6 +548,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     Json tools = body.value("tools", Json());
     if (auto e = CheckTools(tools)) return Error(*e);
     if (body.contains("tool_choice") && body["tool_choice"] == "none") tools = nullptr;
+    offered_tools = tools.is_array() && !tools.empty();
     bool add_generation_prompt = true;
     if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
     Json kwargs = body.value("chat_template_kwargs", Json());
@@ -618,8 +620,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   CompletionSpec& spec = r.spec;
   spec.chat = chat;
   spec.thinking = thinking;
-  spec.tools = chat && body.contains("tools") && body["tools"].is_array() && !body["tools"].empty() &&
-               !(body.contains("tool_choice") && body["tool_choice"] == "none");
+  spec.tools = chat && offered_tools;
   v1::GenerateRequest common;
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);

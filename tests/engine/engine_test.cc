@@ -12,8 +12,10 @@ namespace {
 using M = CudaGraphMode;
 
 std::unique_ptr<LlmEngine> MakeEngine(M mode, int num_kv_blocks = 0, int max_num_seqs = 16,
-                                      int block_size = 16, bool prefix_caching = true) {
+                                      int block_size = 16, bool prefix_caching = true,
+                                      std::shared_ptr<const TokenVocabulary> vocabulary = nullptr) {
   EngineConfig c;
+  c.vocabulary = std::move(vocabulary);
   c.enable_prefix_caching = prefix_caching;
   c.model = "synthetic";
   c.runner.graph.requested_mode = mode;
@@ -201,8 +203,6 @@ TEST(EngineTest, AbortFreesBlocksMidGeneration) {
   EXPECT_FALSE(e->HasWork());
 }
 
-// A cache too small for all requests at once: requests wait or are preempted
-// and recomputed, all finish with the tokens they get with a large cache.
 // Structured outputs on the synthetic model: a vocabulary of JSON pieces
 // (id % 16; EOS is 2) that, as a real one, can spell every byte the
 // grammars need one at a time; a grammar; replies that always match it.
@@ -214,19 +214,6 @@ std::shared_ptr<const TokenVocabulary> JsonPieces() {
   return std::make_shared<const TokenVocabulary>(bytes, std::vector<bool>(512, false));
 }
 
-std::unique_ptr<LlmEngine> MakeStructuredEngine(int num_kv_blocks = 0) {
-  EngineConfig c;
-  c.model = "synthetic";
-  c.runner.graph.requested_mode = M::kFullAndPiecewise;
-  c.runner.max_num_batched_tokens = 64;
-  c.runner.max_model_len = 512;
-  c.num_kv_blocks = num_kv_blocks;
-  c.vocabulary = JsonPieces();
-  auto e = LlmEngine::Create(c);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(e).value();
-}
-
 std::string Text(const TokenVocabulary& v, const std::vector<int32_t>& ids) {
   std::string t;
   for (int32_t id : ids) t += v.bytes(id);
@@ -234,7 +221,7 @@ std::string Text(const TokenVocabulary& v, const std::vector<int32_t>& ids) {
 }
 
 TEST(EngineTest, StructuredOutputsHoldEveryReplyToItsGrammar) {
-  auto e = MakeStructuredEngine();
+  auto e = MakeEngine(M::kFullAndPiecewise, 0, 16, 16, true, JsonPieces());
   auto schema = JsonGrammar::FromSchema(
       R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
           "maxItems": 3}}, "required": ["a"]})");
@@ -284,7 +271,7 @@ TEST(EngineTest, StructuredOutputsHoldEveryReplyToItsGrammar) {
 }
 
 TEST(EngineTest, StructuredOutputResumesAfterPriorOutput) {
-  auto e = MakeStructuredEngine();
+  auto e = MakeEngine(M::kFullAndPiecewise, 0, 16, 16, true, JsonPieces());
   auto g = JsonGrammar::FromSchema(R"({"type": "array", "items": {"type": "integer"}})");
   ASSERT_TRUE(g.ok());
   SamplingParams p;
@@ -313,6 +300,8 @@ TEST(EngineTest, StructuredOutputResumesAfterPriorOutput) {
   EXPECT_NE(none.message().find("structured outputs need the model's tokenizer"), std::string::npos) << none;
 }
 
+// A cache too small for all requests at once: requests wait or are preempted
+// and recomputed, all finish with the tokens they get with a large cache.
 TEST(EngineTest, SmallCachePreemptsAndRecomputes) {
   SamplingParams p = IgnoringEos(24);
   auto big = MakeEngine(M::kFullAndPiecewise, 0, 8, 4);
