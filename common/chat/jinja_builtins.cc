@@ -676,9 +676,17 @@ absl::Status SortValues(ValueList* items, bool reverse, bool case_sensitive, con
   return absl::OkStatus();
 }
 
+// What map, select, reject, selectattr and rejectattr visit: nothing for a
+// falsy operand (jinja2 guards them with `if value:`, so `none | selectattr(...)`
+// is empty, as Llama 3.1 fine-tunes' templates rely on), else Iterate's items.
+absl::StatusOr<ValueList> IterateIfTruthy(const Value& operand) {
+  if (!operand.Truthy()) return ValueList{};
+  return Iterate(operand);
+}
+
 // select / reject / selectattr / rejectattr.
 absl::StatusOr<Value> SelectOrReject(const Value& operand, Args& a, bool select, bool by_attr) {
-  ASSIGN_OR_RETURN(ValueList items, Iterate(operand));
+  ASSIGN_OR_RETURN(ValueList items, IterateIfTruthy(operand));
   Value attribute;
   size_t next = 0;
   if (by_attr) attribute = a.Get(next++, "attr");
@@ -1028,7 +1036,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& x, CallA
     return done(total);
   }
   if (name == "map") {
-    ASSIGN_OR_RETURN(ValueList items, Iterate(x));
+    ASSIGN_OR_RETURN(ValueList items, IterateIfTruthy(x));
     const bool by_attribute = std::any_of(call.keyword.begin(), call.keyword.end(),
                                           [](const auto& kv) { return kv.first == "attribute"; });
     ValueList out;

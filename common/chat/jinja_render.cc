@@ -127,7 +127,9 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
 }
 
 absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
-  if (container.is_undefined()) return UndefinedError(container);
+  // jinja2's Undefined iterates as empty and defines no __contains__, so
+  // `'x' in undefined` is false (Granite's templates test `'citations' in controls`).
+  if (container.is_undefined()) return false;
   if (container.is_string()) {
     if (!item.is_string()) {
       return TypeError(absl::StrCat("'in <string>' requires string as left operand, not ", item.TypeName()));
