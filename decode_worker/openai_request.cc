@@ -657,7 +657,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
       } else {
         c.generate.set_prompt(p.text);
       }
-      if (common.sampling().seed() != 0) c.generate.mutable_sampling()->set_seed(common.sampling().seed() + j);
+      if (common.sampling().has_seed()) c.generate.mutable_sampling()->set_seed(common.sampling().seed() + j);
       if (echo) c.echo = p.has_ids ? tokenizer->Decode(p.ids) : p.text;
       c.counts_prompt = j == 0;
     }

@@ -159,7 +159,7 @@ int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& pro
   p->set_temperature(params.temperature);
   p->set_top_p(params.top_p);
   p->set_top_k(params.top_k);
-  p->set_seed(params.seed);
+  if (params.seed.has_value()) p->set_seed(*params.seed);
   p->set_ignore_eos(params.ignore_eos);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
@@ -206,6 +206,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   int max_tokens = 16;
   double temperature = 0, top_p = 1;
   int top_k = -1;
+  int64_t seed = -1;
   flags.Add("local", &local, "run the engine in this process");
   flags.Add("address", &address, "decode worker HOST:PORT (instead of --local)");
   flags.Add("prompt-token-ids", &prompt_ids, "prompt as token ids, e.g. 1,2,3 (prints ids)");
@@ -219,7 +220,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("temperature", &temperature, "0 = greedy");
   flags.Add("top-p", &top_p, "nucleus sampling mass, (0, 1]");
   flags.Add("top-k", &top_k, "-1 = off");
-  flags.Add("seed", &params.seed, "sampling seed (0 = random)");
+  flags.Add("seed", &seed, "sampling seed (-1 = random)");
   flags.Add("ignore-eos", &params.ignore_eos, "keep generating past EOS");
   double timeout_s = 300;
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
@@ -238,6 +239,7 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   params.temperature = static_cast<float>(temperature);
   params.top_p = static_cast<float>(top_p);
   params.top_k = top_k;
+  if (seed >= 0) params.seed = static_cast<uint64_t>(seed);
   if (local == !address.empty()) {
     return Fail(absl::InvalidArgumentError("give exactly one of --local and --address"));
   }

@@ -139,7 +139,7 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->params = params;
   r->arrival = next_arrival_++;
   r->queued_at = absl::Now();
-  r->rng.seed(params.seed != 0 ? params.seed : std::random_device{}());
+  r->rng.seed(params.seed.has_value() ? *params.seed : std::random_device{}());
   if (params.grammar != nullptr) {
     r->matcher = std::make_unique<GrammarMatcher>(params.grammar);
     // A re-prefilled request's output so far is in its prompt.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct SamplingParams {
   float temperature = 0.f;  // 0: greedy
   float top_p = 1.f;        // in (0, 1]
   int32_t top_k = -1;       // -1 or 0: no top-k
-  uint64_t seed = 0;        // 0: unseeded
+  std::optional<uint64_t> seed;  // none: unseeded (0 is a seed, as vLLM's)
   std::vector<int32_t> stop_token_ids = {};
   bool ignore_eos = false;
   // Tokens whose probability is below min_p times the most likely token's

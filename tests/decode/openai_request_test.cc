@@ -301,8 +301,16 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
   r = Parse(OpenAiRoute::kChatCompletions, R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
   ASSERT_EQ(r.choices.size(), 2u);
-  EXPECT_EQ(r.choices[1].generate.sampling().seed(), 0u);
+  EXPECT_FALSE(r.choices[1].generate.sampling().has_seed());
   EXPECT_TRUE(r.choices[0].counts_prompt && !r.choices[1].counts_prompt);
+  // Seed 0 is a seed (vLLM's is Optional[int]), not "unseeded".
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "hi", "n": 2, "seed": 0})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  ASSERT_EQ(r.choices.size(), 2u);
+  for (uint64_t j = 0; j < 2; ++j) {
+    EXPECT_TRUE(r.choices[j].generate.sampling().has_seed());
+    EXPECT_EQ(r.choices[j].generate.sampling().seed(), j);
+  }
 
   struct Case {
     OpenAiRoute route;

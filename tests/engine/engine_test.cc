@@ -145,6 +145,24 @@ TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
+// Seed 0 is a seed like any other (vLLM's seed is Optional[int]): two
+// requests with it sample alike; another seed samples otherwise.
+TEST(EngineTest, SeedZeroIsASeed) {
+  auto e = MakeEngine(M::kFullAndPiecewise);
+  SamplingParams p = IgnoringEos(24);
+  p.temperature = 1.f;
+  for (uint64_t seed : {0, 0, 1}) {
+    p.seed = seed;
+    const std::string id = "s" + std::to_string(seed) + "_" + std::to_string(e->HasWork());
+    ASSERT_TRUE(e->AddRequest(id, Prompt(9, 4), p).ok());
+  }
+  auto out = RunAll(e.get());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out["s0_0"], out["s0_1"]);
+  EXPECT_NE(out["s0_0"], out["s1_1"]);
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+}
+
 // A preempted request prefilled again elsewhere arrives as prompt + output
 // so far; prior_output_tokens makes the penalties count that output as
 // output, so it goes on as if it had not moved.

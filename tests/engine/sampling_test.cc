@@ -24,7 +24,7 @@ TEST(SamplerTest, SeededIsReproducibleAndTopKOneIsGreedy) {
   SamplingParams p;
   p.temperature = 1.0f;
   p.seed = 42;
-  std::mt19937_64 a(p.seed), b(p.seed);
+  std::mt19937_64 a(*p.seed), b(*p.seed);
   std::vector<int32_t> x, y;
   for (int i = 0; i < 50; ++i) {
     x.push_back(s.Sample(logits.data(), 100, p, {}, &a));

@@ -470,7 +470,7 @@ TEST(SpeculativeEngineTest, SeededSamplingIsReproducibleAndDistributedAsPlain) {
       for (int i = 0; i < 16; ++i) {
         SamplingParams q = p;
         q.seed = first_seed + batch * 16 + i;
-        EXPECT_TRUE(e->AddRequest("s" + std::to_string(q.seed), RepeatingPrompt(1), q).ok());
+        EXPECT_TRUE(e->AddRequest("s" + std::to_string(*q.seed), RepeatingPrompt(1), q).ok());
       }
       auto out = RunAll(e.get());
       all.insert(out.begin(), out.end());

@@ -174,6 +174,10 @@ def main():
         top_only = client.chat.completions.create(model="smollm2", messages=question, max_tokens=64,
                                                   temperature=1.0, seed=5, extra_body={"min_p": 1.0})
         assert top_only.choices[0].message.content == answer, top_only
+        # Seed 0 is a seed: the same sampled text twice, through the pair.
+        zero = [client.completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=1.0,
+                                          seed=0).choices[0].text for _ in range(2)]
+        assert zero[0] == zero[1], zero
         # A strong penalty on repeats changes a greedy answer that repeats.
         count = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
         free = client.chat.completions.create(model="smollm2", messages=count, temperature=0,

@@ -57,6 +57,17 @@ TEST(SamplingProtoTest, TheFirstTokensSamplingCarriesTheDistributionAndMinTokens
   const SamplingParams back = *FromProto(p);
   EXPECT_EQ(back.min_tokens, 1u);
   EXPECT_EQ(back.prior_output_tokens, 0u);
+  EXPECT_EQ(back.seed, 11u);
+  // Seed 0 is carried as a seed; none stays none.
+  s.seed = 0;
+  FirstTokenSampling(s, 0, &p);
+  EXPECT_TRUE(p.has_seed());
+  EXPECT_EQ(FromProto(p)->seed, 0u);
+  s.seed.reset();
+  p.Clear();
+  FirstTokenSampling(s, 0, &p);
+  EXPECT_FALSE(p.has_seed());
+  EXPECT_FALSE(FromProto(p)->seed.has_value());
   // A preempted request with 2 tokens out: its next may not stop either.
   v1::SamplingParams resumed;
   FirstTokenSampling(s, 2, &resumed);
