@@ -259,7 +259,7 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (i) s->set_top_k(static_cast<int32_t>(*i));
   i.reset();
   if (auto e = f.Int("seed", INT64_MIN, INT64_MAX, &i)) return e;
-  if (i) s->set_seed(static_cast<uint64_t>(*i));
+  if (i) s->mutable_seed()->set_value(static_cast<uint64_t>(*i));
   i.reset();
   if (auto e = f.Int("best_of", 1, 1, &i)) return e;
   bool flag = false;
@@ -657,7 +657,9 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
       } else {
         c.generate.set_prompt(p.text);
       }
-      if (common.sampling().has_seed()) c.generate.mutable_sampling()->set_seed(common.sampling().seed() + j);
+      if (common.sampling().has_seed()) {
+        c.generate.mutable_sampling()->mutable_seed()->set_value(common.sampling().seed().value() + j);
+      }
       if (echo) c.echo = p.has_ids ? tokenizer->Decode(p.ids) : p.text;
       c.counts_prompt = j == 0;
     }

@@ -159,7 +159,7 @@ int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& pro
   p->set_temperature(params.temperature);
   p->set_top_p(params.top_p);
   p->set_top_k(params.top_k);
-  if (params.seed.has_value()) p->set_seed(*params.seed);
+  if (params.seed.has_value()) p->mutable_seed()->set_value(*params.seed);
   p->set_ignore_eos(params.ignore_eos);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +

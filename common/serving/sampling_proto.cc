@@ -25,7 +25,7 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   s.temperature = p.temperature();
   s.top_p = p.top_p() == 0.f ? 1.f : p.top_p();
   s.top_k = p.top_k();
-  if (p.has_seed()) s.seed = p.seed();
+  if (p.has_seed()) s.seed = p.seed().value();
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.ignore_eos = p.ignore_eos();
   s.min_p = p.min_p();
@@ -48,7 +48,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   p->set_temperature(s.temperature);
   p->set_top_p(s.top_p);
   p->set_top_k(s.top_k);
-  if (s.seed.has_value()) p->set_seed(*s.seed);
+  if (s.seed.has_value()) p->mutable_seed()->set_value(*s.seed);
   p->set_min_p(s.min_p);
   p->set_repetition_penalty(s.repetition_penalty);
   p->set_frequency_penalty(s.frequency_penalty);

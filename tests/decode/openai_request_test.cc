@@ -162,7 +162,7 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   EXPECT_FLOAT_EQ(s.temperature(), 0.5f);
   EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
   EXPECT_EQ(s.top_k(), 3);
-  EXPECT_EQ(s.seed(), 11u);
+  EXPECT_EQ(s.seed().value(), 11u);
   ASSERT_EQ(s.stop_size(), 1);
   EXPECT_EQ(s.stop(0), "x");
   ASSERT_EQ(s.stop_token_ids_size(), 1);
@@ -288,7 +288,7 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
     SCOPED_TRACE(i);
     const OpenAiChoice& c = r.choices[i];
     EXPECT_EQ(c.counts_prompt, i % 3 == 0);
-    EXPECT_EQ(c.generate.sampling().seed(), 40u + i % 3);  // vLLM: seed + sample index
+    EXPECT_EQ(c.generate.sampling().seed().value(), 40u + i % 3);  // vLLM: seed + sample index
     if (i < 3) {
       EXPECT_EQ(c.generate.prompt(), "hello");
       EXPECT_EQ(c.echo, "hello");
@@ -309,7 +309,7 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
   ASSERT_EQ(r.choices.size(), 2u);
   for (uint64_t j = 0; j < 2; ++j) {
     EXPECT_TRUE(r.choices[j].generate.sampling().has_seed());
-    EXPECT_EQ(r.choices[j].generate.sampling().seed(), j);
+    EXPECT_EQ(r.choices[j].generate.sampling().seed().value(), j);
   }
 
   struct Case {

@@ -47,7 +47,7 @@ TEST(SamplingProtoTest, TheFirstTokensSamplingCarriesTheDistributionAndMinTokens
   FirstTokenSampling(s, /*prior_output_tokens=*/0, &p);
   EXPECT_EQ(p.max_tokens(), 1u);
   EXPECT_EQ(p.temperature(), 0.7f);
-  EXPECT_EQ(p.seed(), 11u);
+  EXPECT_EQ(p.seed().value(), 11u);
   EXPECT_EQ(p.frequency_penalty(), 0.5f);
   EXPECT_EQ(p.logit_bias().at(7), 3.f);
   EXPECT_EQ(p.logprobs().value(), 4);
