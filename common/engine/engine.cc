@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   });
   e->scheduler_ = std::make_unique<Scheduler>(config.runner.max_num_batched_tokens,
                                               config.runner.max_num_seqs, e->kv_cache_.get(),
-                                              config.waiting_timeout);
+                                              config.waiting_timeout,
+                                              static_cast<int>(e->runner_->max_logit_rows()));
   e->batch_.reserve(config.runner.max_num_seqs);
   return e;
 }
@@ -131,6 +132,11 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
     return absl::AlreadyExistsError(absl::StrCat("request_id '", id, "' is already in flight"));
   }
   RETURN_IF_ERROR(Validate(prompt, params));
+  if (params.prompt_logprobs >= 0 && kind != RequestKind::kGenerate) {
+    // A prompt computed elsewhere (or for elsewhere) has its logits there.
+    return absl::InvalidArgumentError(
+        "sampling.prompt_logprobs needs the prompt computed where it is served (a local prefill)");
+  }
   auto r = std::make_unique<Request>();
   r->id = id;
   r->kind = kind;
@@ -290,8 +296,8 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     s.num_tokens = c.num_tokens;
     s.start_pos = c.start;
     s.block_table = kv_cache_->BlockTable(r->id);
-    s.sample = c.sample;
-    s.num_sampled = 1 + c.num_drafts;
+    s.sample = c.logit_rows() > 0;
+    s.num_sampled = c.logit_rows();
     batch_.push_back(s);
   }
   // A prefill-only request's rows of this step become final layer by layer
@@ -323,6 +329,12 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   std::vector<Request*> done;
   for (const ScheduledChunk& c : chunks) {
     Request* r = c.request;
+    const float* logits = step.logits + int64_t{row} * vocab;
+    row += c.logit_rows();
+    if (c.all_rows) {
+      PromptLogprobs(c, logits, &out, carried);
+      logits += int64_t{c.num_tokens - 1} * vocab;  // the last row samples
+    }
     if (!c.sample) {
       r->num_computed = c.start + c.num_tokens;
       kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
@@ -332,8 +344,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
       }
       continue;
     }
-    AcceptTokens(c, step.logits + int64_t{row} * vocab, &out, carried);
-    row += 1 + c.num_drafts;
+    AcceptTokens(c, logits, &out, carried);
     if (r->finished()) done.push_back(r);
   }
   for (Request* r : done) Finish(r, r->finish, &out);
@@ -376,6 +387,23 @@ const float* LlmEngine::Masked(const GrammarMatcher& matcher, const float* logit
     if (!allowed_[i]) masked_logits_[i] = -std::numeric_limits<float>::infinity();
   }
   return masked_logits_.data();
+}
+
+void LlmEngine::PromptLogprobs(const ScheduledChunk& c, const float* logits,
+                               std::vector<RequestOutput>* out, size_t carried) {
+  Request* r = c.request;
+  const int vocab = static_cast<int>(model_->config().vocab_size);
+  const int64_t end = r->prompt_logprobs_end();
+  // Row j holds the distribution of position c.start + j + 1.
+  for (int j = 0; j < c.num_tokens && c.start + j + 1 < end; ++j) {
+    const int64_t position = c.start + j + 1;
+    if (position <= r->prompt_logprobs_done) continue;  // reported before a preemption
+    TokenLogprobs lp;
+    sampler_.Logprobs(logits + int64_t{j} * vocab, vocab, r->tokens[position],
+                      r->params.prompt_logprobs, &lp);
+    OutputFor(r, out, carried).prompt_logprobs.push_back(std::move(lp));
+    r->prompt_logprobs_done = position;
+  }
 }
 
 void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,

@@ -61,6 +61,10 @@ struct RequestOutput {
   std::vector<int32_t> new_tokens;  // tokens sampled this step
   // Per new token, when the request asked for them (SamplingParams::logprobs).
   std::vector<TokenLogprobs> logprobs;
+  // Prompt logprobs (SamplingParams::prompt_logprobs), in prompt order from
+  // position 1, as the chunks that compute them run; all of them come before
+  // or with the first token.
+  std::vector<TokenLogprobs> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   absl::Status status;  // non-OK when the request failed
@@ -247,6 +251,10 @@ class LlmEngine {
   // computed length back to the last kept one.
   void AcceptTokens(const ScheduledChunk& c, const float* logits, std::vector<RequestOutput>* out,
                     size_t carried);
+  // A chunk's prompt logprobs from its `logits` rows (one a token), those
+  // not reported yet, into the request's output of the step.
+  void PromptLogprobs(const ScheduledChunk& c, const float* logits,
+                      std::vector<RequestOutput>* out, size_t carried);
   // Structured outputs: a token's bytes ("" past the tokenizer's vocabulary),
   // and a copy of a row of logits with what `matcher` rules out at -inf.
   const std::string& TokenBytes(int32_t token) const;

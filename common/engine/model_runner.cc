@@ -277,6 +277,11 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
     max_query = std::max(max_query, s.num_tokens);
     sampled += s.sample ? s.num_sampled : 0;
   }
+  if (sampled > max_logit_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("Execute: ", sampled,
+                                                   " rows of logits exceed the runner's ",
+                                                   max_logit_rows_));
+  }
   if (num_tokens > config_.max_num_batched_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("Execute: ", num_tokens,
                                                    " tokens exceed max_num_batched_tokens ",

@@ -57,7 +57,8 @@ struct ScheduledSeq {
   const std::vector<int32_t>* block_table = nullptr;  // covers start_pos + num_tokens
   bool sample = false;              // produce logits for the last scheduled token
   // With `sample`: logits for the last num_sampled tokens (1 + drafted
-  // tokens to verify, speculative decoding).
+  // tokens to verify, speculative decoding; every token of a chunk whose
+  // prompt logprobs are asked for).
   int num_sampled = 1;
 };
 
@@ -102,6 +103,9 @@ class ModelRunner {
   const RunnerStats& stats() const { return stats_; }
   const RunnerConfig& config() const { return config_; }
   int max_model_len() const { return config_.max_model_len; }
+  // Rows of logits a step can compute: max_num_seqs x q, within the token
+  // budget (the scheduler keeps every step within it).
+  int64_t max_logit_rows() const { return max_logit_rows_; }
   int num_piecewise_wrappers() const { return static_cast<int>(pieces_.size()); }
   const LlamaModel& model() const { return *model_; }
 

@@ -95,6 +95,17 @@ struct Request {
   // step_kv_end): they become final layer by layer (LlmEngine::KvReadyTokens).
   // 0 outside a step.
   int64_t step_kv_end = 0;
+  // Prompt logprobs: positions [1, prompt_logprobs_end()) of the prompt get
+  // one (the original prompt: not output prefilled again); those up to
+  // prompt_logprobs_done have been reported (a recomputed prompt does not
+  // report them twice).
+  int64_t prompt_logprobs_done = 0;
+  int64_t prompt_logprobs_end() const {
+    return params.prompt_logprobs < 0 ? 0 : prompt_len - params.prior_output_tokens;
+  }
+  // Whether a chunk of the prompt from `start` computes logits for every
+  // row (some position after it is owed a prompt logprob).
+  bool WantsPromptLogits(int64_t start) const { return start + 1 < prompt_logprobs_end(); }
 };
 
 }  // namespace tandem

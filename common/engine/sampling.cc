@@ -44,6 +44,10 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
     return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs must be in [0, ",
                                                    kMaxLogprobs, "] (or unset), got ", p.logprobs));
   }
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.prompt_logprobs must be in [0, ", kMaxLogprobs,
+                                                   "] (or unset), got ", p.prompt_logprobs));
+  }
   if (p.logit_bias.size() > kMaxLogitBias) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias has ", p.logit_bias.size(),
                                                    " entries; the limit is ", kMaxLogitBias));
@@ -133,6 +137,8 @@ void Sampler::Logprobs(const float* logits, int vocab, int32_t token, int top,
   for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
   const double log_z = max_logit + std::log(sum);
   out->logprob = static_cast<float>(logits[token] - log_z);
+  out->rank = 1 + static_cast<int32_t>(std::count_if(
+                      logits, logits + vocab, [&](float x) { return x > logits[token]; }));
   out->top.clear();
   if (top <= 0) return;
   top = std::min(top, vocab);

@@ -46,6 +46,13 @@ struct SamplingParams {
   // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
   // of the model's logits, before the bias, penalties and temperature.
   int32_t logprobs = -1;
+  // Log-probabilities of the prompt's tokens (vLLM's prompt_logprobs): -1 =
+  // none, else each prompt token's after the first, and the
+  // `prompt_logprobs` most likely at its position (at most kMaxLogprobs).
+  // Such a request computes the logits of every prompt position, so its
+  // prompt is computed here whole: no prefix-cache hit, and in chunks no
+  // longer than the runner's logit rows.
+  int32_t prompt_logprobs = -1;
   // The prompt's last tokens that are output already (a preempted request
   // prefilled again elsewhere): the penalties count them as output.
   uint32_t prior_output_tokens = 0;
@@ -75,6 +82,7 @@ inline constexpr int32_t kMaxLogprobs = 20;
 // position (token id, log-probability), most likely first.
 struct TokenLogprobs {
   float logprob = 0.f;
+  int32_t rank = 0;  // 1 + the tokens more likely than it (vLLM's rank)
   std::vector<std::pair<int32_t, float>> top;
 };
 

@@ -57,8 +57,11 @@ void Scheduler::Remove(Request* r, bool free_blocks) {
 bool Scheduler::Admit(Request* r, int budget, int* n) {
   const bool fresh = kv_->BlockTable(r->id) == nullptr;
   if (fresh) {
-    // At most all but the last token: it must be computed to sample.
-    r->num_cached_tokens = kv_->TakeCachedPrefix(r->id, r->tokens, r->num_tokens() - 1);
+    // At most all but the last token: it must be computed to sample. None
+    // for prompt logprobs: every position's logits are computed.
+    r->num_cached_tokens = r->params.prompt_logprobs >= 0
+                               ? 0
+                               : kv_->TakeCachedPrefix(r->id, r->tokens, r->num_tokens() - 1);
     r->num_computed = r->num_cached_tokens;
   }
   int64_t need;
@@ -88,11 +91,22 @@ bool Scheduler::Admit(Request* r, int budget, int* n) {
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int budget = budget_;
+  int rows = max_logit_rows_;  // rows of logits the step has left
   bool preempted = false;
-  // 1. Running requests, oldest first.
+  // 1. Running requests, oldest first. A chunk that wants prompt logits
+  // takes a row a token, of what the running requests after it leave (a
+  // decode's 1 + drafts each; fewer than max_num_seqs x q in all).
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
-    const int n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
+    int n = static_cast<int>(std::min<int64_t>(r->num_tokens() - r->num_computed, budget));
+    if (r->WantsPromptLogits(r->num_computed)) {
+      int later = 0;
+      for (size_t j = i + 1; j < running_.size(); ++j) {
+        const Request* o = running_[j];
+        if (!o->WantsPromptLogits(o->num_computed)) later += 1 + static_cast<int>(o->drafts.size());
+      }
+      n = std::min(n, rows - later);
+    }
     if (n <= 0) {
       r->drafts.clear();
       ++i;
@@ -108,9 +122,10 @@ SchedulerOutput Scheduler::Schedule() {
     }
     if (kv_->EnsureCapacity(r->id, r->num_computed + n).ok()) {
       const int drafts = static_cast<int>(r->drafts.size());
-      out.chunks.push_back(
-          {r, r->num_computed, n + drafts, r->num_computed + n == r->num_tokens(), drafts});
+      out.chunks.push_back({r, r->num_computed, n + drafts, r->num_computed + n == r->num_tokens(),
+                            drafts, r->WantsPromptLogits(r->num_computed)});
       budget -= n + drafts;
+      rows -= out.chunks.back().logit_rows();
       ++i;
       continue;
     }
@@ -132,7 +147,15 @@ SchedulerOutput Scheduler::Schedule() {
       continue;
     }
     int n = 0;
-    if (!Admit(r, budget, &n)) {
+    // A chunk that samples takes a row, one that wants prompt logits a row
+    // a token: none is admitted once the step's rows are spent.
+    const int allowed =
+        r->needs_remote_kv ? budget : r->WantsPromptLogits(0) ? std::min(budget, rows) : budget;
+    if (!r->needs_remote_kv && rows <= 0) {
+      ++it;
+      continue;
+    }
+    if (!Admit(r, allowed, &n)) {
       const int64_t tokens = r->num_tokens() + (r->needs_remote_kv ? 1 : 0);
       const int64_t needed = (tokens + kv_->block_size() - 1) / kv_->block_size();
       const bool never = needed > kv_->pool().num_blocks();
@@ -165,8 +188,10 @@ SchedulerOutput Scheduler::Schedule() {
     }
     r->state = RequestState::kRunning;
     running_.push_back(r);
-    out.chunks.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens()});
+    out.chunks.push_back({r, r->num_computed, n, r->num_computed + n == r->num_tokens(), 0,
+                          r->WantsPromptLogits(r->num_computed)});
     budget -= n;
+    rows -= out.chunks.back().logit_rows();
   }
   return out;
 }

@@ -18,6 +18,10 @@
 // decoding): they take budget and KV slots like any token, are cut to what the
 // budget leaves, and are dropped (never preempting anyone) when their slots
 // are not free.
+// A request that asked for prompt logprobs computes its prompt whole (no
+// cached prefix) in chunks whose rows of logits fit what the step has left
+// of max_logit_rows (the runner's); there is always at least one row left
+// for it, since every other request takes at most q of them.
 // A waiting request that does not fit waits without blocking the ones behind
 // it that do; a new one that waits longer than `waiting_timeout` fails with
 // RESOURCE_EXHAUSTED, as does one that cannot fit even in an empty cache.
@@ -44,6 +48,11 @@ struct ScheduledChunk {
   // Of num_tokens, the request's drafted tokens after its last one (their
   // logits are sampled too, to verify them).
   int num_drafts = 0;
+  // Prompt logprobs: the step computes the logits of every token of the
+  // chunk (Request::WantsPromptLogits), not only of the last.
+  bool all_rows = false;
+  // Rows of logits the chunk takes in the step.
+  int logit_rows() const { return all_rows ? num_tokens : sample ? 1 + num_drafts : 0; }
 };
 
 struct SchedulerOutput {
@@ -64,11 +73,13 @@ struct PrefixCacheStats {
 class Scheduler {
  public:
   // `waiting_timeout`: how long a new request may wait for admission
-  // (absl::InfiniteDuration(): no limit).
+  // (absl::InfiniteDuration(): no limit); `max_logit_rows`: rows of logits a
+  // step can compute (0: as many as tokens).
   Scheduler(int max_num_batched_tokens, int max_num_seqs, KvCache* kv_cache,
-            absl::Duration waiting_timeout = absl::InfiniteDuration())
+            absl::Duration waiting_timeout = absl::InfiniteDuration(), int max_logit_rows = 0)
       : budget_(max_num_batched_tokens),
         max_seqs_(max_num_seqs),
+        max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_num_batched_tokens),
         kv_(kv_cache),
         waiting_timeout_(waiting_timeout) {}
 
@@ -104,6 +115,7 @@ class Scheduler {
 
   int budget_;
   int max_seqs_;
+  int max_logit_rows_;
   KvCache* kv_;
   absl::Duration waiting_timeout_;
   std::vector<Request*> running_;  // admission order

@@ -145,6 +145,100 @@ TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
   EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
 }
 
+// Runs every request to completion; returns each one's prompt logprobs.
+std::map<std::string, std::vector<TokenLogprobs>> RunForPromptLogprobs(
+    LlmEngine* e, std::map<std::string, std::vector<int32_t>>* tokens) {
+  std::map<std::string, std::vector<TokenLogprobs>> out;
+  for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
+    auto step = e->Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) break;
+    for (const RequestOutput& o : *step) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      // All of them before or with the first token.
+      if (!o.prompt_logprobs.empty()) EXPECT_TRUE((*tokens)[o.id].empty()) << o.id;
+      auto& v = out[o.id];
+      v.insert(v.end(), o.prompt_logprobs.begin(), o.prompt_logprobs.end());
+      auto& t = (*tokens)[o.id];
+      t.insert(t.end(), o.new_tokens.begin(), o.new_tokens.end());
+    }
+  }
+  return out;
+}
+
+// A prompt's logprobs (vLLM's prompt_logprobs): one per prompt token after
+// the first, each the log-softmax of the previous position's logits at that
+// token, with its rank and the top-k; computed in chunks no longer than the
+// step's rows of logits (4 here, beside 3 decoding requests), whatever the
+// prefix cache holds, reported once through a preemption, and the same as
+// the logprob of that token sampled after the prompt cut there.
+TEST(EngineTest, PromptLogprobsAreEachPromptTokensLogprob) {
+  const std::vector<int32_t> prompt = Prompt(37, 8);
+  for (int blocks : {0, 14}) {  // 14 blocks of 4: preemptions
+    SCOPED_TRACE(blocks);
+    auto e = MakeEngine(M::kFullAndPiecewise, blocks, /*max_num_seqs=*/4, /*block_size=*/4);
+    ASSERT_EQ(e->runner().max_logit_rows(), 4);
+    SamplingParams plain = IgnoringEos(5);
+    ASSERT_TRUE(e->AddRequest("warm", prompt, plain).ok());  // its blocks go to the prefix cache
+    std::map<std::string, std::vector<int32_t>> tokens;
+    RunForPromptLogprobs(e.get(), &tokens);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(e->AddRequest("d" + std::to_string(i), Prompt(5, i), IgnoringEos(20)).ok());
+    SamplingParams with = plain;
+    with.prompt_logprobs = 3;
+    ASSERT_TRUE(e->AddRequest("p", prompt, with).ok());
+    tokens.clear();
+    const auto got = RunForPromptLogprobs(e.get(), &tokens);
+    EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+    EXPECT_EQ(e->num_preemptions() > 0, blocks > 0);
+    EXPECT_EQ(tokens["p"].size(), 5u);
+    ASSERT_EQ(got.at("p").size(), prompt.size() - 1);
+    EXPECT_TRUE(got.count("d0") == 0 || got.at("d0").empty());
+    // The reference: the prompt cut before position L, its next token forced
+    // by a bias (logprobs are the raw logits', before the bias).
+    auto ref = MakeEngine(M::kNone);
+    for (size_t l = 1; l < prompt.size(); ++l) {
+      SamplingParams one;
+      one.max_tokens = 1;
+      one.logprobs = 3;
+      one.logit_bias = {{prompt[l], 1000.f}};
+      ASSERT_TRUE(ref->AddRequest("l" + std::to_string(l), {prompt.begin(), prompt.begin() + l}, one).ok());
+    }
+    std::map<std::string, TokenLogprobs> want;
+    for (int guard = 0; ref->HasWork() && guard < 1000; ++guard) {
+      auto step = ref->Step();
+      ASSERT_TRUE(step.ok());
+      for (const RequestOutput& o : *step) {
+        if (!o.logprobs.empty()) want[o.id] = o.logprobs[0];
+      }
+    }
+    for (size_t l = 1; l < prompt.size(); ++l) {
+      SCOPED_TRACE(l);
+      const TokenLogprobs& g = got.at("p")[l - 1];
+      const TokenLogprobs& w = want.at("l" + std::to_string(l));
+      EXPECT_NEAR(g.logprob, w.logprob, 1e-3);
+      ASSERT_EQ(g.top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(g.top[k].first, w.top[k].first);
+        EXPECT_NEAR(g.top[k].second, w.top[k].second, 1e-3);
+      }
+      EXPECT_GE(g.rank, 1);
+      EXPECT_EQ(g.rank == 1, g.top[0].first == prompt[l]);
+      if (g.rank <= 3) EXPECT_EQ(g.top[g.rank - 1].first, prompt[l]);
+    }
+  }
+  // Out of range, and never for a prompt computed elsewhere.
+  auto e = MakeEngine(M::kNone);
+  SamplingParams bad = IgnoringEos(2);
+  bad.prompt_logprobs = 21;
+  EXPECT_NE(e->AddRequest("x", Prompt(4, 1), bad).message().find("sampling.prompt_logprobs must be in [0, 20]"),
+            std::string::npos);
+  bad.prompt_logprobs = 0;
+  EXPECT_NE(e->AddRequest("x", Prompt(4, 1), bad, RequestKind::kRemotePrefill)
+                .message()
+                .find("needs the prompt computed where it is served"),
+            std::string::npos);
+}
+
 // Seed 0 is a seed like any other (vLLM's seed is Optional[int]): two
 // requests with it sample alike; another seed samples otherwise.
 TEST(EngineTest, SeedZeroIsASeed) {
