@@ -140,7 +140,14 @@ bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>
   const size_t keep =
       call.text != nullptr ? call.text->AddUntilStop(all_tokens, &text) : all_tokens.size();
   const std::vector<int32_t> tokens(all_tokens.begin(), all_tokens.begin() + keep);
-  if (call.generated.empty() && !tokens.empty()) msg->set_request_id(call.id);  // first message
+  if (call.generated.empty() && !tokens.empty()) {  // the first message
+    msg->set_request_id(call.id);
+    if (call.params.prompt_logprobs >= 0) {
+      msg->mutable_prompt_token_ids()->Add(call.prompt.begin(), call.prompt.end());
+      for (const TokenLogprobs& lp : call.prompt_logprobs) ToProto(lp, msg->add_prompt_logprobs());
+      call.prompt_logprobs.clear();
+    }
+  }
   for (int32_t t : tokens) msg->add_token_ids(t);
   for (size_t i = 0; i < keep && i < logprobs.size(); ++i) ToProto(logprobs[i], msg->add_logprobs());
   call.generated.insert(call.generated.end(), tokens.begin(), tokens.end());
@@ -262,7 +269,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   call->queued_at = absl::Now();
   call->client_deadline = context->deadline();
   if (options_.prefill_remote) {
-    if (call->prompt.size() <= static_cast<size_t>(options_.local_prefill_max_tokens)) {
+    if (call->params.prompt_logprobs >= 0) {
+      call->local_reason = "prompt_logprobs";  // its logits are needed here
+    } else if (call->prompt.size() <= static_cast<size_t>(options_.local_prefill_max_tokens)) {
       call->local_reason = "short_prompt";
     }
   } else {
@@ -313,6 +322,9 @@ void DecodeServiceImpl::OnOutput(const std::shared_ptr<GenerateCall>& call,
   if (call->generated.empty() && !o.new_tokens.empty() && call->local_reason != nullptr) {
     metrics_->PrefillLocal(call->local_reason);
   }
+  call->prompt_logprobs.insert(call->prompt_logprobs.end(), o.prompt_logprobs.begin(),
+                               o.prompt_logprobs.end());
+  if (o.new_tokens.empty() && !o.finished) return;  // prompt logprobs only: they go with the first token
   v1::GenerateResponse msg;
   if (AddTokens(*call, o.new_tokens, o.logprobs, &msg)) {  // a stop string ended the output
     return Finish(call, std::move(msg), v1::FINISH_REASON_STOP);

@@ -36,7 +36,7 @@ struct GenerateCall {
   std::vector<int32_t> prompt;
   SamplingParams params;
   // Why this worker prefills the prompt itself ("aggregated",
-  // "short_prompt"), or null when a prefill worker does.
+  // "short_prompt", "prompt_logprobs"), or null when a prefill worker does.
   const char* local_reason = nullptr;
   // The prefill worker a gateway chose for this request (the
   // x-prefiller-host-port header), or null: the pool's rotation.
@@ -50,6 +50,8 @@ struct GenerateCall {
   std::unique_ptr<TextOutput> text;    // null without a tokenizer
   absl::Time last_token;
   int prefills = 0;                    // remote prefills started (1 + re-prefills)
+  // Prompt logprobs computed so far, sent with the first token.
+  std::vector<TokenLogprobs> prompt_logprobs;
 
   // Any thread.
   std::atomic<bool> done{false};  // ended: later outputs are ignored

@@ -182,7 +182,7 @@ class Completion {
 
   struct Logprob {
     std::string token;
-    float logprob;
+    std::optional<float> logprob;  // none: the prompt's first token (echo)
     std::vector<std::pair<std::string, float>> top;
     size_t text_offset;
   };
@@ -196,7 +196,8 @@ class Completion {
     bool seen = false;  // a message came (its echo is out)
     std::string text;
     std::vector<int32_t> token_ids;
-    std::vector<Logprob> logprobs;  // per output token, when asked
+    std::vector<Logprob> logprobs;  // per output token (after the prompt's, with echo), when asked
+    Json prompt_logprobs = nullptr;  // vLLM's form, when asked
     size_t text_offset = 0;
     std::string finish = "stop";
     uint32_t prompt_tokens = 0, completion_tokens = 0;
@@ -226,16 +227,24 @@ class Completion {
     }
     c.text += m.text();
     c.token_ids.insert(c.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
+    const size_t echoed = c.logprobs.size();
+    if (m.prompt_token_ids_size() > 0) AddPromptLogprobs(&c, m);
     if (spec_.logprobs) {
       for (int i = 0; i < m.token_ids_size(); ++i) {
-        AddLogprobs(&c, m.token_ids(i), i < m.logprobs_size() ? m.logprobs(i) : v1::TokenLogprobs());
+        const v1::TokenLogprobs none;
+        AddLogprobs(&c, m.token_ids(i), i < m.logprobs_size() ? &m.logprobs(i) : &none);
       }
     }
     if (!spec_.stream || holding()) return;
     EnsureStarted();
     if (!c.seen) {
       c.seen = true;
-      if (!c.echo.empty()) WriteDelta(index, c.echo);
+      // With logprobs, the echoed prompt's lead (this message brought them).
+      const size_t output_begin = c.logprobs.size() - (spec_.logprobs ? m.token_ids_size() : 0);
+      if (!c.echo.empty()) {
+        WriteDelta(index, c.echo, {},
+                   spec_.echo_logprobs ? LogprobsJson(c, echoed, output_begin) : Json(nullptr));
+      }
     }
     // A chunk per message that carries tokens, even when their text is not
     // out yet (an incomplete character; a model without a tokenizer): the
@@ -246,7 +255,7 @@ class Completion {
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
       WriteDelta(index, parts.content, ids,
-                 LogprobsJson(c, c.token_ids.size() - m.token_ids_size(), c.token_ids.size()),
+                 LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()),
                  parts.reasoning);
     }
   }
@@ -318,16 +327,48 @@ class Completion {
                                       : absl::StrCat("token_id:", id);
   }
 
-  void AddLogprobs(Choice* c, int32_t id, const v1::TokenLogprobs& lp) const {
-    // vLLM's floor for a logprob JSON cannot hold (-inf).
-    auto finite = [](float x) { return std::max(x, -9999.f); };
-    Logprob entry{TokenText(id), finite(lp.logprob()), {}, c->text_offset};
-    for (int i = 0; i < std::min(lp.top_token_ids_size(), lp.top_logprobs_size()); ++i) {
-      entry.top.emplace_back(TokenText(lp.top_token_ids(i)), finite(lp.top_logprobs(i)));
+  // vLLM's floor for a logprob: JSON cannot hold (-inf).
+  static float Finite(float x) { return std::max(x, -9999.f); }
+
+  // `lp` null: the prompt's first token, which has none.
+  void AddLogprobs(Choice* c, int32_t id, const v1::TokenLogprobs* lp) const {
+    Logprob entry{TokenText(id), std::nullopt, {}, c->text_offset};
+    if (lp != nullptr) {
+      entry.logprob = Finite(lp->logprob());
+      for (int i = 0; i < std::min(lp->top_token_ids_size(), lp->top_logprobs_size()); ++i) {
+        entry.top.emplace_back(TokenText(lp->top_token_ids(i)), Finite(lp->top_logprobs(i)));
+      }
     }
     // Completions' text_offset counts characters, as Python's len() does.
     for (char ch : entry.token) c->text_offset += (static_cast<uint8_t>(ch) & 0xC0) != 0x80;
     c->logprobs.push_back(std::move(entry));
+  }
+
+  // The prompt's logprobs, on the message that brings them: vLLM's
+  // `prompt_logprobs` (null for the first token, then {id: {logprob, rank,
+  // decoded_token}} for the token and the most likely ones) and, with echo,
+  // the entries that lead the choice's logprobs.
+  void AddPromptLogprobs(Choice* c, const v1::GenerateResponse& m) const {
+    c->prompt_logprobs = Json::array({nullptr});
+    for (int i = 1; i < m.prompt_token_ids_size() && i - 1 < m.prompt_logprobs_size(); ++i) {
+      const v1::TokenLogprobs& lp = m.prompt_logprobs(i - 1);
+      Json entry = Json::object();
+      auto add = [&](int32_t id, float logprob, int rank) {
+        const std::string key = std::to_string(id);
+        if (entry.contains(key)) return;
+        entry[key] = {{"logprob", Finite(logprob)}, {"rank", rank}, {"decoded_token", TokenText(id)}};
+      };
+      add(m.prompt_token_ids(i), lp.logprob(), lp.rank());
+      for (int k = 0; k < std::min(lp.top_token_ids_size(), lp.top_logprobs_size()); ++k) {
+        add(lp.top_token_ids(k), lp.top_logprobs(k), k + 1);
+      }
+      c->prompt_logprobs.push_back(std::move(entry));
+    }
+    if (!spec_.echo_logprobs) return;
+    for (int i = 0; i < m.prompt_token_ids_size(); ++i) {
+      AddLogprobs(c, m.prompt_token_ids(i),
+                  i > 0 && i - 1 < m.prompt_logprobs_size() ? &m.prompt_logprobs(i - 1) : nullptr);
+    }
   }
 
   // A choice's `logprobs` for output tokens [begin, end): OpenAI's chat form
@@ -349,7 +390,7 @@ class Completion {
         for (const auto& [token, logprob] : e.top) {
           top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", bytes(token)}});
         }
-        content.push_back({{"token", e.token}, {"logprob", e.logprob}, {"bytes", bytes(e.token)},
+        content.push_back({{"token", e.token}, {"logprob", e.logprob.value_or(0.f)}, {"bytes", bytes(e.token)},
                            {"top_logprobs", top}});
       }
       return {{"content", content}};
@@ -359,12 +400,17 @@ class Completion {
     for (size_t i = begin; i < end && i < c.logprobs.size(); ++i) {
       const Logprob& e = c.logprobs[i];
       tokens.push_back(e.token);
-      token_logprobs.push_back(e.logprob);
+      offsets.push_back(e.text_offset);
+      if (!e.logprob.has_value()) {  // the echoed prompt's first token
+        token_logprobs.push_back(nullptr);
+        top.push_back(nullptr);
+        continue;
+      }
+      token_logprobs.push_back(*e.logprob);
       Json dict = Json::object();
       for (const auto& [token, logprob] : e.top) dict[token] = logprob;
-      dict[e.token] = e.logprob;
+      dict[e.token] = *e.logprob;
       top.push_back(dict);
-      offsets.push_back(e.text_offset);
     }
     return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
             {"text_offset", offsets}};
@@ -474,8 +520,13 @@ class Completion {
       if (spec_.return_token_ids) choice["token_ids"] = c.token_ids;
       choice["logprobs"] = LogprobsJson(c, 0, c.logprobs.size());
       choice["finish_reason"] = finish;
+      if (!spec_.chat && (spec_.prompt_logprobs || spec_.echo_logprobs)) {
+        choice["prompt_logprobs"] = c.prompt_logprobs;
+      }
       body["choices"].push_back(std::move(choice));
     }
+    // vLLM's chat response carries them once, beside the choices.
+    if (spec_.chat && spec_.prompt_logprobs) body["prompt_logprobs"] = choices_[0].prompt_logprobs;
     body["usage"] = Usage();
     SendJson(*http_, body);
   }

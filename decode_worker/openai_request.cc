@@ -334,10 +334,15 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   // vLLM's fields that would constrain or score the output otherwise:
   // refused rather than ignored, so that no client takes free text for
   // constrained text.
-  for (const char* name : {"guided_regex", "guided_grammar", "allowed_token_ids", "prompt_logprobs",
-                           "truncate_prompt_tokens"}) {
+  for (const char* name : {"guided_regex", "guided_grammar"}) {
     if (auto e = f.Neutral(name, nullptr)) return e;
   }
+  std::vector<int32_t> allowed;
+  if (auto e = f.TokenIds("allowed_token_ids", &allowed)) return e;
+  if (f.Has("allowed_token_ids") && allowed.empty()) {
+    return Fields::Bad("allowed_token_ids", "allowed_token_ids must name at least one token");
+  }
+  s->mutable_allowed_token_ids()->Add(allowed.begin(), allowed.end());
   if (auto e = f.Neutral("bad_words", Json::array())) return e;
   if (auto e = f.Neutral("use_beam_search", false)) return e;
   if (chat) {
@@ -361,6 +366,15 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   spec->logprobs = s->has_logprobs();
   spec->stream = false;
   if (auto e = f.Bool("stream", &spec->stream)) return e;
+  // vLLM's prompt_logprobs: each prompt token's, in the response's
+  // `prompt_logprobs` (as vLLM, not with stream).
+  if (auto e = f.Int("prompt_logprobs", 0, kMaxLogprobs, &i)) return e;
+  if (i) {
+    if (spec->stream) return Fields::Bad("prompt_logprobs", "prompt_logprobs are not available with stream=true");
+    s->mutable_prompt_logprobs()->set_value(static_cast<int32_t>(*i));
+    spec->prompt_logprobs = true;
+  }
+  i.reset();
   spec->include_usage = false;
   if (f.Has("stream_options")) {
     const Json& so = body["stream_options"];
@@ -611,6 +625,25 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     return Reply({{"count", p.ids.size()}, {"max_model_len", context.max_model_len}, {"tokens", p.ids}});
   }
 
+  // vLLM's truncate_prompt_tokens: each prompt keeps its last k tokens (-1:
+  // max_model_len), counted as the model's tokenizer counts them.
+  std::optional<int64_t> truncate;
+  if (auto e = Fields(body).Int("truncate_prompt_tokens", -1, std::max(context.max_model_len, 1), &truncate)) {
+    return Error(*e);
+  }
+  if (truncate) {
+    if (*truncate == 0) return Error({400, "truncate_prompt_tokens must be -1 or in [1, max_model_len], got 0", "truncate_prompt_tokens"});
+    const size_t keep = static_cast<size_t>(*truncate == -1 ? context.max_model_len : *truncate);
+    for (Prompt& p : prompts) {
+      if (!p.has_ids) {
+        if (tokenizer == nullptr) return Error({400, "truncate_prompt_tokens of a text prompt needs a tokenizer", "truncate_prompt_tokens"});
+        p.ids = tokenizer->Encode(p.text);  // as the decode worker would
+        p.has_ids = true;
+      }
+      if (keep > 0 && p.ids.size() > keep) p.ids.erase(p.ids.begin(), p.ids.end() - static_cast<int64_t>(keep));
+    }
+  }
+
   OpenAiRequest r;
   int64_t default_max = 16;  // OpenAI's for completions
   if (chat) {
@@ -640,11 +673,16 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   bool echo = false;
   if (!chat) {
     if (auto e = Fields(body).Bool("echo", &echo)) return Error(*e);
-    if (echo && spec.logprobs) {
-      return Error({400, "echo with logprobs (the prompt's log-probabilities) is not supported; "
-                         "send echo or logprobs", "echo"});
-    }
     if (echo && tokenizer == nullptr) return Error({400, "echo needs a tokenizer", "echo"});
+    // echo with logprobs: the echoed prompt's tokens lead the choice's
+    // logprobs (the first with none), as vLLM's (and lm-eval's loglikelihood
+    // requests read them).
+    if (echo && spec.logprobs) {
+      spec.echo_logprobs = true;
+      if (!common.sampling().has_prompt_logprobs()) {
+        common.mutable_sampling()->mutable_prompt_logprobs()->set_value(common.sampling().logprobs().value());
+      }
+    }
   }
   // Choice p * n + j is sample j of prompt p; with a seed, sample j draws
   // with seed + j (vLLM's parallel sampling).

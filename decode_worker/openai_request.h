@@ -50,6 +50,8 @@ struct CompletionSpec {
   bool tools = false;     // the request offered tools: look for calls in the reply
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   bool logprobs = false;          // the request set sampling.logprobs
+  bool prompt_logprobs = false;   // vLLM's prompt_logprobs: the response carries them
+  bool echo_logprobs = false;     // completions' echo with logprobs: the prompt's lead them
   bool thinking = true;           // chat_template_kwargs.enable_thinking (Qwen3's switch)
   // tool_choice forced a call: a named function (the reply is its
   // arguments) or "required" (the reply is a list of {"name", "parameters"}).

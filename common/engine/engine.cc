@@ -111,6 +111,13 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
           "sampling.logit_bias names token ", id, ", outside the vocabulary [0, ", vocab, ")"));
     }
   }
+  for (size_t i = 0; i < params.allowed_token_ids.size(); ++i) {
+    const int32_t id = params.allowed_token_ids[i];
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.allowed_token_ids[", i, "] = ", id,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
   // A request that cannot fit even in an empty cache would wait in vain (or
   // preempt itself forever).
   const int64_t need_tokens =
@@ -331,10 +338,6 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     Request* r = c.request;
     const float* logits = step.logits + int64_t{row} * vocab;
     row += c.logit_rows();
-    if (c.all_rows) {
-      PromptLogprobs(c, logits, &out, carried);
-      logits += int64_t{c.num_tokens - 1} * vocab;  // the last row samples
-    }
     if (!c.sample) {
       r->num_computed = c.start + c.num_tokens;
       kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
@@ -342,9 +345,12 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
       if (r->kind == RequestKind::kPrefillOnly) {
         OutputFor(r, &out, carried).kv_ready_tokens = r->num_computed;
       }
-      continue;
+    } else {
+      // With prompt logits, the last row samples.
+      AcceptTokens(c, logits + (c.all_rows ? int64_t{c.num_tokens - 1} * vocab : 0), &out, carried);
     }
-    AcceptTokens(c, logits, &out, carried);
+    // Into the output the token went to, if any: one output a request a step.
+    if (c.all_rows) PromptLogprobs(c, logits, &out);
     if (r->finished()) done.push_back(r);
   }
   for (Request* r : done) Finish(r, r->finish, &out);
@@ -390,10 +396,11 @@ const float* LlmEngine::Masked(const GrammarMatcher& matcher, const float* logit
 }
 
 void LlmEngine::PromptLogprobs(const ScheduledChunk& c, const float* logits,
-                               std::vector<RequestOutput>* out, size_t carried) {
+                               std::vector<RequestOutput>* out) {
   Request* r = c.request;
   const int vocab = static_cast<int>(model_->config().vocab_size);
   const int64_t end = r->prompt_logprobs_end();
+  RequestOutput* o = nullptr;  // found (rare: one search) once there is one to report
   // Row j holds the distribution of position c.start + j + 1.
   for (int j = 0; j < c.num_tokens && c.start + j + 1 < end; ++j) {
     const int64_t position = c.start + j + 1;
@@ -401,7 +408,8 @@ void LlmEngine::PromptLogprobs(const ScheduledChunk& c, const float* logits,
     TokenLogprobs lp;
     sampler_.Logprobs(logits + int64_t{j} * vocab, vocab, r->tokens[position],
                       r->params.prompt_logprobs, &lp);
-    OutputFor(r, out, carried).prompt_logprobs.push_back(std::move(lp));
+    if (o == nullptr) o = &OutputFor(r, out, out->size());
+    o->prompt_logprobs.push_back(std::move(lp));
     r->prompt_logprobs_done = position;
   }
 }

@@ -252,9 +252,10 @@ class LlmEngine {
   void AcceptTokens(const ScheduledChunk& c, const float* logits, std::vector<RequestOutput>* out,
                     size_t carried);
   // A chunk's prompt logprobs from its `logits` rows (one a token), those
-  // not reported yet, into the request's output of the step.
+  // not reported yet, into the request's output of the step (after its
+  // token's, which it joins).
   void PromptLogprobs(const ScheduledChunk& c, const float* logits,
-                      std::vector<RequestOutput>* out, size_t carried);
+                      std::vector<RequestOutput>* out);
   // Structured outputs: a token's bytes ("" past the tokenizer's vocabulary),
   // and a copy of a row of logits with what `matcher` rules out at -inf.
   const std::string& TokenBytes(int32_t token) const;

@@ -78,7 +78,14 @@ int32_t Argmax(const float* logits, int vocab) {  // ties go to the lowest id
 const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParams& params,
                              const TokenHistory& history) {
   if (!params.AdjustsLogits()) return logits;
-  adjusted_.assign(logits, logits + vocab);
+  if (params.allowed_token_ids.empty()) {
+    adjusted_.assign(logits, logits + vocab);
+  } else {  // every other token out of the draw
+    adjusted_.assign(vocab, -std::numeric_limits<float>::infinity());
+    for (int32_t id : params.allowed_token_ids) {
+      if (id >= 0 && id < vocab) adjusted_[id] = logits[id];
+    }
+  }
   // vLLM's MinTokensLogitsProcessor: no stop id while the output is short.
   if (history.output.size() + history.accepted_drafts.size() < params.min_tokens) {
     auto ban = [&](absl::Span<const int32_t> ids) {

@@ -41,6 +41,9 @@ struct SamplingParams {
   // Added to a token's logit before anything else: (token id, bias), ids
   // distinct and in the vocabulary (checked by LlmEngine::Validate).
   std::vector<std::pair<int32_t, float>> logit_bias = {};
+  // vLLM's allowed_token_ids: when not empty, only these tokens may be
+  // sampled (ids in the vocabulary, checked by LlmEngine::Validate).
+  std::vector<int32_t> allowed_token_ids = {};
   // Log-probabilities of each sampled token and of the `logprobs` most
   // likely ones at its position: -1 = none, 0 = the sampled token's only, at
   // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
@@ -68,8 +71,8 @@ struct SamplingParams {
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {
-    return !logit_bias.empty() || repetition_penalty != 1.f || frequency_penalty != 0.f ||
-           presence_penalty != 0.f || min_tokens > 0;
+    return !logit_bias.empty() || !allowed_token_ids.empty() || repetition_penalty != 1.f ||
+           frequency_penalty != 0.f || presence_penalty != 0.f || min_tokens > 0;
   }
 };
 

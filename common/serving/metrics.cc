@@ -194,10 +194,10 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
     prefill_local_ = &prometheus::BuildCounter()
                           .Name("tandem_prefill_local_total")
                           .Help("Prompts the decode worker prefilled itself, by reason "
-                                "(aggregated, short_prompt, fallback)")
+                                "(aggregated, short_prompt, prompt_logprobs, fallback)")
                           .Labels(role_label)
                           .Register(r);
-    for (const char* reason : {"aggregated", "short_prompt", "fallback"}) {
+    for (const char* reason : {"aggregated", "short_prompt", "prompt_logprobs", "fallback"}) {
       prefill_local_->Add({{"reason", reason}});
     }
     transfer_wait_ = &prometheus::BuildHistogram()

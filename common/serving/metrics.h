@@ -54,8 +54,8 @@ class WorkerMetrics {
   void KvTransferFailure(const std::string& reason);
   // KV a decode worker did not ask for: its prefix cache held it.
   void KvTransferSaved(size_t bytes);
-  // A decode worker prefilled a prompt itself: "aggregated", "short_prompt"
-  // or "fallback".
+  // A decode worker prefilled a prompt itself: "aggregated", "short_prompt",
+  // "prompt_logprobs" or "fallback".
   void PrefillLocal(const std::string& reason);
   // The decode worker's prefill endpoints, and how many are usable now.
   void PrefillEndpoints(int total, int usable);

@@ -33,9 +33,11 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   s.frequency_penalty = p.frequency_penalty();
   s.presence_penalty = p.presence_penalty();
   s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  s.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
   // Sorted: a map's order is unspecified, and the sums must not depend on it.
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.logprobs = p.has_logprobs() ? p.logprobs().value() : -1;
+  s.prompt_logprobs = p.has_prompt_logprobs() ? p.prompt_logprobs().value() : -1;
   s.prior_output_tokens = p.prior_output_tokens();
   s.min_tokens = p.min_tokens();
   return s;
@@ -54,6 +56,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   p->set_frequency_penalty(s.frequency_penalty);
   p->set_presence_penalty(s.presence_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
+  p->mutable_allowed_token_ids()->Add(s.allowed_token_ids.begin(), s.allowed_token_ids.end());
   if (s.logprobs >= 0) p->mutable_logprobs()->set_value(s.logprobs);
   if (s.grammar != nullptr) {
     p->set_structured_json_schema(s.grammar->schema());
@@ -70,6 +73,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
 
 void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p) {
   p->set_logprob(lp.logprob);
+  p->set_rank(lp.rank);
   for (const auto& [id, logprob] : lp.top) {
     p->add_top_token_ids(id);
     p->add_top_logprobs(logprob);
@@ -79,6 +83,7 @@ void ToProto(const TokenLogprobs& lp, v1::TokenLogprobs* p) {
 TokenLogprobs FromProto(const v1::TokenLogprobs& p) {
   TokenLogprobs lp;
   lp.logprob = p.logprob();
+  lp.rank = p.rank();
   const int n = std::min(p.top_token_ids_size(), p.top_logprobs_size());
   for (int i = 0; i < n; ++i) lp.top.emplace_back(p.top_token_ids(i), p.top_logprobs(i));
   return lp;

@@ -85,6 +85,10 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       // An unsigned integer past int64 named as sent, not wrapped negative.
       {comp, R"({"prompt": "x", "max_tokens": 18446744073709551615})", "max_tokens", "max_tokens must be in [1, 256], got 18446744073709551615"},
       {comp, R"({"prompt": "x", "seed": 9223372036854775808})", "seed", "got 9223372036854775808"},
+      {comp, R"({"prompt": "x", "truncate_prompt_tokens": 257})", "truncate_prompt_tokens", "truncate_prompt_tokens must be in [-1, 256], got 257"},
+      {comp, R"({"prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens", "must be -1 or in [1, max_model_len], got 0"},
+      {comp, R"({"prompt": "x", "prompt_logprobs": -1})", "prompt_logprobs", "prompt_logprobs must be in [0, 20], got -1"},
+      {chat, "{" + user + R"(, "prompt_logprobs": 1, "stream": true})", "prompt_logprobs", "not available with stream=true"},
       // Tools the template would have been handed as they came.
       {chat, "{" + user + R"(, "tools": 5})", "tools", "tools must be a list"},
       {chat, "{" + user + R"(, "tools": [5]})", "tools", "tools[0] must be an object"},
@@ -254,6 +258,39 @@ TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
   EXPECT_EQ(r.choices[0].generate.prompt(), "hello");
   EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 16u);  // OpenAI's default for completions
   EXPECT_EQ(r.choices[0].echo, "hello");
+
+  // echo with logprobs asks for the prompt's too (vLLM's), unless given.
+  for (const auto& [body, want] : std::vector<std::pair<std::string, int>>{
+           {R"({"prompt": "hi", "echo": true, "logprobs": 2})", 2},
+           {R"({"prompt": "hi", "echo": true, "logprobs": 2, "prompt_logprobs": 0})", 0},
+           {R"({"prompt": "hi", "prompt_logprobs": 4})", 4}}) {
+    SCOPED_TRACE(body);
+    r = Parse(OpenAiRoute::kCompletions, body);
+    ASSERT_FALSE(r.error.has_value()) << r.error->message;
+    EXPECT_EQ(r.choices[0].generate.sampling().prompt_logprobs().value(), want);
+    EXPECT_EQ(r.spec.echo_logprobs, body.find("echo") != std::string::npos);
+    EXPECT_EQ(r.spec.prompt_logprobs, body.find("prompt_logprobs") != std::string::npos);
+  }
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "hi", "echo": true})");
+  EXPECT_FALSE(r.choices[0].generate.sampling().has_prompt_logprobs());
+
+  // truncate_prompt_tokens keeps each prompt's last k tokens (vLLM's); the
+  // echo is what is kept.
+  const std::string text = "one two three four five six";
+  const std::vector<int32_t> text_ids = tokenizer_->Encode(text);
+  ASSERT_GT(text_ids.size(), 3u);
+  r = Parse(OpenAiRoute::kCompletions,
+            R"({"prompt": [")" + text + R"(", [1, 2]], "truncate_prompt_tokens": 3, "echo": true})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  ASSERT_EQ(r.choices.size(), 2u);
+  EXPECT_EQ(std::vector<int32_t>(r.choices[0].generate.prompt_token_ids().begin(),
+                                 r.choices[0].generate.prompt_token_ids().end()),
+            std::vector<int32_t>(text_ids.end() - 3, text_ids.end()));
+  EXPECT_EQ(r.choices[0].echo, tokenizer_->Decode({text_ids.end() - 3, text_ids.end()}));
+  EXPECT_EQ(r.choices[1].generate.prompt_token_ids_size(), 2);
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": [1, 2, 3], "truncate_prompt_tokens": -1})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.choices[0].generate.prompt_token_ids_size(), 3);
 
   r = Parse(OpenAiRoute::kCompletions, R"({"prompt": [5, 6, 7], "logprobs": 3})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;

@@ -121,6 +121,42 @@ TEST(EngineTest, ValidationErrors) {
   EXPECT_EQ(e->Abort("a").code(), absl::StatusCode::kNotFound);
 }
 
+// vLLM's allowed_token_ids: only those tokens come out, greedy or sampled,
+// speculated or not, whatever the bias says of others.
+TEST(EngineTest, AllowedTokenIdsAreTheOnlyOnesSampled) {
+  const std::set<int32_t> allowed = {5, 77, 300};
+  for (const char* spec : {"", R"({"method": "ngram", "num_speculative_tokens": 3})"}) {
+    SCOPED_TRACE(spec);
+    EngineConfig c;
+    c.model = "synthetic";
+    c.runner.max_num_batched_tokens = 64;
+    c.runner.max_model_len = 512;
+    auto speculative = ParseSpeculativeConfig(spec);
+    ASSERT_TRUE(speculative.ok()) << speculative.status();
+    c.speculative = *speculative;
+    auto e = LlmEngine::Create(c);
+    ASSERT_TRUE(e.ok()) << e.status();
+    for (int i = 0; i < 6; ++i) {
+      SamplingParams p = IgnoringEos(16);
+      p.temperature = i % 2 == 0 ? 0.f : 1.f;
+      p.seed = i;
+      p.allowed_token_ids.assign(allowed.begin(), allowed.end());
+      if (i == 5) p.logit_bias = {{6, 100.f}};  // a bias cannot bring another token in
+      ASSERT_TRUE((*e)->AddRequest("r" + std::to_string(i), Prompt(8, i), p).ok());
+    }
+    for (const auto& [id, tokens] : RunAll(e->get())) {
+      EXPECT_EQ(tokens.size(), 16u) << id;
+      for (int32_t t : tokens) EXPECT_TRUE(allowed.count(t)) << id << " sampled " << t;
+    }
+  }
+  auto e = MakeEngine(M::kNone);
+  SamplingParams bad = IgnoringEos(2);
+  bad.allowed_token_ids = {3, 512};
+  EXPECT_NE(e->AddRequest("x", Prompt(4, 1), bad).message().find(
+                "sampling.allowed_token_ids[1] = 512 is outside the vocabulary [0, 512)"),
+            std::string::npos);
+}
+
 TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
   auto e = MakeEngine(M::kFullAndPiecewise);
   SamplingParams p = IgnoringEos(24);
@@ -149,12 +185,15 @@ TEST(EngineTest, LogitBiasAndPenaltiesShapeTheOutput) {
 std::map<std::string, std::vector<TokenLogprobs>> RunForPromptLogprobs(
     LlmEngine* e, std::map<std::string, std::vector<int32_t>>* tokens) {
   std::map<std::string, std::vector<TokenLogprobs>> out;
+  std::set<std::string> finished;
   for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
     auto step = e->Step();
     EXPECT_TRUE(step.ok()) << step.status();
     if (!step.ok()) break;
     for (const RequestOutput& o : *step) {
       EXPECT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(finished.count(o.id), 0u) << o.id << ": an output after the finished one";
+      if (o.finished) finished.insert(o.id);
       // All of them before or with the first token.
       if (!o.prompt_logprobs.empty()) EXPECT_TRUE((*tokens)[o.id].empty()) << o.id;
       auto& v = out[o.id];
@@ -186,12 +225,17 @@ TEST(EngineTest, PromptLogprobsAreEachPromptTokensLogprob) {
     SamplingParams with = plain;
     with.prompt_logprobs = 3;
     ASSERT_TRUE(e->AddRequest("p", prompt, with).ok());
+    SamplingParams one_token = with;  // its first token ends it, in the step that finishes its prompt
+    one_token.max_tokens = 1;
+    ASSERT_TRUE(e->AddRequest("p1", prompt, one_token).ok());
     tokens.clear();
     const auto got = RunForPromptLogprobs(e.get(), &tokens);
     EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
     EXPECT_EQ(e->num_preemptions() > 0, blocks > 0);
     EXPECT_EQ(tokens["p"].size(), 5u);
     ASSERT_EQ(got.at("p").size(), prompt.size() - 1);
+    EXPECT_EQ(tokens["p1"], std::vector<int32_t>{tokens["p"][0]});
+    ASSERT_EQ(got.at("p1").size(), prompt.size() - 1);
     EXPECT_TRUE(got.count("d0") == 0 || got.at("d0").empty());
     // The reference: the prompt cut before position L, its next token forced
     // by a bias (logprobs are the raw logits', before the bias).

@@ -170,6 +170,13 @@ def main():
             model="smollm2", prompt=prompt, max_tokens=5, temperature=0, logit_bias={"504": 100},
             extra_body={"ignore_eos": True, "return_token_ids": True})
         assert biased.choices[0].model_extra["token_ids"] == [504] * 5, biased
+        # allowed_token_ids: only those, the first token (the prefill
+        # worker's) included, whatever the bias says of another.
+        allowed = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=8, temperature=1.0, seed=3, logit_bias={"29": 100},
+            extra_body={"allowed_token_ids": [504, 3575, 282], "ignore_eos": True, "return_token_ids": True})
+        got = allowed.choices[0].model_extra["token_ids"]
+        assert len(got) == 8 and set(got) <= {504, 3575, 282}, allowed
         # min_p = 1 keeps only the most likely token: sampling is greedy.
         top_only = client.chat.completions.create(model="smollm2", messages=question, max_tokens=64,
                                                   temperature=1.0, seed=5, extra_body={"min_p": 1.0})
@@ -295,8 +302,50 @@ def main():
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, logprobs=True, top_logprobs=21),
             "top_logprobs must be in [0, 20], got 21")
+        # The prompt's logprobs, as lm-eval's loglikelihood requests read them:
+        # a batch of token-id prompts with echo, logprobs=1 and max_tokens=1;
+        # token_logprobs covers the prompt (its first token none) and then the
+        # output, and the prompt's last entry is the logprob of that token
+        # forced after the prompt cut before it (through the prefill worker).
+        ids = [[504, 3575, 282, 4649, 314], [19556, 905, 28, 549]]
+        scored = client.completions.create(model="smollm2", prompt=ids, max_tokens=1, temperature=0,
+                                           logprobs=1, echo=True, seed=1234)
+        assert len(scored.choices) == 2, scored
+        for choice, p in zip(sorted(scored.choices, key=lambda c: c.index), ids):
+            lp = choice.logprobs
+            assert len(lp.token_logprobs) == len(p) + 1 and len(lp.tokens) == len(p) + 1, lp
+            assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+            assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:]), lp
+            for i in range(1, len(p) + 1):
+                assert lp.top_logprobs[i][lp.tokens[i]] == lp.token_logprobs[i], lp
+                assert len(lp.top_logprobs[i]) <= 2, lp
+            assert "".join(lp.tokens) == choice.text, (lp.tokens, choice.text)
+            vllm = choice.model_extra["prompt_logprobs"]
+            assert vllm[0] is None and len(vllm) == len(p), vllm
+            for i in range(1, len(p)):
+                entry = vllm[i][str(p[i])]
+                assert entry["logprob"] == lp.token_logprobs[i] and entry["rank"] >= 1, vllm
+            forced = client.completions.create(model="smollm2", prompt=p[:-1], max_tokens=1,
+                                               temperature=0, logprobs=0, logit_bias={str(p[-1]): 100})
+            assert abs(forced.choices[0].logprobs.token_logprobs[0] - lp.token_logprobs[len(p) - 1]) < 1e-3, \
+                (forced.choices[0].logprobs, lp)
+        # vLLM's prompt_logprobs for chat, beside the choices; not with stream.
+        chat_scored = client.chat.completions.create(model="smollm2", messages=question, max_tokens=2,
+                                                     extra_body={"prompt_logprobs": 2})
+        prompt_lps = chat_scored.model_extra["prompt_logprobs"]
+        assert prompt_lps[0] is None and len(prompt_lps) == chat_scored.usage.prompt_tokens, prompt_lps
+        assert all(1 <= len(e) <= 3 for e in prompt_lps[1:]), prompt_lps
         expect_error(openai.BadRequestError, lambda: client.completions.create(
-            model="smollm2", prompt="hi", echo=True, logprobs=1), "echo with logprobs")
+            model="smollm2", prompt="hi", stream=True, extra_body={"prompt_logprobs": 1}),
+            "prompt_logprobs are not available with stream=true")
+        expect_error(openai.BadRequestError, lambda: client.completions.create(
+            model="smollm2", prompt="hi", extra_body={"prompt_logprobs": 21}),
+            "prompt_logprobs must be in [0, 20], got 21")
+        # They are computed by the decode worker itself.
+        _, text = http_get(f"http://127.0.0.1:{dm}/metrics")
+        local = [line for line in text.splitlines()
+                 if line.startswith("tandem_prefill_local_total{") and 'reason="prompt_logprobs"' in line]
+        assert local and float(local[0].rsplit(" ", 1)[1]) >= 3, local
         passed += 1
 
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
