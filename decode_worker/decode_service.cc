@@ -222,7 +222,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
                                   options_.max_stop_string_bytes, " bytes, got ", stop.size()));
     }
   }
-  absl::StatusOr<SamplingParams> params = FromProto(request->sampling());
+  absl::StatusOr<SamplingParams> params = FromProto(request->sampling(), tokenizer_);
   if (!params.ok()) {
     writer->End(ToGrpcStatus(params.status()));
     return writer.get();

@@ -343,7 +343,16 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
     return Fields::Bad("allowed_token_ids", "allowed_token_ids must name at least one token");
   }
   s->mutable_allowed_token_ids()->Add(allowed.begin(), allowed.end());
-  if (auto e = f.Neutral("bad_words", Json::array())) return e;
+  if (f.Has("bad_words")) {
+    const Json& words = body["bad_words"];
+    if (!words.is_array()) return Fields::Bad("bad_words", "bad_words must be a list of strings");
+    for (size_t w = 0; w < words.size(); ++w) {
+      if (!words[w].is_string()) {
+        return Fields::Bad("bad_words", absl::StrCat("bad_words[", w, "] must be a string"));
+      }
+      s->add_bad_words(words[w].get<std::string>());
+    }
+  }
   if (auto e = f.Neutral("use_beam_search", false)) return e;
   if (chat) {
     // OpenAI's chat form: logprobs (bool), top_logprobs (0..20, needs logprobs).

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
       code >= 0) {
     return code;
   }
-  // The tokenizer's bytes of each token, for structured outputs' first token.
+  // The tokenizer's bytes of each token, for structured outputs' first token,
+  // and bad words' tokens.
   auto tokenizer = tandem::LoadTokenizer(config.model);
   if (!tokenizer.ok()) {
     std::cerr << "prefill_worker: " << tokenizer.status().message() << std::endl;
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tandem::PrefillServiceImpl service(&state, &metrics, max_waiting,
-                                     absl::Seconds(kv_export_timeout_s));
+                                     absl::Seconds(kv_export_timeout_s), tokenizer->get());
   return tandem::RunWorker(options, config, &state, &metrics, {&service},
                            [&](tandem::EngineClient* client) { service.SetEngine(client); });
 }

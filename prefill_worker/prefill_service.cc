@@ -74,11 +74,13 @@ struct PrefillServiceImpl::Transfer {
 };
 
 PrefillServiceImpl::PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics,
-                                       int max_waiting, absl::Duration export_timeout)
+                                       int max_waiting, absl::Duration export_timeout,
+                                       const Tokenizer* tokenizer)
     : state_(state),
       metrics_(metrics),
       max_waiting_(max_waiting),
       export_timeout_(export_timeout),
+      tokenizer_(tokenizer),
       lease_watcher_([this] { WatchLeases(); }) {}
 
 PrefillServiceImpl::~PrefillServiceImpl() {
@@ -330,7 +332,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
                                           " layers)")));
     return writer.get();
   }
-  absl::StatusOr<SamplingParams> params = FromProto(request->sampling());
+  absl::StatusOr<SamplingParams> params = FromProto(request->sampling(), tokenizer_);
   if (!params.ok()) {
     writer->End(ToGrpcStatus(params.status()));
     return writer.get();

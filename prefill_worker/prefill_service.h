@@ -59,8 +59,10 @@ class PrefillServiceImpl final
  public:
   // `max_waiting`: requests queued for the engine beyond which new ones get
   // RESOURCE_EXHAUSTED. `export_timeout`: the lease (see above).
+  // `tokenizer` (may be null: the model has none) encodes requests' bad words.
   PrefillServiceImpl(WorkerState* state, WorkerMetrics* metrics, int max_waiting,
-                     absl::Duration export_timeout = absl::Seconds(30));
+                     absl::Duration export_timeout = absl::Seconds(30),
+                     const Tokenizer* tokenizer = nullptr);
   ~PrefillServiceImpl() override;
   void SetEngine(EngineClient* client) { client_ = client; }
 
@@ -104,6 +106,7 @@ class PrefillServiceImpl final
   WorkerMetrics* metrics_;
   int max_waiting_;
   absl::Duration export_timeout_;
+  const Tokenizer* tokenizer_;
   std::atomic<EngineClient*> client_{nullptr};
   InFlightIds in_flight_;
   Mutex groups_mu_;

@@ -86,6 +86,25 @@ const float* Sampler::Adjust(const float* logits, int vocab, const SamplingParam
       if (id >= 0 && id < vocab) adjusted_[id] = logits[id];
     }
   }
+  // vLLM's bad words: a sequence's last token, where the output ends with
+  // the rest of it.
+  if (!params.bad_words_token_ids.empty()) {
+    auto output_at = [&](size_t back) {  // back-th token from the end of the output so far
+      const size_t drafts = history.accepted_drafts.size();
+      return back < drafts ? history.accepted_drafts[drafts - 1 - back]
+                           : history.output[history.output.size() - 1 - (back - drafts)];
+    };
+    const size_t produced = history.output.size() + history.accepted_drafts.size();
+    for (const std::vector<int32_t>& seq : params.bad_words_token_ids) {
+      if (seq.empty() || seq.size() - 1 > produced) continue;
+      const size_t prefix = seq.size() - 1;
+      bool match = true;
+      for (size_t k = 0; k < prefix && match; ++k) match = output_at(k) == seq[prefix - 1 - k];
+      if (match && seq.back() >= 0 && seq.back() < vocab) {
+        adjusted_[seq.back()] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
   // vLLM's MinTokensLogitsProcessor: no stop id while the output is short.
   if (history.output.size() + history.accepted_drafts.size() < params.min_tokens) {
     auto ban = [&](absl::Span<const int32_t> ids) {

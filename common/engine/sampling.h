@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -44,6 +45,11 @@ struct SamplingParams {
   // vLLM's allowed_token_ids: when not empty, only these tokens may be
   // sampled (ids in the vocabulary, checked by LlmEngine::Validate).
   std::vector<int32_t> allowed_token_ids = {};
+  // vLLM's bad_words: as given (passed on to a prefill worker), and as the
+  // token sequences they were encoded to: a sequence's last token is banned
+  // where the output so far ends with the rest of it (always, for one token).
+  std::vector<std::string> bad_words = {};
+  std::vector<std::vector<int32_t>> bad_words_token_ids = {};
   // Log-probabilities of each sampled token and of the `logprobs` most
   // likely ones at its position: -1 = none, 0 = the sampled token's only, at
   // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
@@ -71,7 +77,8 @@ struct SamplingParams {
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {
-    return !logit_bias.empty() || !allowed_token_ids.empty() || repetition_penalty != 1.f ||
+    return !logit_bias.empty() || !allowed_token_ids.empty() || !bad_words_token_ids.empty() ||
+           repetition_penalty != 1.f ||
            frequency_penalty != 0.f || presence_penalty != 0.f || min_tokens > 0;
   }
 };
@@ -80,6 +87,9 @@ struct SamplingParams {
 inline constexpr size_t kMaxLogitBias = 1024;
 // At most this many top log-probabilities a token (vLLM's max_logprobs).
 inline constexpr int32_t kMaxLogprobs = 20;
+// At most this many bad words a request, each at most this many bytes.
+inline constexpr size_t kMaxBadWords = 256;
+inline constexpr size_t kMaxBadWordBytes = 256;
 
 // A sampled token's log-probability and the most likely tokens' at its
 // position (token id, log-probability), most likely first.

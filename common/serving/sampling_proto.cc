@@ -2,11 +2,47 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace tandem {
 
-absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
+namespace {
+
+absl::Status EncodeBadWords(const Tokenizer* tokenizer, SamplingParams* s) {
+  if (s->bad_words.empty()) return absl::OkStatus();
+  if (tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "sampling.bad_words needs the model's tokenizer, and this worker has none");
+  }
+  if (s->bad_words.size() > kMaxBadWords) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words has ", s->bad_words.size(),
+                                                   " words; the limit is ", kMaxBadWords));
+  }
+  for (size_t i = 0; i < s->bad_words.size(); ++i) {
+    const std::string& word = s->bad_words[i];
+    const absl::string_view bare = absl::StripLeadingAsciiWhitespace(word);
+    if (bare.empty() || word.size() > kMaxBadWordBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words[", i, "] must have 1 to ",
+                                                     kMaxBadWordBytes, " bytes besides leading spaces, got ",
+                                                     word.size()));
+    }
+    // vLLM's: the word as it starts a text, and with a space before it where
+    // that is another token sequence of the same length (a word mid-text).
+    std::vector<int32_t> plain = tokenizer->Encode(bare, /*add_special_tokens=*/false);
+    std::vector<int32_t> spaced = tokenizer->Encode(std::string(" ") + std::string(bare), false);
+    if (plain.empty()) continue;
+    const bool mid_text = !spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size();
+    s->bad_words_token_ids.push_back(std::move(plain));
+    if (mid_text) s->bad_words_token_ids.push_back(std::move(spaced));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, const Tokenizer* tokenizer) {
   SamplingParams s;
   if (!p.structured_json_schema().empty() && p.structured_choice_size() > 0) {
     return absl::InvalidArgumentError(
@@ -34,6 +70,8 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p) {
   s.presence_penalty = p.presence_penalty();
   s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   s.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
+  s.bad_words.assign(p.bad_words().begin(), p.bad_words().end());
+  RETURN_IF_ERROR(EncodeBadWords(tokenizer, &s));
   // Sorted: a map's order is unspecified, and the sums must not depend on it.
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   s.logprobs = p.has_logprobs() ? p.logprobs().value() : -1;
@@ -57,6 +95,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   p->set_presence_penalty(s.presence_penalty);
   for (const auto& [id, bias] : s.logit_bias) (*p->mutable_logit_bias())[id] = bias;
   p->mutable_allowed_token_ids()->Add(s.allowed_token_ids.begin(), s.allowed_token_ids.end());
+  p->mutable_bad_words()->Add(s.bad_words.begin(), s.bad_words.end());
   if (s.logprobs >= 0) p->mutable_logprobs()->set_value(s.logprobs);
   if (s.grammar != nullptr) {
     p->set_structured_json_schema(s.grammar->schema());

@@ -4,6 +4,7 @@
 // they ask for. The tokenizer and chat template are real fixtures.
 #include "decode_worker/openai_request.h"
 
+#include "common/serving/sampling_proto.h"
 #include "common/structured/json_grammar.h"
 
 #include <fstream>
@@ -249,6 +250,41 @@ TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
   GrammarMatcher m(*g);
   EXPECT_TRUE(m.Accept(R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}])"));
   EXPECT_TRUE(m.CanEnd());
+}
+
+// bad_words reach SamplingParams as strings; the worker encodes them as
+// vLLM's update_from_tokenizer does: the word at a text's start, and after
+// a space where that is other tokens of the same count.
+TEST_F(OpenAiRequestTest, BadWordsAreEncodedAsVllmEncodesThem) {
+  OpenAiRequest r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "bad_words": ["  hello", "the is"]})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  const v1::SamplingParams& proto = r.choices[0].generate.sampling();
+  ASSERT_EQ(proto.bad_words_size(), 2);
+  auto s = FromProto(proto, tokenizer_.get());
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<std::vector<int32_t>> want;
+  for (const std::string word : {"hello", "the is"}) {
+    const std::vector<int32_t> plain = tokenizer_->Encode(word, false);
+    const std::vector<int32_t> spaced = tokenizer_->Encode(" " + word, false);
+    want.push_back(plain);
+    if (spaced[0] != plain[0] && spaced.size() == plain.size()) want.push_back(spaced);
+  }
+  EXPECT_EQ(s->bad_words_token_ids, want);
+  EXPECT_GT(want.size(), 2u);  // some word also mid-text
+  EXPECT_TRUE(s->AdjustsLogits());
+  // The prefill worker gets the words to encode alike.
+  v1::SamplingParams first;
+  FirstTokenSampling(*s, 0, &first);
+  EXPECT_EQ(first.bad_words_size(), 2);
+  EXPECT_NE(FromProto(proto, nullptr).status().message().find("sampling.bad_words needs the model's tokenizer"),
+            std::string::npos);
+  v1::SamplingParams blank = proto;
+  blank.add_bad_words("   ");
+  EXPECT_NE(FromProto(blank, tokenizer_.get()).status().message().find("sampling.bad_words[2] must have 1 to 256 bytes"),
+            std::string::npos);
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "bad_words": ["a", 5]})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "bad_words[1] must be a string");
 }
 
 TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {

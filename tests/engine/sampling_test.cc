@@ -162,6 +162,29 @@ TEST(SamplerTest, MinTokensBansStopIdsWhileTheOutputIsShort) {
   for (int i = 0; i < 200; ++i) EXPECT_GE(s.Sample(logits, 4, p, {{}, {}, {}, eos}, &rng), 2);
 }
 
+// vLLM's bad words: a one-token word is never sampled; a longer one's last
+// token is banned only where the output (drafts kept before included) ends
+// with the rest of it; the prompt does not count.
+TEST(SamplerTest, BadWordsBanTheirLastTokenAfterTheRest) {
+  Sampler s;
+  std::mt19937_64 rng(1);
+  float logits[] = {1.f, 5.f, 4.f, 3.f, 2.f};
+  SamplingParams p;
+  p.bad_words_token_ids = {{1}, {3, 4, 2}};
+  const std::vector<int32_t> eos = {0};
+  EXPECT_EQ(s.Sample(logits, 5, p, {{}, {}, {}, eos}, &rng), 2);          // 1 banned
+  EXPECT_EQ(s.Sample(logits, 5, p, {{}, {3, 4}, {}, eos}, &rng), 3);      // "3 4" then 2: banned
+  EXPECT_EQ(s.Sample(logits, 5, p, {{}, {3}, {4}, eos}, &rng), 3);        // a kept draft counts
+  EXPECT_EQ(s.Sample(logits, 5, p, {{}, {4, 3}, {}, eos}, &rng), 2);      // another order
+  EXPECT_EQ(s.Sample(logits, 5, p, {{3, 4}, {}, {}, eos}, &rng), 2);      // the prompt does not count
+  EXPECT_EQ(s.Sample(logits, 5, p, {{}, {4}, {}, eos}, &rng), 2);         // only part of the rest
+  p.temperature = 1.f;
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = s.Sample(logits, 5, p, {{}, {3, 4}, {}, eos}, &rng);
+    EXPECT_TRUE(t != 1 && t != 2) << t;
+  }
+}
+
 TEST(SamplerTest, LogprobsAreTheRawLogSoftmax) {
   std::vector<float> logits = {1.f, 3.f, -2.f, 3.f, 0.5f, 40.f, -40.f};
   double z = 0;

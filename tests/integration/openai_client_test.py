@@ -177,6 +177,13 @@ def main():
             extra_body={"allowed_token_ids": [504, 3575, 282], "ignore_eos": True, "return_token_ids": True})
         got = allowed.choices[0].model_extra["token_ids"]
         assert len(got) == 8 and set(got) <= {504, 3575, 282}, allowed
+        # bad_words (vLLM's): the greedy answer's word never comes, its first
+        # token (the prefill worker's) included.
+        free = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0)
+        assert "Paris" in free.choices[0].text, free
+        banned = client.completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0,
+                                           extra_body={"bad_words": ["Paris"]})
+        assert "Paris" not in banned.choices[0].text and banned.choices[0].text, banned
         # min_p = 1 keeps only the most likely token: sampling is greedy.
         top_only = client.chat.completions.create(model="smollm2", messages=question, max_tokens=64,
                                                   temperature=1.0, seed=5, extra_body={"min_p": 1.0})
