@@ -28,6 +28,8 @@ const char* kSchema = R"({"type": "object", "properties": {"name": {"type": "str
     "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
     "city": {"enum": ["Paris", "Lyon", "Nice"]}}, "required": ["name", "age"]})";
 const char* kReply = R"({"name": "Ana Lima", "age": 31, "tags": ["pilot", "chess"], "city": "Lyon"})";
+const char* kRegex = R"re(\{"name": "[A-Z][a-z]+( [A-Z][a-z]+)?", "age": \d{1,3}, "tags": \[("[a-z]+"(, )?)*\], "city": "(Paris|Lyon|Nice)"\})re";
+const char* kCounted = R"(.{0,80}x)";
 
 void BM_VocabularyIndex(benchmark::State& state) {
   const Tokenizer& tok = SmolLm2();
@@ -37,11 +39,15 @@ BENCHMARK(BM_VocabularyIndex)->Unit(benchmark::kMillisecond);
 
 // One mask per byte of the reply (a decode step is one token, a few bytes):
 // the mean over every point of the reply, structure and strings alike.
+// Arg 0: the JSON schema; 1: a regex (its DFA) for a reply of the same shape;
+// 2: a counted regex whose NFA would hold up to 80 states at once.
 void BM_MaskAlongAReply(benchmark::State& state) {
   const auto vocab = TokenVocabularyOf(SmolLm2());
-  auto g = JsonGrammar::FromSchema(kSchema);
+  auto g = state.range(0) == 0   ? JsonGrammar::FromSchema(kSchema)
+           : state.range(0) == 1 ? JsonGrammar::FromRegex(kRegex)
+                                 : JsonGrammar::FromRegex(kCounted);
   if (!g.ok()) std::abort();
-  const std::string reply = kReply;
+  const std::string reply = state.range(0) == 2 ? std::string(70, 'a') + "x" : kReply;
   std::vector<uint8_t> allowed(vocab->size());
   for (auto _ : state) {
     GrammarMatcher m(*g);
@@ -53,7 +59,7 @@ void BM_MaskAlongAReply(benchmark::State& state) {
   state.counters["masks"] = benchmark::Counter(static_cast<double>(reply.size()) * state.iterations(),
                                                benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_MaskAlongAReply)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MaskAlongAReply)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tandem

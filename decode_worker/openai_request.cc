@@ -99,13 +99,15 @@ class Fields {
 
 // Structured outputs, in any of the forms clients send: OpenAI's
 // response_format (json_object, json_schema), vLLM's structured_outputs
-// (json, json_object, choice) and its older guided_json / guided_choice. At
-// most one; the schema is compiled where the request runs (FromProto).
+// (json, json_object, choice, regex) and its older guided_json /
+// guided_choice / guided_regex. At most one; the schema or regex is
+// compiled where the request runs (FromProto).
 std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingParams* s) {
   Fields f(body);
   std::vector<const char*> given;
   Json schema;                   // a JSON schema, or null
   const Json* choices = nullptr;  // a list of strings, or null
+  const Json* regex = nullptr;    // a string, or null
   if (f.Has("response_format")) {
     const Json& format = body["response_format"];
     if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
@@ -144,10 +146,12 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
         schema = {{"type", "object"}};
       } else if (key == "choice") {
         choices = &value;
+      } else if (key == "regex") {
+        regex = &value;
       } else {
         return Fields::Bad("structured_outputs", absl::StrCat("structured_outputs.", key,
-                                                              " is not supported (json, json_object "
-                                                              "or choice)"));
+                                                              " is not supported (json, json_object, "
+                                                              "choice or regex)"));
       }
       given.push_back("structured_outputs");
     }
@@ -160,10 +164,19 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
     choices = &body["guided_choice"];
     given.push_back("guided_choice");
   }
+  if (f.Has("guided_regex")) {
+    regex = &body["guided_regex"];
+    given.push_back("guided_regex");
+  }
   if (given.empty()) return std::nullopt;
   if (given.size() > 1) {
     return Fields::Bad(given[1], absl::StrCat("give one structured output, not ", given.size(), " (",
                                               absl::StrJoin(given, ", "), ")"));
+  }
+  if (regex != nullptr) {
+    if (!regex->is_string()) return Fields::Bad(given[0], "the regex must be a string");
+    s->set_structured_regex(regex->get<std::string>());
+    return std::nullopt;
   }
   if (choices != nullptr) {
     if (!choices->is_array() || choices->empty()) {
@@ -334,9 +347,7 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   // vLLM's fields that would constrain or score the output otherwise:
   // refused rather than ignored, so that no client takes free text for
   // constrained text.
-  for (const char* name : {"guided_regex", "guided_grammar"}) {
-    if (auto e = f.Neutral(name, nullptr)) return e;
-  }
+  if (auto e = f.Neutral("guided_grammar", nullptr)) return e;
   std::vector<int32_t> allowed;
   if (auto e = f.TokenIds("allowed_token_ids", &allowed)) return e;
   if (f.Has("allowed_token_ids") && allowed.empty()) {

@@ -44,19 +44,26 @@ absl::Status EncodeBadWords(const Tokenizer* tokenizer, SamplingParams* s) {
 
 absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, const Tokenizer* tokenizer) {
   SamplingParams s;
-  if (!p.structured_json_schema().empty() && p.structured_choice_size() > 0) {
+  const int structured = !p.structured_json_schema().empty() + (p.structured_choice_size() > 0) +
+                         !p.structured_regex().empty();
+  if (structured > 1) {
     return absl::InvalidArgumentError(
-        "sampling.structured_json_schema and sampling.structured_choice: give one of the two");
+        "sampling.structured_json_schema, structured_choice and structured_regex: give one of the three");
   }
+  absl::StatusOr<std::shared_ptr<const JsonGrammar>> g = nullptr;
+  const char* field = "";
   if (!p.structured_json_schema().empty()) {
-    auto g = JsonGrammar::FromSchema(p.structured_json_schema());
-    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.structured_json_schema: ", g.status().message()));
-    s.grammar = *std::move(g);
+    g = JsonGrammar::FromSchema(p.structured_json_schema());
+    field = "sampling.structured_json_schema: ";
   } else if (p.structured_choice_size() > 0) {
-    auto g = JsonGrammar::FromChoices({p.structured_choice().begin(), p.structured_choice().end()});
-    if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling.structured_", g.status().message()));
-    s.grammar = *std::move(g);
+    g = JsonGrammar::FromChoices({p.structured_choice().begin(), p.structured_choice().end()});
+    field = "sampling.structured_";
+  } else if (!p.structured_regex().empty()) {
+    g = JsonGrammar::FromRegex(p.structured_regex());
+    field = "sampling.structured_regex: ";
   }
+  if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat(field, g.status().message()));
+  s.grammar = *std::move(g);
   s.max_tokens = p.max_tokens();
   s.temperature = p.temperature();
   s.top_p = p.top_p() == 0.f ? 1.f : p.top_p();
@@ -100,6 +107,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
   if (s.grammar != nullptr) {
     p->set_structured_json_schema(s.grammar->schema());
     p->mutable_structured_choice()->Add(s.grammar->choices().begin(), s.grammar->choices().end());
+    p->set_structured_regex(s.grammar->regex());
   }
   // A first token that min_tokens keeps from stopping the output: its stop
   // ids are banned there too.

@@ -17,7 +17,7 @@ using Json = nlohmann::ordered_json;
 
 // A compiled schema node.
 struct JsonGrammar::Node {
-  enum Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull, kUnion, kLiteral };
+  enum Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull, kUnion, kLiteral, kRegex };
   Kind kind = kAny;
   // kObject: each property's key (a texts_ index, the key as JSON, quoted)
   // and value node; which are required; the node of other keys' values, or
@@ -30,6 +30,8 @@ struct JsonGrammar::Node {
   int min_items = 0, max_items = -1;
   // kString (characters)
   int min_length = 0, max_length = -1;
+  // kString: its text's pattern; kRegex: the reply's. A regexes_ index, or -1.
+  int regex = -1;
   // kUnion: the alternatives; kLiteral: texts_ indices, one of which is the value
   std::vector<int> alternatives;
   // A choice: the text exactly, no whitespace before it (JSON values may have some).
@@ -52,6 +54,7 @@ constexpr int kMaxUnionDepth = 32;   // unions within unions before a byte is ta
 constexpr int kMaxNesting = 128;     // objects and arrays within each other in a reply
 constexpr int kMaxCompileDepth = 512;  // schemas within schemas, $refs followed included
 constexpr size_t kMaxLiterals = 1024;  // values of an enum, choices
+constexpr int kMaxRegexStates = 200000;  // over all of a schema's patterns
 
 bool IsWs(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
@@ -89,7 +92,7 @@ class SchemaCompiler {
     for (const auto& [key, value] : s.items()) {
       static const char* kKnown[] = {
           "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-          "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+          "minLength", "maxLength", "pattern", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
           "definitions", "title", "description", "default", "examples", "format", "$schema", "$id",
           "$comment", "deprecated", "readOnly", "writeOnly"};
       if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
@@ -137,6 +140,8 @@ class SchemaCompiler {
       types.push_back("object");
     } else if (s.contains("items")) {
       types.push_back("array");
+    } else if (s.contains("pattern") || s.contains("minLength") || s.contains("maxLength")) {
+      types.push_back("string");
     } else {
       return kAnyNode;
     }
@@ -269,6 +274,18 @@ class SchemaCompiler {
       if (auto st = count("minLength", &n.min_length); !st.ok()) return st;
       if (auto st = count("maxLength", &n.max_length); !st.ok()) return st;
       if (n.max_length >= 0 && n.max_length < n.min_length) return Bad(path, "maxLength is below minLength");
+      if (s.contains("pattern")) {
+        if (!s["pattern"].is_string()) return Bad(path, "pattern must be a string");
+        auto re = ByteRegex::Compile(s["pattern"].get<std::string>());
+        if (!re.ok()) return Bad(path + "/pattern", std::string(re.status().message()));
+        regex_states_ += re->num_states();
+        if (regex_states_ > kMaxRegexStates) {
+          return Bad(path + "/pattern", absl::StrCat("the schema's patterns need more than ", kMaxRegexStates,
+                                                     " automaton states in all"));
+        }
+        g_->regexes_.push_back(*std::move(re));
+        n.regex = static_cast<int>(g_->regexes_.size()) - 1;
+      }
     } else if (type == "number") {
       n.kind = JsonGrammar::Node::kNumber;
     } else if (type == "integer") {
@@ -287,6 +304,7 @@ class SchemaCompiler {
   const Json& root_;
   std::map<std::string, int> refs_;
   int depth_ = 0;
+  int regex_states_ = 0;
 };
 
 JsonGrammar::JsonGrammar() {
@@ -344,12 +362,27 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromChoices(std:
   return std::shared_ptr<const JsonGrammar>(std::move(g));
 }
 
+absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromRegex(const std::string& pattern) {
+  auto re = ByteRegex::Compile(pattern);
+  if (!re.ok()) return re.status();
+  std::shared_ptr<JsonGrammar> g(new JsonGrammar());
+  g->regexes_.push_back(*std::move(re));
+  Node n;
+  n.kind = Node::kRegex;
+  n.exact = true;
+  n.regex = 0;
+  g->nodes_.push_back(std::move(n));
+  g->root_ = static_cast<int>(g->nodes_.size()) - 1;
+  g->regex_ = pattern;
+  return std::shared_ptr<const JsonGrammar>(std::move(g));
+}
+
 // ---------------------------------------------------------------------------
 // Matching.
 
 namespace {
 
-enum FrameKind : uint8_t { kValue, kObjectFrame, kArrayFrame, kStringFrame, kNumberFrame, kLitFrame };
+enum FrameKind : uint8_t { kValue, kObjectFrame, kArrayFrame, kStringFrame, kNumberFrame, kLitFrame, kRegexFrame };
 
 // Object phases
 enum : uint8_t { kObjStart, kObjNeedKey, kObjInKey, kObjColon, kObjInValue, kObjAfterValue };
@@ -365,8 +398,8 @@ struct Frame {
   uint8_t phase = 0;
   int32_t node = 0;  // kValue, object, array, string: the schema node; kLit: the text
   int32_t a = 0;     // object: the key's property (-1 another key); array: items; string:
-                     // characters; number: bytes; literal: position
-  uint64_t seen = 0; // object: properties seen (bit i)
+                     // characters; number: bytes; literal: position; regex: its state
+  uint64_t seen = 0; // object: properties seen (bit i); string with a pattern: its state
 
   bool operator==(const Frame& o) const {
     return kind == o.kind && phase == o.phase && node == o.node && a == o.a && seen == o.seen;
@@ -390,8 +423,9 @@ bool NumberAccepts(uint8_t phase) { return phase == kNumZero || phase == kNumInt
 
 class Stepper {
  public:
-  Stepper(const std::vector<JsonGrammar::Node>& nodes, const std::vector<std::string>& texts)
-      : nodes_(nodes), texts_(texts) {}
+  Stepper(const std::vector<JsonGrammar::Node>& nodes, const std::vector<std::string>& texts,
+          const std::vector<ByteRegex>& regexes)
+      : nodes_(nodes), texts_(texts), regexes_(regexes) {}
 
   // The threads `t` becomes after byte `c` (none: `c` cannot come).
   // `depth` counts unions entered without a byte taken: a schema whose
@@ -405,6 +439,23 @@ class Stepper {
       case kArrayFrame: return FeedArray(std::move(t), c, out);
       case kStringFrame: return FeedString(std::move(t), c, out);
       case kNumberFrame: return FeedNumber(std::move(t), c, out);
+      case kRegexFrame: {
+        // The reply's regex: each state the byte leads to; the accepting one
+        // ends the reply (it has no moves).
+        const ByteRegex& re = regexes_[nodes_[f.node].regex];
+        const int32_t s = re.Step(f.a, c);
+        if (s < 0) return;
+        if (re.Accepting(s)) {
+          Thread done = t;
+          Complete(&done);
+          out->push_back(std::move(done));
+        }
+        if (re.Live(s)) {
+          t.stack.back().a = s;
+          out->push_back(std::move(t));
+        }
+        return;
+      }
       case kLitFrame: {
         const std::string& text = texts_[f.node];
         if (static_cast<size_t>(f.a) >= text.size() || static_cast<uint8_t>(text[f.a]) != c) return;
@@ -471,8 +522,15 @@ class Stepper {
         if (c == '[') Open(std::move(t), kArrayFrame, node, out);
         return;
       case JsonGrammar::Node::kString:
-        if (c == '"') Open(std::move(t), kStringFrame, node, out);
-        return;
+        if (c != '"') return;
+        return Open(std::move(t), kStringFrame, node, out, n.regex < 0 ? 0 : regexes_[n.regex].start());
+      case JsonGrammar::Node::kRegex: {
+        Frame f;
+        f.kind = kRegexFrame;
+        f.node = node;
+        f.a = regexes_[n.regex].start();
+        return become(f);
+      }
       case JsonGrammar::Node::kNumber:
       case JsonGrammar::Node::kInteger:
         if (c == '-' || IsDigit(c)) become(Number(n.kind == JsonGrammar::Node::kInteger));
@@ -506,12 +564,14 @@ class Stepper {
     return f;
   }
 
-  // The first byte of an object, array or string (already checked).
-  static void Open(Thread t, uint8_t kind, int node, std::vector<Thread>* out) {
+  // The first byte of an object, array or string (already checked);
+  // `seen`: a patterned string's first state.
+  static void Open(Thread t, uint8_t kind, int node, std::vector<Thread>* out, uint64_t seen = 0) {
     if (kind != kStringFrame && t.stack.size() > kMaxNesting) return;
     Frame f;
     f.kind = kind;
     f.node = node;
+    f.seen = seen;
     t.stack.back() = f;
     t.ws = 0;
     out->push_back(std::move(t));
@@ -555,6 +615,24 @@ class Stepper {
     Frame& f = t.stack.back();
     const JsonGrammar::Node& n = nodes_[f.node];
     t.ws = 0;
+    if (n.regex >= 0) {  // its text matches the pattern: plain bytes only
+      const ByteRegex& re = regexes_[n.regex];
+      const int32_t state = static_cast<int32_t>(f.seen);
+      if (c == '"') {
+        if (f.a < n.min_length || !re.Accepting(state)) return;
+        Complete(&t);
+        return out->push_back(std::move(t));
+      }
+      if (!IsPlain(c)) return;
+      if ((c & 0xC0) != 0x80) {
+        if (n.max_length >= 0 && f.a >= n.max_length) return;
+        ++f.a;
+      }
+      const int32_t next = re.Step(state, c);
+      if (next < 0) return;
+      f.seen = static_cast<uint64_t>(next);
+      return out->push_back(std::move(t));
+    }
     switch (f.phase) {
       case kStrNormal:
         if (c == '"') {
@@ -704,6 +782,7 @@ class Stepper {
 
   const std::vector<JsonGrammar::Node>& nodes_;
   const std::vector<std::string>& texts_;
+  const std::vector<ByteRegex>& regexes_;
 };
 
 void Dedupe(std::vector<Thread>* threads) {
@@ -745,7 +824,7 @@ bool InFreeString(const std::vector<Thread>& threads, const std::vector<JsonGram
     const Frame& f = t.stack.back();
     if (f.kind != kStringFrame || f.phase != kStrNormal) return false;
     const JsonGrammar::Node& n = nodes[f.node];
-    if (n.max_length >= 0 || n.min_length > 0) return false;
+    if (n.max_length >= 0 || n.min_length > 0 || n.regex >= 0) return false;
   }
   return !threads.empty();
 }
@@ -780,6 +859,16 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const JsonGrammar> grammar)
   root.node = grammar_->root_;
   t.stack.push_back(root);
   state_->threads.push_back(std::move(t));
+  // A reply's regex that matches the empty text: it may end before any byte.
+  const JsonGrammar::Node& n = grammar_->nodes_[grammar_->root_];
+  if (n.kind == JsonGrammar::Node::kRegex) {
+    const ByteRegex& re = grammar_->regexes_[n.regex];
+    if (re.Accepting(re.start())) {
+      if (!re.Live(re.start())) state_->threads.clear();  // only the empty text
+      state_->threads.push_back(Thread());
+      Dedupe(&state_->threads);
+    }
+  }
 }
 
 GrammarMatcher::~GrammarMatcher() = default;
@@ -792,7 +881,7 @@ GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher& o) {
 }
 
 bool GrammarMatcher::Accept(std::string_view bytes) {
-  const Stepper s(grammar_->nodes_, grammar_->texts_);
+  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_);
   std::vector<Thread> next = Advance(s, state_->threads, bytes);
   if (next.empty()) return false;
   state_->threads = std::move(next);
@@ -811,11 +900,37 @@ bool GrammarMatcher::Done() const {
 void GrammarMatcher::FillMask(const TokenVocabulary& vocab, const std::vector<int32_t>& eos_ids,
                               std::vector<uint8_t>* allowed) const {
   std::fill(allowed->begin(), allowed->end(), 0);
-  const Stepper s(grammar_->nodes_, grammar_->texts_);
+  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_);
   const std::vector<Thread>& base = state_->threads;
   const int32_t limit = std::min<int32_t>(vocab.size(), static_cast<int32_t>(allowed->size()));
   bool any = false;
-  if (!Done()) {
+  // A reply's regex (one thread in it, and perhaps one already whole): the
+  // tokens in byte order over its DFA's states alone, each prefix's state
+  // kept for the tokens that share it.
+  const Thread* in_regex = nullptr;
+  bool pure_regex = !base.empty();
+  for (const Thread& t : base) {
+    if (t.stack.empty()) continue;
+    if (t.stack.size() != 1 || t.stack[0].kind != kRegexFrame || in_regex != nullptr) pure_regex = false;
+    in_regex = &t;
+  }
+  if (!Done() && pure_regex && in_regex != nullptr) {
+    const ByteRegex& re = grammar_->regexes_[grammar_->nodes_[in_regex->stack[0].node].regex];
+    std::vector<int32_t> at(1, in_regex->stack[0].a);  // at[j]: the state after j bytes
+    size_t valid = 0;
+    for (size_t i = 0; i < vocab.order_.size(); ++i) {
+      const int32_t id = vocab.order_[i];
+      const std::string& b = vocab.bytes_[id];
+      size_t j = std::min<size_t>(vocab.lcp_[i], valid);
+      if (at.size() < b.size() + 1) at.resize(b.size() + 1);
+      for (; j < b.size() && at[j] >= 0; ++j) at[j + 1] = re.Step(at[j], static_cast<uint8_t>(b[j]));
+      valid = j;  // at[0..j] hold for this token
+      if (j == b.size() && at[j] >= 0 && id < limit) {
+        (*allowed)[id] = 1;
+        any = true;
+      }
+    }
+  } else if (!Done()) {
     if (InFreeString(base, grammar_->nodes_)) {
       // Inside a string most tokens change nothing: only the others are
       // followed byte by byte.

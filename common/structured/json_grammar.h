@@ -7,13 +7,16 @@
 // The schema subset: type (one or a list), properties, required,
 // additionalProperties (false unless given: a schema with properties admits
 // no other keys, as OpenAI's strict mode; true or a schema to allow them),
-// items, minItems, maxItems, minLength, maxLength, enum, const, anyOf and
+// items, minItems, maxItems, minLength, maxLength, pattern (a full match
+// of the string's text, in ByteRegex's subset; such a string's characters
+// stand as they are, without escapes), enum, const, anyOf and
 // oneOf (both as "one of these matches"), allOf of one schema, $ref to
 // "#", "#/$defs/..." or "#/definitions/..." (recursion included), and the
 // annotations title, description, default, examples, format, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly. A keyword that asserts
-// something else (pattern, minimum, multipleOf, ...) is refused by name
-// rather than ignored. Keys may come in any order; whitespace between tokens
+// something else (minimum, multipleOf, ...) is refused by name rather than
+// ignored. A reply may also be held to a regex (vLLM's structured_outputs
+// regex): its text, not a JSON value, fully matches it. Keys may come in any order; whitespace between tokens
 // is allowed up to kMaxWhitespace bytes in a row, none after the value.
 //
 // Matching is byte by byte over a set of alternatives (a stack of frames
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/structured/byte_regex.h"
 
 namespace tandem {
 
@@ -59,10 +63,13 @@ class JsonGrammar {
   static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromSchema(const std::string& schema_json);
   // The reply is exactly one of `choices` (non-empty strings).
   static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromChoices(std::vector<std::string> choices);
+  // The reply's text fully matches `pattern` (ByteRegex's subset).
+  static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromRegex(const std::string& pattern);
 
-  // What it was made from: a schema's text, or the choices.
+  // What it was made from: a schema's text, the choices, or the regex.
   const std::string& schema() const { return schema_; }
   const std::vector<std::string>& choices() const { return choices_; }
+  const std::string& regex() const { return regex_; }
 
   struct Node;
   ~JsonGrammar();
@@ -73,9 +80,11 @@ class JsonGrammar {
   JsonGrammar();
   std::vector<Node> nodes_;
   std::vector<std::string> texts_;  // literals: keys (quoted), enum values (as JSON), choices
+  std::vector<ByteRegex> regexes_;  // patterns of strings, or the reply's regex
   int root_ = 0;
   std::string schema_;
   std::vector<std::string> choices_;
+  std::string regex_;
 };
 
 // A reply's progress through a grammar. Copyable.

@@ -70,11 +70,12 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       {chat, "{" + user + R"(, "response_format": {"type": 5}})", "response_format", "must be an object with a type"},
       {chat, "{" + user + R"(, "response_format": {"type": "xml"}})", "response_format", "\"xml\" is not supported"},
       {chat, "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})", "response_format", "response_format.json_schema.schema must be an object"},
-      {chat, "{" + user + R"(, "structured_outputs": {"regex": "a+"}})", "structured_outputs", "structured_outputs.regex is not supported"},
+      {chat, "{" + user + R"(, "structured_outputs": {"grammar": "root ::= x"}})", "structured_outputs", "structured_outputs.grammar is not supported"},
+      {chat, "{" + user + R"(, "guided_regex": 5})", "guided_regex", "the regex must be a string"},
       {chat, "{" + user + R"(, "guided_choice": [], "max_tokens": 3})", "guided_choice", "choice must be a non-empty list"},
       {chat, "{" + user + R"(, "guided_json": "{not json"})", "guided_json", "the JSON schema must be an object"},
       {chat, "{" + user + R"(, "guided_json": {}, "response_format": {"type": "json_object"}})", "guided_json", "give one structured output, not 2 (response_format, guided_json)"},
-      {chat, "{" + user + R"(, "guided_regex": "a"})", "guided_regex", "guided_regex=\"a\" is not supported"},
+      {chat, "{" + user + R"(, "guided_grammar": "a"})", "guided_grammar", "guided_grammar=\"a\" is not supported"},
       {chat, R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "messages", "messages[0].content: only text parts"},
       // Token ids wrapped into int32 (4294967297 became 1).
       {comp, R"({"prompt": [1, 4294967297]})", "prompt", "prompt[1] must be a token id (an integer in [0, 2147483647]), got 4294967297"},
@@ -201,8 +202,11 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
   struct Case {
     std::string fields, schema;
     std::vector<std::string> choices;
+    std::string regex = "";
   };
   const Case cases[] = {
+      {R"("guided_regex": "\\d+")", "", {}, "\\d+"},
+      {R"j("structured_outputs": {"regex": "(yes|no)"})j", "", {}, "(yes|no)"},
       {R"("response_format": {"type": "json_object"})", R"({"type":"object"})", {}},
       {R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": )" + schema + "}}",
        Json::parse(schema).dump(), {}},
@@ -221,6 +225,7 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
     const v1::SamplingParams& s = r.choices[0].generate.sampling();
     EXPECT_EQ(s.structured_json_schema(), c.schema);
     EXPECT_EQ(std::vector<std::string>(s.structured_choice().begin(), s.structured_choice().end()), c.choices);
+    EXPECT_EQ(s.structured_regex(), c.regex);
   }
 }
 

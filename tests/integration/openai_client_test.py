@@ -210,8 +210,8 @@ def main():
             model="smollm2", messages=question, logit_bias={"99999999": 1}),
             "logit_bias names token 99999999, outside the vocabulary [0, 49152)")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, extra_body={"guided_regex": "a+"}),
-            "guided_regex")
+            model="smollm2", messages=question, extra_body={"guided_grammar": "root ::= x"}),
+            "guided_grammar")
         passed += 1
 
         # Structured outputs through the pair (the prefill worker samples the
@@ -244,10 +244,26 @@ def main():
             model="smollm2", messages=[{"role": "user", "content": "Is Paris in France?"}],
             temperature=1.0, seed=2, max_tokens=10, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
         assert yes_no.choices[0].message.content in ("yes", "no"), yes_no
+        # A regex (vLLM's guided_regex / structured_outputs.regex), sampled:
+        # the whole text fully matches it, its first token (the prefill
+        # worker's) included; a schema's pattern holds a string's text.
+        for body in ({"guided_regex": r"\d{3}-\d{4}"}, {"structured_outputs": {"regex": r"\d{3}-\d{4}"}}):
+            phone = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "A phone number?"}], temperature=1.0,
+                seed=5, max_tokens=20, extra_body=body)
+            assert phone.choices[0].finish_reason == "stop", phone
+            assert re.fullmatch(r"\d{3}-\d{4}", phone.choices[0].message.content), phone
+        dated = client.chat.completions.create(
+            model="smollm2", messages=ask, temperature=1.0, seed=9, max_tokens=40,
+            response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": {
+                "type": "object", "properties": {"date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"}},
+                "required": ["date"]}}})
+        if dated.choices[0].finish_reason == "stop":
+            assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", json.loads(dated.choices[0].message.content)["date"]), dated
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=ask, response_format={"type": "json_schema", "json_schema": {
-                "name": "p", "schema": {"type": "string", "pattern": "^a"}}}),
-            'the keyword "pattern" is not supported')
+                "name": "p", "schema": {"type": "string", "pattern": "(?<=a)b"}}}),
+            "regex a (?...) group other than (?:...) and (?P<name>...) at offset 1 is not supported")
         # Forced tool calls (vLLM's named and required tool_choice): the reply
         # is held to the tools' schemas and comes back as the calls.
         weather = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -164,8 +164,9 @@ TEST(JsonGrammarTest, KeywordsThatAssertMoreAreRefusedByName) {
     const char* message;
   };
   const Case cases[] = {
-      {R"({"type": "object", "properties": {"x": {"type": "string", "pattern": "^a"}}})",
-       "JSON schema at #/properties/x: the keyword \"pattern\" is not supported"},
+      {R"j({"type": "object", "properties": {"x": {"type": "string", "pattern": "(?=a)"}}})j",
+       "JSON schema at #/properties/x/pattern: regex a (?...) group"},
+      {R"({"type": "string", "format": "email", "multipleOf": 2})", "the keyword \"multipleOf\" is not supported"},
       {R"({"type": "integer", "minimum": 0})", "JSON schema at #: the keyword \"minimum\" is not supported"},
       {R"({"type": "thing"})", "JSON schema at #: type \"thing\" is not a JSON schema type"},
       {R"({"$ref": "#/$defs/missing"})", "$ref \"#/$defs/missing\" names no schema"},
@@ -199,6 +200,27 @@ TokenVocabulary TestVocabulary(int32_t* eos) {
   return TokenVocabulary(bytes, never);
 }
 
+// Feeds `reply` to `m` a byte at a time; before each byte (and after the
+// last) the mask must be exactly the tokens Accept() takes (a brute-force
+// check of every token; the second-last id is never allowed), EOS exactly
+// when the reply may end, and ids past the vocabulary none.
+void ExpectMaskAlong(const TokenVocabulary& vocab, int32_t eos, const std::string& reply, GrammarMatcher* m) {
+  std::vector<uint8_t> mask(vocab.size() + 5);
+  for (size_t i = 0; i <= reply.size(); ++i) {
+    SCOPED_TRACE("after " + reply.substr(0, i));
+    m->FillMask(vocab, {eos}, &mask);
+    for (int32_t id = 0; id < vocab.size(); ++id) {
+      if (id == eos) continue;
+      GrammarMatcher copy = *m;
+      const bool expect = id != vocab.size() - 2 && copy.Accept(vocab.bytes(id));
+      ASSERT_EQ(mask[id], expect ? 1 : 0) << "token '" << vocab.bytes(id) << "'";
+    }
+    EXPECT_EQ(mask[eos], m->CanEnd() ? 1 : 0);
+    for (size_t id = vocab.size(); id < mask.size(); ++id) EXPECT_EQ(mask[id], 0);
+    if (i < reply.size()) ASSERT_TRUE(m->Accept(reply.substr(i, 1)));
+  }
+}
+
 TEST(JsonGrammarTest, TheMaskIsEveryTokenThatCanComeNext) {
   int32_t eos = 0;
   const TokenVocabulary vocab = TestVocabulary(&eos);
@@ -207,29 +229,71 @@ TEST(JsonGrammarTest, TheMaskIsEveryTokenThatCanComeNext) {
       "required": ["a"]})");
   const std::string reply = R"({"a": [1, -0.5e1], "t": "x\n\u00e9 a", "u": "ax"})";
   GrammarMatcher m(g);
-  std::vector<uint8_t> mask(vocab.size() + 5);
-  for (size_t i = 0; i <= reply.size(); ++i) {
-    SCOPED_TRACE("after " + reply.substr(0, i));
-    m.FillMask(vocab, {eos}, &mask);
-    for (int32_t id = 0; id < vocab.size(); ++id) {
-      if (id == eos) continue;
-      GrammarMatcher copy = m;
-      const bool expect = id != vocab.size() - 2 && copy.Accept(vocab.bytes(id));
-      ASSERT_EQ(mask[id], expect ? 1 : 0) << "token '" << vocab.bytes(id) << "'";
-    }
-    EXPECT_EQ(mask[eos], i == reply.size() ? 1 : 0);
-    for (size_t id = vocab.size(); id < mask.size(); ++id) EXPECT_EQ(mask[id], 0);
-    if (i < reply.size()) {
-      ASSERT_TRUE(m.Accept(reply.substr(i, 1)));
-    }
-  }
+  ExpectMaskAlong(vocab, eos, reply, &m);
   EXPECT_TRUE(m.Done());
   // Once whole, only EOS.
+  std::vector<uint8_t> mask(vocab.size());
   m.FillMask(vocab, {eos}, &mask);
   int allowed = 0;
   for (uint8_t a : mask) allowed += a;
   EXPECT_EQ(allowed, 1);
   EXPECT_EQ(mask[eos], 1);
+}
+
+// JSON schema's pattern: the string's text fully matches it (its
+// characters as they are: no escapes), beside minLength / maxLength; a
+// schema with a pattern and no type is a string.
+TEST(JsonGrammarTest, PatternsHoldAStringsText) {
+  const auto g = Schema(R"({"type": "object", "properties": {
+      "date": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+      "code": {"pattern": "[A-Z]{2,}", "maxLength": 3},
+      "any": {"type": ["string", "null"], "pattern": "x+"}}, "required": ["date"]})");
+  EXPECT_TRUE(Whole(g, R"({"date": "2024-01-31"})"));
+  EXPECT_FALSE(Prefix(g, R"({"date": "2024-1-)"));
+  EXPECT_FALSE(Whole(g, R"({"date": "2024-01-3"})"));
+  EXPECT_TRUE(Whole(g, R"({"date": "2024-01-31", "code": "ABC"})"));
+  EXPECT_FALSE(Prefix(g, R"({"date": "2024-01-31", "code": "ABCD)"));  // maxLength
+  EXPECT_FALSE(Whole(g, R"({"date": "2024-01-31", "code": "A"})"));
+  EXPECT_FALSE(Prefix(g, R"({"date": "2024-01-31", "code": 5)"));
+  EXPECT_TRUE(Whole(g, R"({"any": null, "date": "0000-00-00"})"));
+  EXPECT_TRUE(Whole(g, R"({"any": "xx", "date": "0000-00-00"})"));
+  EXPECT_FALSE(Prefix(g, R"({"any": "x\)"));
+}
+
+// A reply held to a regex (vLLM's structured_outputs regex): its text, no
+// JSON around it; it ends once nothing may follow; the empty text is whole
+// when the regex matches it.
+TEST(JsonGrammarTest, RegexReplies) {
+  auto g = JsonGrammar::FromRegex("(yes|no)!?");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->regex(), "(yes|no)!?");
+  GrammarMatcher m(*g);
+  EXPECT_FALSE(m.CanEnd());
+  EXPECT_FALSE(m.Accept(" "));
+  ASSERT_TRUE(m.Accept("ye"));
+  EXPECT_FALSE(m.CanEnd());
+  ASSERT_TRUE(m.Accept("s"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(m.Done());
+  ASSERT_TRUE(m.Accept("!"));
+  EXPECT_TRUE(m.Done());
+  auto empty = JsonGrammar::FromRegex("a*");
+  ASSERT_TRUE(empty.ok());
+  GrammarMatcher e(*empty);
+  EXPECT_TRUE(e.CanEnd());
+  EXPECT_TRUE(e.Accept("aaa") && e.CanEnd() && !e.Done());
+  EXPECT_EQ(JsonGrammar::FromRegex("a(").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JsonGrammarTest, TheMaskOfARegexIsEveryTokenThatCanComeNext) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  auto g = JsonGrammar::FromRegex(R"((\[1(, 1)*\]|a+)\n?)");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string reply = "[1, 1, 1]\n";
+  GrammarMatcher m(*g);
+  ExpectMaskAlong(vocab, eos, reply, &m);
+  EXPECT_TRUE(m.Done());
 }
 
 }  // namespace
