@@ -52,7 +52,8 @@ TEST(ByteRegexTest, FullMatchesAsPythonsRe) {
 }
 
 TEST(ByteRegexTest, WhatItCannotMatchIsRefusedByName) {
-  for (const auto& e : Fixture()["errors"]) {
+  const nlohmann::json fixture = Fixture();  // alive through the loop
+  for (const auto& e : fixture["errors"]) {
     const std::string pattern = e["pattern"], message = e["message"];
     auto re = ByteRegex::Compile(pattern);
     ASSERT_FALSE(re.ok()) << pattern;
