@@ -216,9 +216,20 @@ class Completion {
     }
   }
 
-  void OnMessage(size_t index, const v1::GenerateResponse& m) {
+  void OnMessage(size_t index, const v1::GenerateResponse& message) {
     MutexLock lock(&mu_);
     if (failure_) return;
+    // vLLM's echo with max_tokens 0: one token is generated (the engine's
+    // least) and left out of the reply, which is the prompt alone.
+    v1::GenerateResponse prompt_only;
+    if (spec_.echo_only) {
+      prompt_only = message;
+      prompt_only.clear_token_ids();
+      prompt_only.clear_text();
+      prompt_only.clear_logprobs();
+      prompt_only.mutable_usage()->set_completion_tokens(0);
+    }
+    const v1::GenerateResponse& m = spec_.echo_only ? prompt_only : message;
     Choice& c = choices_[index];
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       c.finish = m.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop";

@@ -259,8 +259,12 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   std::optional<double> d;
   const int64_t token_limit = max_model_len > 0 ? max_model_len : (int64_t{1} << 31) - 1;
   const char* max_name = chat && f.Has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (auto e = f.Int(max_name, 1, token_limit, &i)) return e;
-  s->set_max_tokens(static_cast<uint32_t>(i.value_or(default_max_tokens)));
+  // vLLM's completions take max_tokens 0 with echo: the prompt alone (with
+  // its logprobs), one token generated and left out.
+  const bool echo = !chat && f.Has("echo") && body["echo"].is_boolean() && body["echo"].get<bool>();
+  if (auto e = f.Int(max_name, echo ? 0 : 1, token_limit, &i)) return e;
+  spec->echo_only = i == 0;
+  s->set_max_tokens(static_cast<uint32_t>(spec->echo_only ? 1 : i.value_or(default_max_tokens)));
   i.reset();
   d.reset();
   if (auto e = f.Number("temperature", 0, 2, &d)) return e;

@@ -52,6 +52,7 @@ struct CompletionSpec {
   bool logprobs = false;          // the request set sampling.logprobs
   bool prompt_logprobs = false;   // vLLM's prompt_logprobs: the response carries them
   bool echo_logprobs = false;     // completions' echo with logprobs: the prompt's lead them
+  bool echo_only = false;         // completions' echo with max_tokens 0: the reply is the prompt
   bool thinking = true;           // chat_template_kwargs.enable_thinking (Qwen3's switch)
   // tool_choice forced a call: a named function (the reply is its
   // arguments) or "required" (the reply is a list of {"name", "parameters"}).

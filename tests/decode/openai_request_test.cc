@@ -314,6 +314,15 @@ TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
   }
   r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "hi", "echo": true})");
   EXPECT_FALSE(r.choices[0].generate.sampling().has_prompt_logprobs());
+  EXPECT_FALSE(r.spec.echo_only);
+  // max_tokens 0 with echo (vLLM's): the prompt alone, one token generated.
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "hi", "echo": true, "max_tokens": 0, "logprobs": 1})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_TRUE(r.spec.echo_only);
+  EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 1u);
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "hi", "max_tokens": 0})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "max_tokens must be in [1, 256], got 0");
 
   // truncate_prompt_tokens keeps each prompt's last k tokens (vLLM's); the
   // echo is what is kept.

@@ -352,6 +352,19 @@ def main():
                                                temperature=0, logprobs=0, logit_bias={str(p[-1]): 100})
             assert abs(forced.choices[0].logprobs.token_logprobs[0] - lp.token_logprobs[len(p) - 1]) < 1e-3, \
                 (forced.choices[0].logprobs, lp)
+        # max_tokens 0 with echo (vLLM's; older harnesses score prompts so):
+        # the prompt alone, whole and streamed.
+        alone = client.completions.create(model="smollm2", prompt=ids[0], max_tokens=0, logprobs=1, echo=True)
+        lp = alone.choices[0].logprobs
+        assert lp.tokens == scored.choices[0].logprobs.tokens[:len(ids[0])], (lp, scored)
+        assert lp.token_logprobs[0] is None and all(
+            abs(a - b) < 1e-4 for a, b in zip(lp.token_logprobs[1:], scored.choices[0].logprobs.token_logprobs[1:])), \
+            (lp, scored)
+        assert len(lp.token_logprobs) == len(ids[0]), lp
+        assert alone.choices[0].text == "".join(lp.tokens) and alone.usage.completion_tokens == 0, alone
+        streamed = [c for c in client.completions.create(model="smollm2", prompt=ids[0], max_tokens=0, echo=True,
+                                                         stream=True) if c.choices]
+        assert "".join(c.choices[0].text for c in streamed) == alone.choices[0].text, streamed
         # vLLM's prompt_logprobs for chat, beside the choices; not with stream.
         chat_scored = client.chat.completions.create(model="smollm2", messages=question, max_tokens=2,
                                                      extra_body={"prompt_logprobs": 2})
