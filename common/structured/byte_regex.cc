@@ -116,7 +116,7 @@ void Utf8Sequences(uint32_t lo, uint32_t hi, std::vector<std::vector<std::pair<u
 
 // The parsed expression.
 struct Ast {
-  enum Kind { kEmpty, kSet, kConcat, kAlt, kRepeat } kind = kEmpty;
+  enum Kind { kSet, kConcat, kAlt, kRepeat } kind = kConcat;  // no kids: the empty text
   Ranges set;                              // kSet
   std::vector<std::unique_ptr<Ast>> kids;  // kConcat, kAlt, kRepeat (one)
   int min = 0, max = -1;                   // kRepeat; max -1: unbounded
@@ -446,9 +446,6 @@ class RegexCompiler {
   bool Build(const Ast& a, int from, int to) {
     if (states_.size() > static_cast<size_t>(kMaxNfaStates)) return false;
     switch (a.kind) {
-      case Ast::kEmpty:
-        states_[from].eps.push_back(to);
-        return true;
       case Ast::kSet: {
         std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
         for (const auto& [lo, hi] : a.set) Utf8Sequences(lo, hi, &seqs);
