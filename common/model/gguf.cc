@@ -159,10 +159,18 @@ std::string GgmlTypeName(uint32_t type) {
     case GgmlType::kBF16: return "BF16";
     default: break;
   }
-  static const char* const kOthers[] = {nullptr, nullptr, nullptr, nullptr, "Q4_2", "Q4_3",
-                                        "Q5_0",  "Q5_1",  nullptr, "Q8_1",  "Q2_K", "Q3_K",
-                                        "Q4_K",  "Q5_K",  "Q6_K",  "Q8_K"};
-  if (type < 16 && kOthers[type] != nullptr) return kOthers[type];
+  // ggml's numbering (ggml.h's enum ggml_type), the types this reader refuses
+  // included, so a message names them.
+  static const char* const kOthers[] = {
+      nullptr,   nullptr, nullptr,  nullptr, "Q4_2",   "Q4_3",    "Q5_0",  "Q5_1",
+      nullptr,   "Q8_1",  "Q2_K",   "Q3_K",  "Q4_K",   "Q5_K",    "Q6_K",  "Q8_K",
+      "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S",  "IQ2_S", "IQ4_XS",
+      "I8",      "I16",   "I32",    "I64",   "F64",    "IQ1_M",   nullptr, "Q4_0_4_4",
+      "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
+      "MXFP4"};
+  if (type < sizeof(kOthers) / sizeof(kOthers[0]) && kOthers[type] != nullptr) {
+    return kOthers[type];
+  }
   return absl::StrCat("type ", type);
 }
 
@@ -180,8 +188,21 @@ bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes) 
     case GgmlType::kQ4_K: *block_elems = 256; *block_bytes = 144; return true;
     case GgmlType::kQ5_K: *block_elems = 256; *block_bytes = 176; return true;
     case GgmlType::kQ6_K: *block_elems = 256; *block_bytes = 210; return true;
+    case GgmlType::kIQ4_NL: *block_elems = 32; *block_bytes = 18; return true;   // f16 d, 16 B
+    case GgmlType::kIQ4_XS: *block_elems = 256; *block_bytes = 136; return true;
   }
   return false;
+}
+
+std::string SupportedGgmlTypeNames() {
+  std::string names;
+  for (uint32_t type = 0; type < 64; ++type) {
+    int64_t elems = 0, bytes = 0;
+    if (GgmlBlockLayout(type, &elems, &bytes)) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", GgmlTypeName(type));
+    }
+  }
+  return names;
 }
 
 std::optional<DType> GgmlTypeToDType(GgmlType type) {
@@ -291,7 +312,32 @@ void DecodeQ6K(const uint8_t* b, float* out) {  // ql[128], qh[64], scales[16] (
   }
 }
 
+// IQ4_NL and IQ4_XS index this table of 16 non-uniform levels (ggml's
+// kvalues_iq4nl) with 4-bit quants: the 16 low nibbles of a 32-element group
+// first, then the 16 high ones.
+constexpr int8_t kIq4NlLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
+
+void DecodeIq4Group(const uint8_t* qs, float scale, float* out) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = scale * static_cast<float>(kIq4NlLevels[qs[j] & 0xF]);
+    out[j + 16] = scale * static_cast<float>(kIq4NlLevels[qs[j] >> 4]);
+  }
+}
+
+void DecodeIq4Xs(const uint8_t* b, float* out) {  // d, scales_h (u16), scales_l[4], qs[128]
+  const float d = F16At(b);
+  const int scales_h = b[2] | (b[3] << 8);
+  for (int g = 0; g < 8; ++g) {
+    const int low = (b[4 + g / 2] >> (4 * (g % 2))) & 0xF;
+    const int high = (scales_h >> (2 * g)) & 3;
+    DecodeIq4Group(b + 8 + 16 * g, d * static_cast<float>((low | (high << 4)) - 32), out + 32 * g);
+  }
+}
+
 }  // namespace
+
+int8_t Iq4NlLevel(int q) { return kIq4NlLevels[q & 0xF]; }
 
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   if (const std::optional<DType> dt = GgmlTypeToDType(type)) {
@@ -312,6 +358,8 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
       case GgmlType::kQ4_K: DecodeQ45K(b, false, out); break;
       case GgmlType::kQ5_K: DecodeQ45K(b, true, out); break;
       case GgmlType::kQ6_K: DecodeQ6K(b, out); break;
+      case GgmlType::kIQ4_NL: DecodeIq4Group(b + 2, F16At(b), out); break;
+      case GgmlType::kIQ4_XS: DecodeIq4Xs(b, out); break;
       default: TANDEM_CHECK(false) << GgmlTypeName(static_cast<uint32_t>(type));
     }
   }
@@ -492,8 +540,7 @@ absl::Status GgufFile::ReadF32(const GgufTensorInfo& t, float* dst) const {
   if (!GgmlBlockLayout(t.type, &be, &bb)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path_, ": tensor '", t.name, "' has type ", GgmlTypeName(t.type),
-        ", which is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, "
-        "Q4_K, Q5_K, Q6_K)"));
+        ", which is not supported (", SupportedGgmlTypeNames(), ")"));
   }
   DequantizeGgml(static_cast<GgmlType>(t.type), TensorData(t), dst, t.numel());
   return absl::OkStatus();

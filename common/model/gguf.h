@@ -6,7 +6,8 @@
 // bytes that remain, so a truncated or hostile file is an INVALID_ARGUMENT that
 // names the file and what was wrong, never a crash or a huge allocation.
 //
-// Tensor data types: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (ggml's block formats);
+// Tensor data types: F32, F16, BF16 and ggml's block formats Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, the K-quants Q2_K-Q6_K and the non-linear IQ4_NL and IQ4_XS;
 // any other type is refused when the tensor is read, naming tensor and type.
 //
 // Immutable after Open(); safe to read from several threads.
@@ -41,6 +42,8 @@ enum class GgmlType : uint32_t {
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
@@ -48,15 +51,20 @@ enum class GgmlType : uint32_t {
 std::string GgmlTypeName(uint32_t type);
 // Elements per block and bytes per block of a supported type; false otherwise.
 bool GgmlBlockLayout(uint32_t type, int64_t* block_elems, int64_t* block_bytes);
+// The supported types' names, comma separated, for messages.
+std::string SupportedGgmlTypeNames();
 // The engine's dtype with the same layout: F32, F16, BF16 and the block
 // types the kernels multiply as stored (Q8_0, Q4_0, Q4_1); none for the
-// other types the reader decodes (Q5_0, Q5_1 and the K-quants).
+// other types the reader decodes (Q5_0, Q5_1, the K-quants, IQ4_NL, IQ4_XS).
 std::optional<DType> GgmlTypeToDType(GgmlType type);
 
 // Decodes `n` elements (a multiple of the type's block size) of a supported
 // type to f32, as llama.cpp's dequantize_row_* (bit layouts in gguf.cc). The
 // block decoders shared by every reader of ggml data.
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n);
+// The int8 level IQ4_NL's 4-bit quant `q` (0..15) stands for: an IQ4_NL
+// block is exactly a Q8_0 block of these levels with the same scale.
+int8_t Iq4NlLevel(int q);
 
 // GGUF metadata value types.
 enum class GgufValueType : uint32_t {

@@ -240,9 +240,9 @@ std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
     if (!IsBlockType(*dt)) return std::nullopt;
     return dt;
   }
-  // Q5_0 is kept as Q8_0 blocks with the same scale and the quants - 16 as
-  // int8: the same values exactly. Q5_1 and the K-quants have no kernels of
-  // their own either: they are requantized to Q8_0 (rows of 256 or 32
+  // Q5_0 and IQ4_NL are kept as Q8_0 blocks with the same scale and their
+  // values as int8: the same values exactly. Q5_1, the K-quants and IQ4_XS
+  // have no kernels of their own either: they are requantized to Q8_0 (rows of 256 or 32
   // elements are whole Q8_0 blocks), not widened to f32, so a Q4_K_M file
   // streams 8.5 bits per weight, not 32. (Kernels multiplying Q4_K and Q6_K
   // as stored, int16 lanes, cost 3.4x Q8_0's time per weight on an AVX2
@@ -263,13 +263,24 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
         ", not rows of whole blocks of a type the kernels multiply (or keep as Q8_0)"));
   }
   const size_t row_bytes = DTypeBytes(*dt, shape[1]);
-  if (static_cast<GgmlType>(t->type) == GgmlType::kQ5_0) {  // exactly, as Q8_0
+  const GgmlType type = static_cast<GgmlType>(t->type);
+  if (type == GgmlType::kQ5_0 || type == GgmlType::kIQ4_NL) {  // exactly, as Q8_0
+    // Both are a scale and 32 small integers (Q5_0's 5-bit quants - 16,
+    // IQ4_NL's levels) that int8 holds: a Q8_0 block of the same values.
+    const int64_t in_bytes = type == GgmlType::kQ5_0 ? 2 + 4 + 16 : 2 + 16;
     const uint8_t* in = file_->TensorData(*t);
     uint8_t* out = static_cast<uint8_t*>(dst);
     const int64_t blocks = shape[0] * shape[1] / kBlockElems;
-    for (int64_t b = 0; b < blocks; ++b, in += 2 + 4 + 16, out += kQ8BlockBytes) {
-      const uint32_t qh = in[2] | (in[3] << 8) | (in[4] << 16) | (uint32_t{in[5]} << 24);
+    for (int64_t b = 0; b < blocks; ++b, in += in_bytes, out += kQ8BlockBytes) {
       std::memcpy(out, in, 2);  // d
+      if (type == GgmlType::kIQ4_NL) {
+        for (int j = 0; j < 16; ++j) {
+          out[2 + j] = static_cast<uint8_t>(Iq4NlLevel(in[2 + j] & 0xF));
+          out[2 + 16 + j] = static_cast<uint8_t>(Iq4NlLevel(in[2 + j] >> 4));
+        }
+        continue;
+      }
+      const uint32_t qh = in[2] | (in[3] << 8) | (in[4] << 16) | (uint32_t{in[5]} << 24);
       for (int j = 0; j < 32; ++j) {
         const int low = j < 16 ? in[6 + j] & 0xF : in[6 + j - 16] >> 4;
         out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>((low | (((qh >> j) & 1) << 4)) - 16));
@@ -278,7 +289,7 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
     UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
     return absl::OkStatus();
   }
-  if (GgmlTypeToDType(static_cast<GgmlType>(t->type)) != dt) {
+  if (GgmlTypeToDType(type) != dt) {
     // Requantized: decoded (and un-permuted) to f32, then rounded to Q8_0.
     std::vector<float> values(shape[0] * shape[1]);
     RETURN_IF_ERROR(ReadF32(name, shape, values.data()));

@@ -111,10 +111,16 @@ TEST(GgufTest, UnsupportedTypeNamesTheTensor) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("blk.0.ffn_up.weight"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("Q8_1"));
+  // The message lists what is supported; the refused i-quants are named.
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Q6_K, IQ4_NL, IQ4_XS, BF16)"));
+  EXPECT_EQ(GgmlTypeName(18), "IQ3_XXS");
+  EXPECT_EQ(GgmlTypeName(39), "MXFP4");
+  EXPECT_EQ(GgmlTypeName(30), "BF16");
+  EXPECT_EQ(GgmlTypeName(99), "type 99");
 }
 
-// Q5_0, Q5_1 and the K-quants (Q4_K_M and Q5_K_M files are Q4_K/Q5_K with
-// Q6_K) decode as llama.cpp's gguf-py does, on blocks of random bytes
+// Q5_0, Q5_1, the K-quants (Q4_K_M and Q5_K_M files are Q4_K/Q5_K with
+// Q6_K) and IQ4_NL / IQ4_XS decode as llama.cpp's gguf-py does, on blocks of random bytes
 // (tests/fixtures/make_ggml_block_fixtures.py): equal up to one rounding.
 TEST(GgufTest, KQuantsAndQ5DecodeAsGgufPy) {
   const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/ggml_blocks/";
@@ -126,7 +132,8 @@ TEST(GgufTest, KQuantsAndQ5DecodeAsGgufPy) {
   for (const auto& [type, name] : std::vector<std::pair<GgmlType, std::string>>{
            {GgmlType::kQ5_0, "q5_0"}, {GgmlType::kQ5_1, "q5_1"}, {GgmlType::kQ2_K, "q2_k"},
            {GgmlType::kQ3_K, "q3_k"}, {GgmlType::kQ4_K, "q4_k"}, {GgmlType::kQ5_K, "q5_k"},
-           {GgmlType::kQ6_K, "q6_k"}}) {
+           {GgmlType::kQ6_K, "q6_k"}, {GgmlType::kIQ4_NL, "iq4_nl"},
+           {GgmlType::kIQ4_XS, "iq4_xs"}}) {
     SCOPED_TRACE(name);
     const std::string blocks = read(dir + name + ".blocks");
     const std::string values = read(dir + name + ".f32");
@@ -244,37 +251,42 @@ TEST(GgufWeightsTest, ReadBlocksKeepsBlocksAndUnpermutesQk) {
 }
 
 // A Q5_0 tensor (most of a Q4_K_M file of a model whose rows are not
-// multiples of 256) is kept as Q8_0 with exactly its values, every quant
-// and fifth bit included, q/k rows un-permuted as ReadF32's.
-TEST(GgufWeightsTest, Q5_0IsKeptAsQ8_0Exactly) {
-  std::mt19937 rng(7);
-  const int rows = 4, cols = 64;  // two blocks a row
-  std::string data(rows * cols / 32 * 22, '\0');
-  for (char& c : data) c = static_cast<char>(rng() & 0xff);
-  for (size_t at = 0; at < data.size(); at += 22) {  // finite f16 scales of either sign
-    const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff)) | ((rng() & 1) << 15);
-    std::memcpy(&data[at], &d, 2);
+// multiples of 256) and an IQ4_NL one (the same in an IQ4_XS file) are kept
+// as Q8_0 with exactly their values, every quant (and Q5_0's fifth bit)
+// included, q/k rows un-permuted as ReadF32's.
+TEST(GgufWeightsTest, Q5_0AndIq4NlAreKeptAsQ8_0Exactly) {
+  for (const auto& [type, block_bytes] :
+       std::vector<std::pair<GgmlType, size_t>>{{GgmlType::kQ5_0, 22}, {GgmlType::kIQ4_NL, 18}}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(type)));
+    std::mt19937 rng(7);
+    const int rows = 4, cols = 64;  // two blocks a row
+    std::string data(rows * cols / 32 * block_bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng() & 0xff);
+    for (size_t at = 0; at < data.size(); at += block_bytes) {  // finite f16 scales of either sign
+      const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff)) | ((rng() & 1) << 15);
+      std::memcpy(&data[at], &d, 2);
+    }
+    GgufWriter w;
+    w.AddTensor("blk.0.attn_k.weight", {cols, rows}, type, data);
+    const std::string path = WriteTemp("q8_exact", w.Serialize());
+    auto f = GgufFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    LlamaConfig c;
+    c.num_attention_heads = 1;
+    c.num_key_value_heads = 1;  // one head of 4 rows: un-permuted on read
+    GgufWeights weights(f->get(), c);
+    const std::string k = "model.layers.0.self_attn.k_proj.weight";
+    EXPECT_EQ(weights.BlockType(k), DType::kQ8_0);
+    std::string blocks(DTypeBytes(DType::kQ8_0, rows * cols), '\0');
+    ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
+    std::vector<float> kept(rows * cols), direct(rows * cols);
+    ConvertToF32(blocks.data(), DType::kQ8_0, kept.data(), rows * cols);
+    ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
+    EXPECT_EQ(kept, direct);
+    std::set<float> distinct(direct.begin(), direct.end());
+    EXPECT_GT(distinct.size(), 100u);  // the random quants, not a constant
+    std::filesystem::remove(path);
   }
-  GgufWriter w;
-  w.AddTensor("blk.0.attn_k.weight", {cols, rows}, GgmlType::kQ5_0, data);
-  const std::string path = WriteTemp("q5_0", w.Serialize());
-  auto f = GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
-  LlamaConfig c;
-  c.num_attention_heads = 1;
-  c.num_key_value_heads = 1;  // one head of 4 rows: un-permuted on read
-  GgufWeights weights(f->get(), c);
-  const std::string k = "model.layers.0.self_attn.k_proj.weight";
-  EXPECT_EQ(weights.BlockType(k), DType::kQ8_0);
-  std::string blocks(DTypeBytes(DType::kQ8_0, rows * cols), '\0');
-  ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
-  std::vector<float> kept(rows * cols), direct(rows * cols);
-  ConvertToF32(blocks.data(), DType::kQ8_0, kept.data(), rows * cols);
-  ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
-  EXPECT_EQ(kept, direct);
-  std::set<float> distinct(direct.begin(), direct.end());
-  EXPECT_GT(distinct.size(), 100u);  // the random quants, not a constant
-  std::filesystem::remove(path);
 }
 
 // The architecture picks the family and its metadata prefix; another one,

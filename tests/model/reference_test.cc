@@ -209,12 +209,16 @@ std::vector<float> PromptLogits(const std::string& spec, bool keep_file_blocks,
   return std::vector<float>(step->logits, step->logits + c.vocab_size);
 }
 
-// A Q4_K_M-style GGUF (Q4_K matmul weights, Q4_1 q and k, Q5_0 for the
-// attention output, Q6_K for v, down and the embedding, f32 norms; random
-// blocks with small scales): served dequantized it gives exactly the logits of an F32 GGUF of
-// its decoded values; with --weight-dtype=gguf (kept as Q8_0: the Q5_0
+// The tensor types of a quantized GGUF file, by role.
+struct QuantizedFileTypes {
+  GgmlType embedding, q_k, v, o, gate_up, down;
+};
+
+// A one-layer GGUF of the given types (random blocks with small scales; f32
+// norms): served dequantized it gives exactly the logits of an F32 GGUF of its
+// decoded values; with --weight-dtype=gguf (kept as Q8_0: Q5_0 and IQ4_NL
 // exactly) logits within the 8-bit rounding.
-TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
+void CheckQuantizedFileServesAsItsDecodedWeights(const QuantizedFileTypes& types) {
   const int64_t h = 256, inter = 512, vocab = 300, heads = 4, kv_heads = 2, hd = 64;
   std::mt19937 rng(11);
   auto blocks_of = [&](GgmlType type, int64_t n) {
@@ -222,14 +226,15 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
     EXPECT_TRUE(GgmlBlockLayout(static_cast<uint32_t>(type), &elems, &bytes));
     std::string b(n / elems * bytes, '\0');
     for (char& c : b) c = static_cast<char>(rng() & 0xff);
-    // Every f16 scale of the block set small (d, dmin at 0 and 2 for Q4_K;
-    // d at 208 for Q6_K).
+    // Every f16 scale of the block set small (d at 208 for Q6_K; d, dmin at
+    // 0 and 2 for Q4_1 and Q4_K; d at 0 for the others).
     const uint16_t small = 0x0a00;  // ~1.5e-4
     for (int64_t i = 0; i < n / elems; ++i) {
       char* blk = b.data() + i * bytes;
-      for (int off : type == GgmlType::kQ6_K   ? std::vector<int>{208}
-                     : type == GgmlType::kQ5_0 ? std::vector<int>{0}
-                                               : std::vector<int>{0, 2}) {
+      for (int off : type == GgmlType::kQ6_K ? std::vector<int>{208}
+                     : type == GgmlType::kQ4_1 || type == GgmlType::kQ4_K
+                         ? std::vector<int>{0, 2}
+                         : std::vector<int>{0}) {
         std::memcpy(blk + off, &small, 2);
       }
     }
@@ -240,18 +245,18 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
     std::vector<int64_t> dims;  // GGUF order, fastest first
     GgmlType type;
   };
-  std::vector<T> tensors = {{"token_embd.weight", {h, vocab}, GgmlType::kQ6_K},
+  std::vector<T> tensors = {{"token_embd.weight", {h, vocab}, types.embedding},
                             {"output_norm.weight", {h}, GgmlType::kF32},
-                            {"output.weight", {h, vocab}, GgmlType::kQ6_K},
+                            {"output.weight", {h, vocab}, types.embedding},
                             {"blk.0.attn_norm.weight", {h}, GgmlType::kF32},
-                            {"blk.0.attn_q.weight", {h, heads * hd}, GgmlType::kQ4_1},
-                            {"blk.0.attn_k.weight", {h, kv_heads * hd}, GgmlType::kQ4_1},
-                            {"blk.0.attn_v.weight", {h, kv_heads * hd}, GgmlType::kQ6_K},
-                            {"blk.0.attn_output.weight", {heads * hd, h}, GgmlType::kQ5_0},
+                            {"blk.0.attn_q.weight", {h, heads * hd}, types.q_k},
+                            {"blk.0.attn_k.weight", {h, kv_heads * hd}, types.q_k},
+                            {"blk.0.attn_v.weight", {h, kv_heads * hd}, types.v},
+                            {"blk.0.attn_output.weight", {heads * hd, h}, types.o},
                             {"blk.0.ffn_norm.weight", {h}, GgmlType::kF32},
-                            {"blk.0.ffn_gate.weight", {h, inter}, GgmlType::kQ4_K},
-                            {"blk.0.ffn_up.weight", {h, inter}, GgmlType::kQ4_K},
-                            {"blk.0.ffn_down.weight", {inter, h}, GgmlType::kQ6_K}};
+                            {"blk.0.ffn_gate.weight", {h, inter}, types.gate_up},
+                            {"blk.0.ffn_up.weight", {h, inter}, types.gate_up},
+                            {"blk.0.ffn_down.weight", {inter, h}, types.down}};
   auto header = [&](GgufWriter& w) {
     w.AddString("general.architecture", "llama");
     w.AddU32("llama.embedding_length", h);
@@ -283,8 +288,8 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   }
   const auto dir = std::filesystem::temp_directory_path();
   const std::string pid = std::to_string(::getpid());
-  const std::string q_path = (dir / ("q4km_" + pid + ".gguf")).string();
-  const std::string f_path = (dir / ("q4km_f32_" + pid + ".gguf")).string();
+  const std::string q_path = (dir / ("quantized_" + pid + ".gguf")).string();
+  const std::string f_path = (dir / ("quantized_f32_" + pid + ".gguf")).string();
   ASSERT_TRUE(quantized.WriteFile(q_path).ok());
   ASSERT_TRUE(decoded.WriteFile(f_path).ok());
   std::string widened_dtypes, kept_dtypes;
@@ -292,7 +297,7 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   const std::vector<float> widened = PromptLogits(q_path, false, &widened_dtypes);
   const std::vector<float> kept = PromptLogits(q_path, true, &kept_dtypes);
   EXPECT_EQ(widened_dtypes, "f32 x5");
-  // qkv (Q4_1 and Q6_K parts: Q8_0, not f32), o, gate_up, down, head.
+  // qkv (parts of other types: Q8_0, not f32), o, gate_up, down, head.
   EXPECT_EQ(kept_dtypes, "q8_0 x5");
   ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
   ASSERT_EQ(widened, want);
@@ -306,6 +311,23 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   EXPECT_LE(worst, 0.02f * span) << "span " << span;
   std::filesystem::remove(q_path);
   std::filesystem::remove(f_path);
+}
+
+// A Q4_K_M-style file: Q4_K matmul weights, Q4_1 q and k, Q5_0 for the
+// attention output, Q6_K for v, down and the embedding.
+TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
+  CheckQuantizedFileServesAsItsDecodedWeights({GgmlType::kQ6_K, GgmlType::kQ4_1, GgmlType::kQ6_K,
+                                               GgmlType::kQ5_0, GgmlType::kQ4_K,
+                                               GgmlType::kQ6_K});
+}
+
+// An IQ4_XS file: IQ4_XS matmul weights, IQ4_NL where llama.cpp falls back
+// for rows that are not multiples of 256 (here the attention output), Q6_K
+// for the embedding.
+TEST(KQuantModelTest, Iq4XsFileServesAsItsDecodedWeights) {
+  CheckQuantizedFileServesAsItsDecodedWeights({GgmlType::kQ6_K, GgmlType::kIQ4_XS,
+                                               GgmlType::kIQ4_XS, GgmlType::kIQ4_NL,
+                                               GgmlType::kIQ4_XS, GgmlType::kIQ4_XS});
 }
 
 class ReferenceTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};
