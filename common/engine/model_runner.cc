@@ -148,6 +148,14 @@ absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
   RETURN_IF_ERROR(alloc(act, {t, int64_t{c.num_attention_heads} * c.head_dim}, &b.attn_out));
   RETURN_IF_ERROR(alloc(act, {t, 2 * inter}, &b.gate_up));
   RETURN_IF_ERROR(alloc(act, {t, inter}, &b.mlp_act));
+  if (c.num_experts > 0) {
+    const int64_t moe = c.moe_intermediate_size;
+    RETURN_IF_ERROR(alloc(DType::kF32, {t, c.num_experts}, &b.moe.router_logits));
+    RETURN_IF_ERROR(alloc(act, {t, h}, &b.moe.x));
+    RETURN_IF_ERROR(alloc(act, {t, 2 * moe}, &b.moe.gate_up));
+    RETURN_IF_ERROR(alloc(act, {t, moe}, &b.moe.act));
+    RETURN_IF_ERROR(alloc(act, {t, h}, &b.moe.y));
+  }
   const int64_t rows = max_logit_rows_;
   RETURN_IF_ERROR(alloc(DType::kI32, {rows}, &logits_indices_));
   RETURN_IF_ERROR(alloc(act, {rows, h}, &gathered_));

@@ -21,6 +21,7 @@
 
 #include "common/backend/device.h"
 #include "common/backend/tensor.h"
+#include "common/base/logging.h"
 #include "common/graph/attention_support.h"
 
 namespace tandem {
@@ -52,6 +53,24 @@ struct AttentionShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale = 1.f;
+};
+
+// A sparse layer's experts (Qwen3-MoE), in the layout the model loads.
+struct MoeWeights {
+  Tensor router;   // [E, H], activation dtype
+  Tensor gate_up;  // [E * 2 * I, H]: expert e's gate rows, then its up rows, at row e * 2I
+  Tensor down;     // [E * H, I]: expert e's rows at e * H
+  int top_k = 0;
+  bool renormalize = false;  // the chosen experts' scores divided by their sum
+};
+
+// MoeMlp's scratch in the runner's persistent buffers, T = the step's rows.
+struct MoeBuffers {
+  Tensor router_logits;  // f32[T, E]
+  Tensor x;              // [T, H]: the rows routed to one expert
+  Tensor gate_up;        // [T, 2 * I]
+  Tensor act;            // [T, I]
+  Tensor y;              // [T, H]: that expert's output rows
 };
 
 class Ops {
@@ -111,6 +130,15 @@ class Ops {
                              const Tensor& act) {
     Matmul(x, w, gate_up);
     SiluMul(gate_up, act);
+  }
+  // Whether MoeMlp is implemented (the model refuses experts otherwise).
+  virtual bool supports_experts() const { return false; }
+  // out[n, H] = sum over the top_k experts e of softmax(x . router^T) of
+  // score_e * down_e(silu(gate_e x) * up_e x), per row (Qwen3-MoE's sparse
+  // block). Routing is computed when the op runs, from x.
+  virtual void MoeMlp(const Tensor& x, const MoeWeights& w, const MoeBuffers& scratch,
+                      const Tensor& out) {
+    TANDEM_CHECK(false) << "MoeMlp on a backend without experts";  // Load() refuses first
   }
   // out[i, :] = src[indices[i], :] for the first `rows` rows of out.
   virtual void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) = 0;

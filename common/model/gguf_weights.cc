@@ -29,6 +29,14 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the experts' router
+};
+// Experts: GGUF stacks every expert's matrix of a layer in one tensor
+// [experts, rows, cols]; Hugging Face names each ("mlp.experts.J." + suffix).
+constexpr std::pair<const char*, const char*> kExpertNames[] = {
+    {"ffn_gate_exps.weight", "gate_proj.weight"},
+    {"ffn_up_exps.weight", "up_proj.weight"},
+    {"ffn_down_exps.weight", "down_proj.weight"},
 };
 constexpr std::pair<const char*, const char*> kGlobalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
@@ -85,7 +93,12 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(get_int("embedding_length", &c.hidden_size));
-  RETURN_IF_ERROR(get_int("feed_forward_length", &c.intermediate_size));
+  if (family->experts && !f.Find(key("feed_forward_length"))) {
+    // No dense layer to size: the experts' width stands in.
+    RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.intermediate_size));
+  } else {
+    RETURN_IF_ERROR(get_int("feed_forward_length", &c.intermediate_size));
+  }
   RETURN_IF_ERROR(get_int("block_count", &c.num_hidden_layers));
   RETURN_IF_ERROR(get_int("attention.head_count", &c.num_attention_heads));
   c.num_key_value_heads = c.num_attention_heads;
@@ -119,9 +132,23 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
         "' is not implemented (none, or llama3 scaling through rope_freqs.weight)"));
   }
   if (const GgufValue* v = f.Find(key("expert_count")); v && v->i > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", key("expert_count"), " ", v->i,
-        ": mixture-of-experts models are not implemented"));
+    if (!family->experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", key("expert_count"), " ", v->i, ": experts are implemented for ",
+          FindHfFamily("Qwen3MoeForCausalLM")->gguf_architecture, " only"));
+    }
+    RETURN_IF_ERROR(get_int("expert_count", &c.num_experts));
+    RETURN_IF_ERROR(get_int("expert_used_count", &c.num_experts_per_tok));
+    RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    // llama.cpp renormalizes the chosen experts' scores for qwen3moe (as
+    // Qwen3-MoE's checkpoints set norm_topk_prob); a file may say otherwise.
+    c.norm_topk_prob = true;
+    if (f.Find(key("expert_weights_norm"))) {
+      ASSIGN_OR_RETURN(c.norm_topk_prob, f.GetBool(key("expert_weights_norm")));
+    }
+  } else if (family->experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", key("expert_count"), " is missing"));
   }
   if (const GgufValue* v = f.Find(key("attention.sliding_window")); v && v->i > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -155,7 +182,8 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
   return c;
 }
 
-std::string GgufWeights::GgufName(const std::string& hf) {
+std::string GgufWeights::GgufName(const std::string& hf, int* expert) {
+  if (expert != nullptr) *expert = -1;
   for (const auto& [g, h] : kGlobalNames) {
     if (hf == h) return g;
   }
@@ -165,6 +193,18 @@ std::string GgufWeights::GgufName(const std::string& hf) {
   if (parts.size() != 2) return "";
   for (const auto& [g, h] : kLayerNames) {
     if (parts[1] == h) return absl::StrCat("blk.", parts[0], ".", g);
+  }
+  constexpr absl::string_view kExperts = "mlp.experts.";
+  if (!absl::StartsWith(parts[1], kExperts)) return "";
+  std::vector<std::string> rest =
+      absl::StrSplit(parts[1].substr(kExperts.size()), absl::MaxSplits('.', 1));
+  int j = 0;
+  if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &j) || j < 0) return "";
+  for (const auto& [g, h] : kExpertNames) {
+    if (rest[1] == h) {
+      if (expert != nullptr) *expert = j;
+      return absl::StrCat("blk.", parts[0], ".", g);
+    }
   }
   return "";
 }
@@ -184,32 +224,63 @@ std::string GgufWeights::HfName(const std::string& gguf) {
 }
 
 bool GgufWeights::Has(const std::string& name) const {
-  const std::string g = GgufName(name);
-  return !g.empty() && file_->FindTensor(g) != nullptr;
+  int expert = -1;
+  const std::string g = GgufName(name, &expert);
+  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  return t != nullptr && (expert < 0 || (t->dims.size() == 3 && expert < t->dims[2]));
 }
 
 std::vector<std::string> GgufWeights::TensorNames() const {
   std::vector<std::string> names;
-  for (const GgufTensorInfo& t : file_->tensors()) names.push_back(HfName(t.name));
+  for (const GgufTensorInfo& t : file_->tensors()) {
+    const std::string hf = HfName(t.name);
+    bool stacked = false;
+    for (const auto& [g, h] : kExpertNames) {
+      if (!absl::EndsWith(t.name, absl::StrCat(".", g)) || t.dims.size() != 3) continue;
+      // Every expert's slice, by its Hugging Face name.
+      const std::string layer = t.name.substr(0, t.name.size() - strlen(g));  // "blk.N."
+      for (int64_t j = 0; j < t.dims[2]; ++j) {
+        names.push_back(absl::StrCat("model.layers.", layer.substr(4), "mlp.experts.", j, ".", h));
+      }
+      stacked = true;
+    }
+    if (!stacked) names.push_back(hf);
+  }
   return names;
 }
 
-absl::StatusOr<const GgufTensorInfo*> GgufWeights::Find(const std::string& name,
-                                                        const std::vector<int64_t>& shape) const {
-  const std::string g = GgufName(name);
+absl::StatusOr<GgufWeights::View> GgufWeights::Find(const std::string& name,
+                                                   const std::vector<int64_t>& shape) const {
+  int expert = -1;
+  const std::string g = GgufName(name, &expert);
   const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat("tensor '", name, "' (GGUF '", g, "') is missing from ",
                                             file_->path()));
   }
-  // GGUF lists dims fastest first: [in, out] for a [out, in] matrix.
+  // GGUF lists dims fastest first: [in, out] for a [out, in] matrix, [in,
+  // out, experts] for stacked experts.
   const std::vector<int64_t> hf_shape(t->dims.rbegin(), t->dims.rend());
-  if (hf_shape != shape) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", t->name, "' in ", file_->path(),
-                                                   " has shape ", ShapeText(hf_shape),
-                                                   ", expected ", ShapeText(shape)));
+  std::vector<int64_t> want = shape;
+  if (expert >= 0) want.insert(want.begin(), hf_shape.empty() ? 0 : hf_shape[0]);
+  if (hf_shape != want || (expert >= 0 && expert >= hf_shape[0])) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", t->name, "' in ", file_->path(), " has shape ", ShapeText(hf_shape),
+        ", expected ", ShapeText(expert >= 0 ? want : shape),
+        expert >= 0 ? absl::StrCat(" (expert ", expert, " of '", name, "')") : ""));
   }
-  return t;
+  View v{t, file_->TensorData(*t), t->numel()};
+  if (expert >= 0) {
+    v.numel = t->numel() / hf_shape[0];
+    int64_t elems = 0, bytes = 0;
+    if (!GgmlBlockLayout(t->type, &elems, &bytes) || v.numel % elems != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t->name, "' in ", file_->path(), " has type ", GgmlTypeName(t->type),
+          ", which is not supported (", SupportedGgmlTypeNames(), ")"));
+    }
+    v.data += expert * (v.numel / elems) * bytes;
+  }
+  return v;
 }
 
 void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_rows,
@@ -224,8 +295,13 @@ void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_ro
 
 absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                                   float* dst) const {
-  ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
-  RETURN_IF_ERROR(file_->ReadF32(*t, dst));
+  ASSIGN_OR_RETURN(const View v, Find(name, shape));
+  const GgufTensorInfo* t = v.tensor;
+  if (v.numel == t->numel()) {
+    RETURN_IF_ERROR(file_->ReadF32(*t, dst));
+  } else {  // an expert's slice: Find checked its type
+    DequantizeGgml(static_cast<GgmlType>(t->type), v.data, dst, v.numel);
+  }
   UnpermuteIfQk(t->name, reinterpret_cast<char*>(dst), shape[0],
                 sizeof(float) * (shape.size() == 2 ? shape[1] : 1));
   return absl::OkStatus();
@@ -255,7 +331,8 @@ std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
 
 absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
                                      void* dst) const {
-  ASSIGN_OR_RETURN(const GgufTensorInfo* t, Find(name, shape));
+  ASSIGN_OR_RETURN(const View v, Find(name, shape));
+  const GgufTensorInfo* t = v.tensor;
   const std::optional<DType> dt = BlockType(name);
   if (!dt.has_value() || shape.size() != 2 || shape[1] % kBlockElems != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -268,7 +345,7 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
     // Both are a scale and 32 small integers (Q5_0's 5-bit quants - 16,
     // IQ4_NL's levels) that int8 holds: a Q8_0 block of the same values.
     const int64_t in_bytes = type == GgmlType::kQ5_0 ? 2 + 4 + 16 : 2 + 16;
-    const uint8_t* in = file_->TensorData(*t);
+    const uint8_t* in = v.data;
     uint8_t* out = static_cast<uint8_t*>(dst);
     const int64_t blocks = shape[0] * shape[1] / kBlockElems;
     for (int64_t b = 0; b < blocks; ++b, in += in_bytes, out += kQ8BlockBytes) {
@@ -296,7 +373,7 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
     ConvertFromF32(values.data(), *dt, dst, static_cast<int64_t>(values.size()));
     return absl::OkStatus();
   }
-  std::memcpy(dst, file_->TensorData(*t), row_bytes * shape[0]);
+  std::memcpy(dst, v.data, row_bytes * shape[0]);
   UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
   return absl::OkStatus();
 }

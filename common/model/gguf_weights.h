@@ -47,15 +47,25 @@ class GgufWeights : public WeightSource {
                           void* dst) const override;
   std::vector<std::string> TensorNames() const override;
 
-  // The GGUF name of a Hugging Face tensor name ("" when it has none).
-  static std::string GgufName(const std::string& hf_name);
+  // The GGUF name of a Hugging Face tensor name ("" when it has none). An
+  // expert's tensor (model.layers.N.mlp.experts.J.gate_proj.weight) is slice
+  // J of a stacked GGUF tensor (blk.N.ffn_gate_exps.weight): J goes to
+  // `*expert` when given (-1 for the others).
+  static std::string GgufName(const std::string& hf_name, int* expert = nullptr);
   // The Hugging Face name of a GGUF tensor name (the name itself when unknown).
   static std::string HfName(const std::string& gguf_name);
 
  private:
-  // The tensor behind Hugging Face name `name`, its shape checked.
-  absl::StatusOr<const GgufTensorInfo*> Find(const std::string& name,
-                                             const std::vector<int64_t>& shape) const;
+  // The bytes behind a Hugging Face name: a whole tensor, or one expert's
+  // slice of a stacked one.
+  struct View {
+    const GgufTensorInfo* tensor = nullptr;
+    const uint8_t* data = nullptr;
+    int64_t numel = 0;
+  };
+  // The tensor (or expert slice) behind Hugging Face name `name`, its shape
+  // checked.
+  absl::StatusOr<View> Find(const std::string& name, const std::vector<int64_t>& shape) const;
   // Undoes llama.cpp's q/k row permutation for those tensors (rows of
   // `row_bytes` each, whatever their type).
   void UnpermuteIfQk(const std::string& gguf_name, char* rows, int64_t num_rows,

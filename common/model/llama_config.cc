@@ -1,5 +1,6 @@
 #include "common/model/llama_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -10,11 +11,13 @@ namespace tandem {
 namespace {
 
 constexpr ModelFamily kFamilies[] = {
-    {"LlamaForCausalLM", "llama", "llama", false, false, true},
+    {"LlamaForCausalLM", "llama", "llama", false, false, true, false},
     // Llama-shaped; llama.cpp converts it to a "llama" GGUF.
-    {"MistralForCausalLM", "mistral", "llama", false, false, true},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false},
-    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false},
+    {"MistralForCausalLM", "mistral", "llama", false, false, true, false},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false, false},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false, false},
+    // Qwen3's attention; sparse layers of experts.
+    {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3moe", false, true, false, true},
 };
 
 }  // namespace
@@ -52,13 +55,21 @@ uint64_t LlamaConfig::Fingerprint() const {
       family->hf_architecture, "|", name, "|", vocab_size, "|", hidden_size, "|", intermediate_size, "|", num_hidden_layers,
       "|", num_attention_heads, "|", num_key_value_heads, "|", head_dim, "|", rms_norm_eps,
       "|", rope_theta, "|", rope_scaling.type, "|", rope_scaling.factor, "|",
-      max_position_embeddings, "|", tie_word_embeddings);
+      max_position_embeddings, "|", tie_word_embeddings, "|", num_experts, "|",
+      num_experts_per_tok, "|", moe_intermediate_size, "|", norm_topk_prob, "|",
+      decoder_sparse_step, "|", absl::StrJoin(mlp_only_layers, ","));
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canonical) {
     h ^= c;
     h *= 1099511628211ull;
   }
   return h;
+}
+
+bool LlamaConfig::IsSparseLayer(int layer) const {
+  return num_experts > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) ==
+             mlp_only_layers.end();
 }
 
 absl::Status LlamaConfig::Validate() const {
@@ -84,6 +95,18 @@ absl::Status LlamaConfig::Validate() const {
   }
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even, got ", head_dim));
+  }
+  if (num_experts > 0) {
+    if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: num_experts_per_tok must be in 1..num_experts (", num_experts, "), got ",
+          num_experts_per_tok));
+    }
+    if (moe_intermediate_size <= 0 || decoder_sparse_step <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: moe_intermediate_size and decoder_sparse_step must be > 0, got ",
+          moe_intermediate_size, " and ", decoder_sparse_step));
+    }
   }
   if (!rope_scaling.type.empty() && rope_scaling.type != "llama3" &&
       rope_scaling.type != "default") {
@@ -165,7 +188,11 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     }
   }
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
-    if (is_positive(key)) return refuse(key, j[key].dump(), "dense MLPs (no experts)");
+    // Qwen3-MoE's checkpoints say num_experts; transformers 5 saves it as
+    // num_local_experts.
+    if (is_positive(key) && !(family->experts && std::string(key) != "n_routed_experts")) {
+      return refuse(key, j[key].dump(), "experts in Qwen3MoeForCausalLM only");
+    }
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (is_positive(key)) return refuse(key, j[key].dump(), "no logit soft-capping");
@@ -211,6 +238,18 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     c.torch_dtype = j["torch_dtype"].get<std::string>();
   } else if (j.contains("dtype") && j["dtype"].is_string()) {
     c.torch_dtype = j["dtype"].get<std::string>();
+  }
+  if (family->experts) {
+    auto moe = need(j.contains("num_local_experts") ? "num_local_experts" : "num_experts");
+    if (!moe.ok()) return moe.status();
+    c.num_experts = (*moe)->get<int>();
+    c.num_experts_per_tok = j.value("num_experts_per_tok", 0);
+    c.moe_intermediate_size = j.value("moe_intermediate_size", int64_t{0});
+    c.norm_topk_prob = j.value("norm_topk_prob", false);
+    c.decoder_sparse_step = j.value("decoder_sparse_step", 1);
+    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
+      for (const auto& l : j["mlp_only_layers"]) c.mlp_only_layers.push_back(l.get<int>());
+    }
   }
   // Rope: transformers < 5 writes rope_theta + rope_scaling; 5 writes rope_parameters.
   const nlohmann::json* scaling = nullptr;

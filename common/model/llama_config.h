@@ -32,6 +32,7 @@ struct ModelFamily {
   // llama.cpp's converter permutes q/k rows for its interleaved rope (Llama
   // and Mistral); families it runs with NeoX rope are stored as they are.
   bool gguf_qk_permuted;
+  bool experts;  // sparse layers of experts (LlamaConfig::num_experts)
 };
 
 // The family of a Hugging Face architecture / a GGUF general.architecture;
@@ -59,7 +60,18 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   std::vector<int32_t> eos_token_ids;
   std::string torch_dtype = "float32";  // storage dtype of the checkpoint
+  // Mixture of experts (Qwen3-MoE; 0 experts: a dense MLP in every layer).
+  // A sparse layer routes each token to its num_experts_per_tok experts of
+  // the softmax over a router (renormalized when norm_topk_prob) and sums
+  // their SwiGLU MLPs (moe_intermediate_size) weighted by those scores.
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int decoder_sparse_step = 1;       // layer i is sparse when (i + 1) % step == 0
+  std::vector<int> mlp_only_layers;  // ...and not listed here
 
+  bool IsSparseLayer(int layer) const;
   int64_t qkv_size() const {
     return static_cast<int64_t>(num_attention_heads + 2 * num_key_value_heads) * head_dim;
   }
@@ -80,8 +92,9 @@ struct LlamaConfig {
 // rope_parameters). INVALID_ARGUMENT names the file and the missing field, or
 // the field and value of anything the engine does not implement: an
 // architecture the family table lacks, hidden_act other than silu, biases
-// other than Qwen2's q/k/v ones, sliding-window attention, experts, logit
-// soft-capping, partial rotary embeddings, unknown rope scaling.
+// other than Qwen2's q/k/v ones, sliding-window attention, experts outside
+// the Qwen3-MoE family, logit soft-capping, partial rotary embeddings,
+// unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source_name);
 

@@ -113,8 +113,10 @@ AttentionShape LlamaModel::attention_shape() const {
 std::vector<Tensor> LlamaModel::StreamedWeights() const {
   std::vector<Tensor> out;
   for (const Layer& l : layers_) {
+    // A sparse layer's router, not its experts: a step reads only those
+    // its tokens are routed to.
     for (const Tensor* t : {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o,
-                            &l.post_norm, &l.gate_up, &l.down}) {
+                            &l.post_norm, &l.gate_up, &l.down, &l.moe.router}) {
       if (t->data != nullptr) out.push_back(*t);
     }
   }
@@ -123,10 +125,22 @@ std::vector<Tensor> LlamaModel::StreamedWeights() const {
   return out;
 }
 
+std::vector<Tensor> LlamaModel::MatmulWeights() const {
+  std::vector<Tensor> out;
+  for (const Tensor& t : StreamedWeights()) {
+    if (t.ndim == 2) out.push_back(t);
+  }
+  for (const Layer& l : layers_) {
+    if (l.moe.gate_up.data == nullptr) continue;
+    out.push_back(l.moe.gate_up);
+    out.push_back(l.moe.down);
+  }
+  return out;
+}
+
 std::string LlamaModel::WeightDTypes() const {
   std::vector<std::pair<DType, int>> counts;  // in order of first use
-  for (const Tensor& t : StreamedWeights()) {
-    if (t.ndim != 2) continue;
+  for (const Tensor& t : MatmulWeights()) {
     auto it = std::find_if(counts.begin(), counts.end(),
                            [&](const auto& c) { return c.first == t.dtype; });
     if (it == counts.end()) {
@@ -152,13 +166,27 @@ namespace {
 struct LayerSources {
   std::vector<std::string> qkv, o, gate_up, down;
 };
-LayerSources LayerTensorNames(int i) {
+// A sparse layer's gate_up and down are its experts', one after another
+// (each expert's gate rows, then its up rows).
+LayerSources LayerTensorNames(const LlamaConfig& c, int i) {
   const std::string p = absl::StrCat("model.layers.", i, ".");
-  return {{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-           p + "self_attn.v_proj.weight"},
-          {p + "self_attn.o_proj.weight"},
-          {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-          {p + "mlp.down_proj.weight"}};
+  LayerSources s{{p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                  p + "self_attn.v_proj.weight"},
+                 {p + "self_attn.o_proj.weight"},
+                 {},
+                 {}};
+  if (!c.IsSparseLayer(i)) {
+    s.gate_up = {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
+    s.down = {p + "mlp.down_proj.weight"};
+    return s;
+  }
+  for (int e = 0; e < c.num_experts; ++e) {
+    const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+    s.gate_up.push_back(x + "gate_proj.weight");
+    s.gate_up.push_back(x + "up_proj.weight");
+    s.down.push_back(x + "down_proj.weight");
+  }
+  return s;
 }
 
 }  // namespace
@@ -171,7 +199,8 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
   if (w == DType::kQ8_0) {
     for (const auto& [field, value] :
          {std::pair<const char*, int64_t>{"hidden_size", h}, {"intermediate_size", inter},
-          {"num_attention_heads x head_dim", int64_t{c.num_attention_heads} * c.head_dim}}) {
+          {"num_attention_heads x head_dim", int64_t{c.num_attention_heads} * c.head_dim},
+          {"moe_intermediate_size", c.num_experts > 0 ? c.moe_intermediate_size : 0}}) {
       if (value % kBlockElems != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "weight_dtype=q8_0 needs rows of whole 32-element blocks; ", field, " is ", value));
@@ -204,7 +233,7 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
   layers_.resize(c.num_hidden_layers);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     Layer& l = layers_[i];
-    const LayerSources names = LayerTensorNames(i);
+    const LayerSources names = LayerTensorNames(c, i);
     ASSIGN_OR_RETURN(l.input_norm, arena->Allocate(act, {h}));
     ASSIGN_OR_RETURN(l.qkv, arena->Allocate(dtype_of(names.qkv), {c.qkv_size(), h}));
     if (c.family->qkv_bias) {
@@ -217,6 +246,15 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
     ASSIGN_OR_RETURN(l.o, arena->Allocate(dtype_of(names.o),
                                           {h, int64_t{c.num_attention_heads} * c.head_dim}));
     ASSIGN_OR_RETURN(l.post_norm, arena->Allocate(act, {h}));
+    if (c.IsSparseLayer(i)) {
+      const int64_t e = c.num_experts, moe = c.moe_intermediate_size;
+      ASSIGN_OR_RETURN(l.moe.router, arena->Allocate(act, {e, h}));
+      ASSIGN_OR_RETURN(l.moe.gate_up, arena->Allocate(dtype_of(names.gate_up), {e * 2 * moe, h}));
+      ASSIGN_OR_RETURN(l.moe.down, arena->Allocate(dtype_of(names.down), {e * h, moe}));
+      l.moe.top_k = c.num_experts_per_tok;
+      l.moe.renormalize = c.norm_topk_prob;
+      continue;
+    }
     ASSIGN_OR_RETURN(l.gate_up, arena->Allocate(dtype_of(names.gate_up), {2 * inter, h}));
     ASSIGN_OR_RETURN(l.down, arena->Allocate(dtype_of(names.down), {h, inter}));
   }
@@ -264,6 +302,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
   }
   const LlamaConfig& c = m->config_;
+  if (c.num_experts > 0 && !ops->supports_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", spec, "' has ", c.num_experts,
+        " experts a layer; mixture-of-experts layers run on the CPU backend only "
+        "(--device=cpu)"));
+  }
   RETURN_IF_ERROR(m->AllocateWeights(ops->device(), checkpoint.get()));
 
   // Weights are produced on the host in f32, converted to the backend's
@@ -332,7 +376,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   if (!c.tie_word_embeddings) RETURN_IF_ERROR(load(m->lm_head_, {{"lm_head.weight", c.vocab_size}}));
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    const LayerSources names = LayerTensorNames(i);
+    const LayerSources names = LayerTensorNames(c, i);
     Layer& l = m->layers_[i];
     RETURN_IF_ERROR(load(l.input_norm, {{p + "input_layernorm.weight", h}}));
     RETURN_IF_ERROR(load(l.qkv, {{names.qkv[0], q_rows}, {names.qkv[1], kv_rows},
@@ -348,6 +392,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     }
     RETURN_IF_ERROR(load(l.o, {{names.o[0], h}}));
     RETURN_IF_ERROR(load(l.post_norm, {{p + "post_attention_layernorm.weight", h}}));
+    if (c.IsSparseLayer(i)) {
+      RETURN_IF_ERROR(load(l.moe.router, {{p + "mlp.gate.weight", c.num_experts}}));
+      std::vector<std::pair<std::string, int64_t>> gate_up, down;
+      for (const std::string& name : names.gate_up) gate_up.push_back({name, c.moe_intermediate_size});
+      for (const std::string& name : names.down) down.push_back({name, h});
+      RETURN_IF_ERROR(load(l.moe.gate_up, gate_up));
+      RETURN_IF_ERROR(load(l.moe.down, down));
+      continue;
+    }
     RETURN_IF_ERROR(load(l.gate_up, {{names.gate_up[0], inter}, {names.gate_up[1], inter}}));
     RETURN_IF_ERROR(load(l.down, {{names.down[0], h}}));
   }
@@ -399,8 +452,12 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
     const Layer& prev = layers_[piece - 1];
     ops_->Matmul(b.attn_out.Rows(n), prev.o, b.hidden.Rows(n));
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), prev.post_norm, eps, b.normed.Rows(n));
-    ops_->MatmulSiluMul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n), b.mlp_act.Rows(n));
-    ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
+    if (prev.moe.gate_up.data != nullptr) {
+      ops_->MoeMlp(b.normed.Rows(n), prev.moe, b.moe, b.hidden.Rows(n));
+    } else {
+      ops_->MatmulSiluMul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n), b.mlp_act.Rows(n));
+      ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
+    }
     const Tensor& next_norm = piece < L ? layers_[piece].input_norm : final_norm_;
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), next_norm, eps, b.normed.Rows(n));
   } else {

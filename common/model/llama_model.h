@@ -1,6 +1,7 @@
 // LlamaModel: a Llama-shaped decoder (RMSNorm, RoPE, grouped-query attention,
 // SwiGLU MLP, tied or separate LM head) with the parts its family adds
-// (ModelFamily: Qwen2's q/k/v biases, Qwen3's per-head q/k norms), whose
+// (ModelFamily: Qwen2's q/k/v biases, Qwen3's per-head q/k norms, Qwen3-MoE's
+// sparse layers, whose MLP is a routed mixture of experts), whose
 // forward is a list of pieces split at attention:
 //
 //   piece 0        embed, input norm of layer 0, qkv projection (+ bias,
@@ -53,6 +54,7 @@ struct ForwardBuffers {
   Tensor attn_out;    // [T, heads * head_dim]
   Tensor gate_up;     // [T, 2 * I]
   Tensor mlp_act;     // [T, I]
+  MoeBuffers moe;     // sparse layers' scratch (models with experts only)
 };
 
 // The known synthetic presets and their configs.
@@ -92,10 +94,13 @@ class LlamaModel {
 
  private:
   struct Layer {
-    Tensor input_norm, qkv, o, post_norm, gate_up, down;
+    Tensor input_norm, qkv, o, post_norm, gate_up, down;  // gate_up, down: dense layers
     Tensor qkv_bias;        // [qkv_size] when the family has q/k/v biases
     Tensor q_norm, k_norm;  // [head_dim] when it norms each q/k head
+    MoeWeights moe;         // sparse layers (config().IsSparseLayer)
   };
+  // Every matmul weight, the experts' included.
+  std::vector<Tensor> MatmulWeights() const;
   LlamaModel() = default;
   // Measures the weight tensors' bytes, then allocates exactly that arena.
   absl::Status AllocateWeights(Device* device, const WeightSource* source);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "common/model/gguf_weights.h"
 #include "common/model/safetensors.h"
 #include "gmock/gmock.h"
@@ -289,10 +290,65 @@ TEST(GgufWeightsTest, Q5_0AndIq4NlAreKeptAsQ8_0Exactly) {
   }
 }
 
+// Experts stacked in one GGUF tensor [experts, rows, cols] (llama.cpp's
+// ffn_*_exps) read as each expert's Hugging Face tensor: its slice, as f32
+// and as its blocks; the listing names every expert; a missing expert or a
+// wrong shape is refused by name.
+TEST(GgufWeightsTest, StackedExpertsReadAsEachExpertsTensor) {
+  std::mt19937 rng(3);
+  const int64_t experts = 3, rows = 4, cols = 64;
+  const int64_t block_count = experts * rows * cols / 32;
+  std::string data(block_count * 34, '\0');
+  for (char& c : data) c = static_cast<char>(rng() & 0xff);
+  for (int64_t b = 0; b < block_count; ++b) {  // finite f16 scales
+    const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff));
+    std::memcpy(&data[b * 34], &d, 2);
+  }
+  GgufWriter w;
+  w.AddTensor("blk.0.ffn_gate_exps.weight", {cols, rows, experts}, GgmlType::kQ8_0, data);
+  const std::string path = WriteTemp("experts", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::vector<float> all(experts * rows * cols);
+  ASSERT_TRUE((*f)->ReadF32((*f)->tensors()[0], all.data()).ok());
+  LlamaConfig c;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  GgufWeights weights(f->get(), c);
+  const size_t slice_bytes = DTypeBytes(DType::kQ8_0, rows * cols);
+  for (int e = 0; e < experts; ++e) {
+    SCOPED_TRACE(e);
+    const std::string name = absl::StrCat("model.layers.0.mlp.experts.", e, ".gate_proj.weight");
+    EXPECT_EQ(GgufWeights::GgufName(name), "blk.0.ffn_gate_exps.weight");
+    EXPECT_TRUE(weights.Has(name));
+    EXPECT_EQ(weights.BlockType(name), DType::kQ8_0);
+    std::vector<float> got(rows * cols);
+    ASSERT_TRUE(weights.ReadF32(name, {rows, cols}, got.data()).ok());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), all.begin() + e * rows * cols));
+    std::string blocks(slice_bytes, '\0');
+    ASSERT_TRUE(weights.ReadBlocks(name, {rows, cols}, blocks.data()).ok());
+    EXPECT_EQ(blocks, data.substr(e * slice_bytes, slice_bytes));
+  }
+  EXPECT_FALSE(weights.Has("model.layers.0.mlp.experts.3.gate_proj.weight"));
+  std::vector<float> out(rows * cols);
+  absl::Status s = weights.ReadF32("model.layers.0.mlp.experts.3.gate_proj.weight", {rows, cols},
+                                   out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("expert 3"));
+  s = weights.ReadF32("model.layers.0.mlp.experts.0.gate_proj.weight", {rows * 2, cols / 2},
+                      out.data());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[3, 4, 64]"));
+  EXPECT_EQ(weights.TensorNames(),
+            (std::vector<std::string>{"model.layers.0.mlp.experts.0.gate_proj.weight",
+                                      "model.layers.0.mlp.experts.1.gate_proj.weight",
+                                      "model.layers.0.mlp.experts.2.gate_proj.weight"}));
+  std::filesystem::remove(path);
+}
+
 // The architecture picks the family and its metadata prefix; another one,
 // or a part no family has, is refused by name.
 TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
-  auto config_of = [](const std::string& arch, int64_t sliding_window) {
+  auto config_of = [](const std::string& arch, int64_t sliding_window, int experts = 0) {
     GgufWriter w;
     w.AddString("general.architecture", arch);
     w.AddU32(arch + ".embedding_length", 64);
@@ -302,6 +358,11 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
     w.AddU32(arch + ".context_length", 256);
     w.AddF32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
     if (sliding_window > 0) w.AddU32(arch + ".attention.sliding_window", sliding_window);
+    if (experts > 0) {
+      w.AddU32(arch + ".expert_count", experts);
+      w.AddU32(arch + ".expert_used_count", 2);
+      w.AddU32(arch + ".expert_feed_forward_length", 32);
+    }
     const std::vector<float> embd(64 * 10, 0.f);
     w.AddTensor("token_embd.weight", {64, 10}, GgmlType::kF32, Bytes(embd.data(), embd.size() * 4));
     const std::string b = w.Serialize();
@@ -318,9 +379,20 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
   }
   EXPECT_THAT(std::string(config_of("gemma2", 0).status().message()),
               HasSubstr("general.architecture is 'gemma2'; the engine implements llama, qwen2, "
-                        "qwen3"));
+                        "qwen3, qwen3moe"));
   EXPECT_THAT(std::string(config_of("qwen2", 4096).status().message()),
               HasSubstr("qwen2.attention.sliding_window 4096"));
+  // Experts: qwen3moe's, their scores renormalized as llama.cpp does.
+  auto moe = config_of("qwen3moe", 0, 8);
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->num_experts, 8);
+  EXPECT_EQ(moe->num_experts_per_tok, 2);
+  EXPECT_EQ(moe->moe_intermediate_size, 32);
+  EXPECT_TRUE(moe->norm_topk_prob);
+  EXPECT_THAT(std::string(config_of("qwen3moe", 0).status().message()),
+              HasSubstr("qwen3moe.expert_count is missing"));
+  EXPECT_THAT(std::string(config_of("llama", 0, 8).status().message()),
+              HasSubstr("llama.expert_count 8: experts are implemented for qwen3moe only"));
 }
 
 TEST(GgufWeightsTest, NamesMapBothWays) {
@@ -331,6 +403,14 @@ TEST(GgufWeightsTest, NamesMapBothWays) {
   EXPECT_EQ(GgufWeights::GgufName("model.layers.1.self_attn.k_norm.weight"),
             "blk.1.attn_k_norm.weight");
   EXPECT_EQ(GgufWeights::GgufName("model.layers.0.mlp.gate_proj.bias"), "");
+  int expert = -1;
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.2.mlp.experts.17.down_proj.weight", &expert),
+            "blk.2.ffn_down_exps.weight");
+  EXPECT_EQ(expert, 17);
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.2.mlp.gate.weight", &expert),
+            "blk.2.ffn_gate_inp.weight");
+  EXPECT_EQ(expert, -1);
+  EXPECT_EQ(GgufWeights::GgufName("model.layers.2.mlp.experts.x.down_proj.weight"), "");
   EXPECT_EQ(GgufWeights::HfName("blk.3.ffn_down.weight"), "model.layers.3.mlp.down_proj.weight");
   EXPECT_EQ(GgufWeights::HfName("blk.3.attn_q.bias"), "model.layers.3.self_attn.q_proj.bias");
   EXPECT_EQ(GgufWeights::HfName("blk.3.ffn_gate_exps.weight"), "blk.3.ffn_gate_exps.weight");

@@ -349,8 +349,9 @@ const auto kAllModes =
                       CudaGraphMode::kFullDecodeOnly, CudaGraphMode::kFullAndPiecewise);
 INSTANTIATE_TEST_SUITE_P(AllModes, ReferenceTest, kAllModes);
 
-// Qwen2 (q/k/v biases, tied embeddings) and Qwen3 (per-head q/k RMSNorm,
-// separate head): tiny random models of transformers
+// Qwen2 (q/k/v biases, tied embeddings), Qwen3 (per-head q/k RMSNorm,
+// separate head) and Qwen3-MoE (Qwen3's attention, 8 experts a layer, 2
+// routed to, scores renormalized): tiny random models of transformers
 // (tests/fixtures/make_family_reference.py), from safetensors and from the
 // GGUF llama.cpp's converter made of them, in every graph mode: logits within
 // 1e-4 of transformers' and its greedy tokens.
@@ -365,7 +366,7 @@ TEST_P(FamilyReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllModes, FamilyReferenceTest,
-    ::testing::Combine(::testing::Values("qwen2", "qwen3"),
+    ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen3_moe"),
                        ::testing::Values("", "model-f32.gguf"), kAllModes),
     [](const ::testing::TestParamInfo<FamilyParam>& info) {
       const std::string& file = std::get<1>(info.param);
@@ -377,12 +378,19 @@ INSTANTIATE_TEST_SUITE_P(
 // track transformers' f32 ones within the 8-bit weights' and activations'
 // error (measured: at most 0.18, of logits spanning -4.7 .. 4.3; a missing
 // bias or head norm moves them by whole units).
+// With experts the 8-bit error may route a token to another expert, which
+// moves its logits by whole units: llama.cpp itself, on the same Q8_0 file,
+// is 1.96 from transformers (0.0036 on the f32 one); Tandem measured 1.89.
+// The f32 tests above pin the routing exactly, GgufWeightsTest the experts'
+// block slices; this one runs the kept blocks end to end.
 TEST(FamilyReferenceTest, Q8GgufTracksTransformersWithinQuantizationError) {
-  for (const std::string family : {"qwen2", "qwen3"}) {
+  for (const auto& [family, tolerance] :
+       std::vector<std::pair<std::string, double>>{{"qwen2", 0.25}, {"qwen3", 0.25},
+                                                   {"qwen3_moe", 2.5}}) {
     SCOPED_TRACE(family);
     const std::string fixture = kFixtures + "tiny_" + family;
     CheckAgainstReference(fixture, fixture + "/model-q8_0.gguf", CudaGraphMode::kFullAndPiecewise,
-                          {.tolerance = 0.25, .greedy = false, .keep_file_blocks = true});
+                          {.tolerance = tolerance, .greedy = false, .keep_file_blocks = true});
   }
 }
 

@@ -165,7 +165,7 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
   absl::Status other = parse(R"("architectures": ["Gemma2ForCausalLM"])");
   EXPECT_NE(other.message().find(
                 "architectures is \"Gemma2ForCausalLM\"; the engine implements LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"),
             std::string::npos)
       << other;
   const std::pair<const char*, const char*> cases[] = {
@@ -177,6 +177,12 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
        "sliding_window is 4096"},
       {R"("layer_types": ["sliding_attention"])", "layer_types"},
       {R"("num_local_experts": 8)", "num_local_experts is 8"},
+      {R"("model_type": "qwen3", "num_experts": 8)", "num_experts is 8"},
+      {R"("model_type": "qwen3_moe", "num_experts_per_tok": 2)", "missing field 'num_experts'"},
+      {R"("model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 9,
+          "moe_intermediate_size": 4)", "num_experts_per_tok must be in 1..num_experts (8)"},
+      {R"("model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2)",
+       "moe_intermediate_size"},
       {R"("final_logit_softcapping": 30.0)", "final_logit_softcapping"},
       {R"("hidden_act": "gelu")", "hidden_act is \"gelu\""},
       {R"("attention_bias": true)", "attention_bias"},
@@ -189,6 +195,36 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << extra;
     EXPECT_NE(s.message().find(field), std::string::npos) << s;
   }
+}
+
+// Qwen3-MoE: the experts' fields as its checkpoints write them, or as
+// transformers 5 saves them (num_local_experts); which layers are sparse.
+TEST(LlamaConfigTest, ParsesQwen3MoeExperts) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 4, "num_attention_heads": 2, "architectures": ["Qwen3MoeForCausalLM"],
+      "num_experts_per_tok": 2, "moe_intermediate_size": 4, "norm_topk_prob": true)";
+  for (const char* experts : {R"("num_experts": 8)", R"("num_local_experts": 8)"}) {
+    auto c = ParseLlamaConfig("{" + base + ", " + experts + "}", "config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->num_experts, 8);
+    EXPECT_EQ(c->num_experts_per_tok, 2);
+    EXPECT_EQ(c->moe_intermediate_size, 4);
+    EXPECT_TRUE(c->norm_topk_prob);
+    EXPECT_TRUE(c->family->qk_norm);
+    for (int l = 0; l < 4; ++l) EXPECT_TRUE(c->IsSparseLayer(l)) << l;
+  }
+  auto c = ParseLlamaConfig("{" + base + R"(, "num_experts": 8, "decoder_sparse_step": 2,
+                                             "mlp_only_layers": [3]})",
+                            "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(std::vector<bool>({c->IsSparseLayer(0), c->IsSparseLayer(1), c->IsSparseLayer(2),
+                               c->IsSparseLayer(3)}),
+            std::vector<bool>({false, true, false, false}));
+  // The experts are part of the architecture two workers must agree on.
+  auto dense = ParseLlamaConfig("{" + base + R"(, "num_experts": 8, "mlp_only_layers": [3]})",
+                                "config.json");
+  ASSERT_TRUE(dense.ok());
+  EXPECT_NE(c->Fingerprint(), dense->Fingerprint());
 }
 
 TEST(LlamaConfigTest, GenerationConfigEosReplacesConfigEos) {

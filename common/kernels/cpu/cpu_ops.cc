@@ -36,6 +36,76 @@ std::string Bf16PrefillNote() {
                                              : "bf16 prefill by f32 FMAs");
 }
 
+// Floats of widened weight rows per thread (4 MiB). sgemm packs the
+// activations again for every chunk of weight rows, so chunks are large:
+// a 512-token bf16 prefill took 1317 ms with 256 KiB chunks, 1217 with these.
+constexpr int64_t kScratchFloats = 1024 * 1024;
+
+// out[n, big_n] = a[n, k] . w^T for weights `b` of type `wt` (checked by
+// CheckMatmulWeights when issued), now, split over `pool` by output columns;
+// what a launched matmul runs, and what MoeMlp runs for each expert's rows.
+void MatmulNow(ThreadPool* pool, std::vector<std::vector<float>>* scratch, const float* a,
+               int64_t n, DType wt, const uint8_t* b, int64_t k, int64_t big_n, float* c) {
+  if (n == 0) return;
+  const size_t row_bytes = DTypeBytes(wt, k);
+  const bool small = n <= cpu::kSmallMatmulMaxRows;
+  const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16() &&
+                       cpu::MatmulDpBf16ScratchElems(k) <= 2 * kScratchFloats;
+  // Prefill-sized f32 products: the register tiles on AVX-512 targets,
+  // OpenBLAS's sgemm below them. SmolLM2 512-token f32 prefill on a 2-vCPU
+  // Zen 5, 2 threads: AVX-512 tiles 324 GFLOP/s, 1.35x the sgemm probe;
+  // the same tiles on the AVX2 target (2 x 4: 16 registers) 158 GFLOP/s,
+  // 0.66x sgemm's 240 (which packs its operands for its cache blocking).
+  const bool sgemm = !small && !cpu::TargetHasAvx512();
+  const auto multiply = [sgemm](const float* x, int64_t rows, const float* wf, int64_t kk,
+                                int64_t j0, int64_t j1, float* o, int64_t ldo) {
+    if (!sgemm) return cpu::MatmulF32(x, kk, rows, wf, kk, j0, j1, o, ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, kk, 1.f, x, kk,
+                wf + j0 * kk, kk, 0.f, o + j0, ldo);
+  };
+  // Slices of output columns, 16 at least (64 bytes of each output row).
+  pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
+    if (wt == DType::kF32) {
+      return multiply(a, n, reinterpret_cast<const float*>(b), k, j0, j1, c, big_n);
+    }
+    if (wt == DType::kBF16 && !dp_bf16 && !sgemm) {
+      return cpu::MatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c, big_n);
+    }
+    float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
+    if (dp_bf16) {
+      return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
+                               big_n, reinterpret_cast<uint16_t*>(rows));
+    }
+    if (small && cpu::MatmulBlocksScratchFloats(n, k) <= kScratchFloats) {
+      // Decode: blocks multiplied as integers in registers.
+      return cpu::MatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
+    }
+    // Prefill: widen this slice's weight rows a chunk at a time into the
+    // thread's scratch, and multiply each chunk as f32.
+    const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
+    for (int64_t j = j0; j < j1; j += chunk) {
+      const int64_t m = std::min(chunk, j1 - j);
+      cpu::WidenRow(wt, b + j * row_bytes, m * k, rows);
+      multiply(a, n, rows, k, 0, m, c + j, big_n);
+    }
+  });
+}
+
+void CheckMatmulWeights(const Tensor& w) {
+  const DType wt = w.dtype;
+  TANDEM_CHECK(wt == DType::kF32 || wt == DType::kBF16 ||
+               (IsBlockType(wt) && w.dim(w.ndim - 1) % kBlockElems == 0))
+      << DTypeName(wt) << " weights " << w.ShapeString();
+}
+
+// MoeMlp's routing of one step: for each expert, the rows sent to it and
+// their scores (host vectors whose capacity is kept from step to step).
+struct MoeRouting {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<float>> scores;
+  std::vector<int32_t> order;
+};
+
 class CpuOps : public Ops {
  public:
   CpuOps(Device* device, int threads, DType weight_dtype, DType kv_dtype, bool keep_file_blocks)
@@ -174,60 +244,99 @@ class CpuOps : public Ops {
     TANDEM_CHECK(x.dim(1) == k && out.dim(1) == big_n && x.dim(0) >= n)
         << "matmul " << x.ShapeString() << " x " << w.ShapeString() << " -> "
         << out.ShapeString();
+    CheckMatmulWeights(w);
     const float* a = x.f32();
     float* c = out.f32();
-    ThreadPool* pool = pool_.get();
     const DType wt = w.dtype;
-    TANDEM_CHECK(wt == DType::kF32 || wt == DType::kBF16 ||
-                 (IsBlockType(wt) && k % kBlockElems == 0))
-        << DTypeName(wt) << " weights " << w.ShapeString();
     const uint8_t* b = w.as<uint8_t>();
-    const size_t row_bytes = DTypeBytes(wt, k);
-    const bool small = n <= cpu::kSmallMatmulMaxRows;
-    const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16() &&
-                         cpu::MatmulDpBf16ScratchElems(k) <= 2 * kScratchFloats;
-    // Prefill-sized f32 products: the register tiles on AVX-512 targets,
-    // OpenBLAS's sgemm below them. SmolLM2 512-token f32 prefill on a 2-vCPU
-    // Zen 5, 2 threads: AVX-512 tiles 324 GFLOP/s, 1.35x the sgemm probe;
-    // the same tiles on the AVX2 target (2 x 4: 16 registers) 158 GFLOP/s,
-    // 0.66x sgemm's 240 (which packs its operands for its cache blocking).
-    const bool sgemm = !small && !cpu::TargetHasAvx512();
-    const auto multiply = [sgemm](const float* x, int64_t rows, const float* wf, int64_t kk,
-                                  int64_t j0, int64_t j1, float* o, int64_t ldo) {
-      if (!sgemm) return cpu::MatmulF32(x, kk, rows, wf, kk, j0, j1, o, ldo);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, kk, 1.f, x, kk,
-                  wf + j0 * kk, kk, 0.f, o + j0, ldo);
-    };
+    ThreadPool* pool = pool_.get();
     std::vector<std::vector<float>>* scratch = &scratch_;
-    stream_->Launch("matmul", [=] {
+    stream_->Launch("matmul", [=] { MatmulNow(pool, scratch, a, n, wt, b, k, big_n, c); });
+  }
+
+  bool supports_experts() const override { return true; }
+
+  void MoeMlp(const Tensor& x, const MoeWeights& w, const MoeBuffers& scratch,
+              const Tensor& out) override {
+    const int64_t n = out.dim(0), h = out.dim(1), experts = w.router.dim(0);
+    const int64_t inter = w.down.dim(1);
+    TANDEM_CHECK(x.dim(1) == h && w.router.dim(1) == h && w.gate_up.dim(1) == h &&
+                 w.gate_up.dim(0) == experts * 2 * inter && w.down.dim(0) == experts * h &&
+                 w.top_k > 0 && w.top_k <= experts && scratch.router_logits.dim(1) == experts &&
+                 scratch.x.dim(0) >= n && scratch.gate_up.dim(1) == 2 * inter &&
+                 scratch.act.dim(1) == inter && scratch.y.dim(1) == h)
+        << "moe " << x.ShapeString() << " router " << w.router.ShapeString() << " gate_up "
+        << w.gate_up.ShapeString() << " down " << w.down.ShapeString();
+    for (const Tensor* t : {&w.router, &w.gate_up, &w.down}) CheckMatmulWeights(*t);
+    const float* xs = x.f32();
+    float* o = out.f32();
+    float* logits = scratch.router_logits.f32();
+    float* ex = scratch.x.f32();
+    float* gu = scratch.gate_up.f32();
+    float* act = scratch.act.f32();
+    float* y = scratch.y.f32();
+    const MoeWeights wts = w;
+    const int top_k = w.top_k;
+    ThreadPool* pool = pool_.get();
+    std::vector<std::vector<float>>* mm_scratch = &scratch_;
+    MoeRouting* routing = &routing_;
+    stream_->Launch("moe", [=] {
       if (n == 0) return;
-      // Slices of output columns, 16 at least (64 bytes of each output row).
-      pool->ParallelFor(big_n, 16, [=](int64_t j0, int64_t j1) {
-        if (wt == DType::kF32) {
-          return multiply(a, n, reinterpret_cast<const float*>(b), k, j0, j1, c, big_n);
+      MatmulNow(pool, mm_scratch, xs, n, wts.router.dtype, wts.router.as<uint8_t>(), h, experts,
+                logits);
+      // Each row's experts by score (softmax in f32 as transformers' router,
+      // the k largest, ties to the lower index), grouped by expert.
+      routing->rows.resize(experts);
+      routing->scores.resize(experts);
+      for (int64_t e = 0; e < experts; ++e) {
+        routing->rows[e].clear();
+        routing->scores[e].clear();
+      }
+      std::vector<int32_t>& order = routing->order;
+      order.resize(experts);
+      for (int64_t i = 0; i < n; ++i) {
+        float* l = logits + i * experts;
+        const float top = *std::max_element(l, l + experts);
+        float sum = 0.f;
+        for (int64_t e = 0; e < experts; ++e) sum += (l[e] = std::exp(l[e] - top));
+        for (int64_t e = 0; e < experts; ++e) l[e] /= sum;
+        for (int64_t e = 0; e < experts; ++e) order[e] = static_cast<int32_t>(e);
+        std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                          [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+        float chosen = 0.f;
+        for (int j = 0; j < top_k; ++j) chosen += l[order[j]];
+        for (int j = 0; j < top_k; ++j) {
+          routing->rows[order[j]].push_back(static_cast<int32_t>(i));
+          routing->scores[order[j]].push_back(wts.renormalize ? l[order[j]] / chosen
+                                                              : l[order[j]]);
         }
-        if (wt == DType::kBF16 && !dp_bf16 && !sgemm) {
-          return cpu::MatmulBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
-                                 big_n);
+      }
+      std::fill(o, o + n * h, 0.f);
+      const size_t gate_up_bytes = DTypeBytes(wts.gate_up.dtype, 2 * inter * h);
+      const size_t down_bytes = DTypeBytes(wts.down.dtype, h * inter);
+      for (int64_t e = 0; e < experts; ++e) {  // in expert order, as transformers sums
+        const std::vector<int32_t>& rows = routing->rows[e];
+        const int64_t m = static_cast<int64_t>(rows.size());
+        if (m == 0) continue;
+        for (int64_t r = 0; r < m; ++r) {
+          std::memcpy(ex + r * h, xs + int64_t{rows[r]} * h, sizeof(float) * h);
         }
-        float* rows = (*scratch)[ThreadPool::CurrentThread()].data();
-        if (dp_bf16) {
-          return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
-                                   big_n, reinterpret_cast<uint16_t*>(rows));
+        MatmulNow(pool, mm_scratch, ex, m, wts.gate_up.dtype,
+                  wts.gate_up.as<uint8_t>() + e * gate_up_bytes, h, 2 * inter, gu);
+        pool->ParallelFor(m, kMinRows, [=](int64_t b, int64_t end) {
+          for (int64_t r = b; r < end; ++r) {
+            cpu::SiluMul(gu + r * 2 * inter, gu + r * 2 * inter + inter, act + r * inter, inter);
+          }
+        });
+        MatmulNow(pool, mm_scratch, act, m, wts.down.dtype,
+                  wts.down.as<uint8_t>() + e * down_bytes, inter, h, y);
+        const std::vector<float>& score = routing->scores[e];
+        for (int64_t r = 0; r < m; ++r) {
+          float* dst = o + int64_t{rows[r]} * h;
+          const float* src = y + r * h;
+          for (int64_t c = 0; c < h; ++c) dst[c] += score[r] * src[c];
         }
-        if (small && cpu::MatmulBlocksScratchFloats(n, k) <= kScratchFloats) {
-          // Decode: blocks multiplied as integers in registers.
-          return cpu::MatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
-        }
-        // Prefill: widen this slice's weight rows a chunk at a time into
-        // the thread's scratch, and multiply each chunk as f32.
-        const int64_t chunk = std::max<int64_t>(1, kScratchFloats / k);
-        for (int64_t j = j0; j < j1; j += chunk) {
-          const int64_t m = std::min(chunk, j1 - j);
-          cpu::WidenRow(wt, b + j * row_bytes, m * k, rows);
-          multiply(a, n, rows, k, 0, m, c + j, big_n);
-        }
-      });
+      }
     });
   }
 
@@ -524,11 +633,6 @@ class CpuOps : public Ops {
   }
 
 
-  // Floats of widened weight rows per thread (4 MiB). sgemm packs the
-  // activations again for every chunk of weight rows, so chunks are large:
-  // a 512-token bf16 prefill took 1317 ms with 256 KiB chunks, 1217 with these.
-  static constexpr int64_t kScratchFloats = 1024 * 1024;
-
   Device* device_;
   CpuStream* stream_;
   std::unique_ptr<ThreadPool> pool_;
@@ -536,6 +640,7 @@ class CpuOps : public Ops {
   DType kv_dtype_;
   bool keep_file_blocks_;
   std::vector<std::vector<float>> scratch_;  // [thread][kScratchFloats], weights not f32
+  MoeRouting routing_;  // MoeMlp's, filled and read when it runs (the engine thread)
 };
 
 }  // namespace
