@@ -155,6 +155,20 @@ class Tandem:
         return (n - 1) / (total - ttft), tokens[-n:]
 
 
+def cpu_description():
+    """'N CPUs: <model> (family F model M), flags ...' from /proc/cpuinfo."""
+    with open("/proc/cpuinfo") as f:
+        info = f.read()
+    m = re.search(r"model name\s*:\s*(.*)", info)
+    cpu = m.group(1) if m else platform.machine()
+    fam = re.search(r"cpu family\s*:\s*(\d+)", info)
+    mod = re.search(r"^model\s*:\s*(\d+)", info, re.M)
+    if fam and mod:
+        cpu += f" (family {fam.group(1)} model {mod.group(1)})"
+    flags = " ".join(sorted(set(re.findall(r"\b(avx2|fma|f16c|avx512f|avx512_bf16|avx512_vnni|amx_tile|asimd|sve|sve2)\b", info))))
+    return f"{os.cpu_count()} CPUs: {cpu}, flags {flags}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", required=True)
@@ -213,17 +227,7 @@ def main():
              "llama.cpp f32", "llama.cpp q8_0", "llama.cpp bf16", "llama.cpp q4_1", "llama.cpp q4_k_m"]
     if with_transformers:
         names.append("transformers f32")
-    cpu, flags = "?", ""
-    with open("/proc/cpuinfo") as f:
-        info = f.read()
-    m = re.search(r"model name\s*:\s*(.*)", info)
-    cpu = m.group(1) if m else platform.machine()
-    fam = re.search(r"cpu family\s*:\s*(\d+)", info)
-    mod = re.search(r"^model\s*:\s*(\d+)", info, re.M)
-    if fam and mod:
-        cpu += f" (family {fam.group(1)} model {mod.group(1)})"
-    flags = " ".join(sorted(set(re.findall(r"\b(avx2|fma|f16c|avx512f|avx512_bf16|avx512_vnni|amx_tile|asimd|sve|sve2)\b", info))))
-    print(f"SmolLM2-135M-Instruct, {os.cpu_count()} CPUs: {cpu}, flags {flags}; medians of {args.rounds} "
+    print(f"SmolLM2-135M-Instruct, {cpu_description()}; medians of {args.rounds} "
           f"interleaved rounds; decode: 16-token prompt + {args.decode_tokens} tokens; prefill: 512 tokens")
     print(f"Tandem's kernels: {engines[('tandem q4_1', threads[0])].kernels()}")
     print(f"{'engine':18s} " + " ".join(f"{'decode@' + str(t):>10s} {'prefill@' + str(t):>11s}" for t in threads))

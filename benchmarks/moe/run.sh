@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Tandem against llama.cpp on a Qwen3-MoE GGUF: two layers of
+# Qwen3-30B-A3B's shape (benchmarks/moe/make_model.py writes it once into
+# ~/.cache/tandem/moe), then benchmarks/moe/bench.py times both engines.
+#
+#   benchmarks/moe/run.sh             # 3 rounds at every CPU's thread
+#   ROUNDS=1 benchmarks/moe/run.sh
+#
+# Needs build/bin/tandem, the peers virtualenv of benchmarks/peers/run.sh
+# (llama-cpp-python), and to make the model torch + transformers (REF_VENV,
+# default ~/.cache/tandem/ref-venv) and llama.cpp's source tree (LLAMA_CPP,
+# as tests/fixtures/make_family_reference.py says).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PEERS_VENV=${PEERS_VENV:-$HOME/.cache/tandem/peers-venv}
+REF_VENV=${REF_VENV:-$HOME/.cache/tandem/ref-venv}
+CACHE=${CACHE:-$HOME/.cache/tandem/moe}
+mkdir -p "$CACHE"
+GGUF=$CACHE/qwen3-moe-2l.q8_0.gguf
+if [ ! -f "$GGUF" ]; then
+  : "${LLAMA_CPP:?set LLAMA_CPP to the llama.cpp source tree to make the model}"
+  LLAMA_CPP=$LLAMA_CPP "$REF_VENV/bin/python" benchmarks/moe/make_model.py "$CACHE"
+fi
+"$PEERS_VENV/bin/python" benchmarks/moe/bench.py --gguf="$GGUF" --tandem=build/bin/tandem \
+  --rounds="${ROUNDS:-3}" ${THREADS:+--threads="$THREADS"}
