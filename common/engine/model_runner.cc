@@ -149,7 +149,7 @@ absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
   RETURN_IF_ERROR(alloc(act, {t, 2 * inter}, &b.gate_up));
   RETURN_IF_ERROR(alloc(act, {t, inter}, &b.mlp_act));
   if (c.num_experts > 0) {
-    const int64_t moe = c.moe_intermediate_size;
+    const int64_t moe = std::max(c.moe_intermediate_size, c.shared_expert_intermediate_size);
     RETURN_IF_ERROR(alloc(DType::kF32, {t, c.num_experts}, &b.moe.router_logits));
     RETURN_IF_ERROR(alloc(act, {t, h}, &b.moe.x));
     RETURN_IF_ERROR(alloc(act, {t, 2 * moe}, &b.moe.gate_up));

@@ -55,21 +55,27 @@ struct AttentionShape {
   float scale = 1.f;
 };
 
-// A sparse layer's experts (Qwen3-MoE), in the layout the model loads.
+// A sparse layer's experts (Qwen2-MoE, Qwen3-MoE), in the layout the model
+// loads.
 struct MoeWeights {
   Tensor router;   // [E, H], activation dtype
   Tensor gate_up;  // [E * 2 * I, H]: expert e's gate rows, then its up rows, at row e * 2I
   Tensor down;     // [E * H, I]: expert e's rows at e * H
   int top_k = 0;
   bool renormalize = false;  // the chosen experts' scores divided by their sum
+  // The shared expert every token takes (Qwen2-MoE), or none (data null).
+  Tensor shared_gate_up;  // [2 * S, H]
+  Tensor shared_down;     // [H, S]
+  Tensor shared_gate;     // [1, H], activation dtype: sigmoid(x . shared_gate) weighs it
 };
 
-// MoeMlp's scratch in the runner's persistent buffers, T = the step's rows.
+// MoeMlp's scratch in the runner's persistent buffers, T = the step's rows,
+// W = the wider of the experts' width I and the shared expert's S.
 struct MoeBuffers {
   Tensor router_logits;  // f32[T, E]
   Tensor x;              // [T, H]: the rows routed to one expert
-  Tensor gate_up;        // [T, 2 * I]
-  Tensor act;            // [T, I]
+  Tensor gate_up;        // [T, 2 * W]
+  Tensor act;            // [T, W]
   Tensor y;              // [T, H]: that expert's output rows
 };
 
@@ -135,7 +141,8 @@ class Ops {
   virtual bool supports_experts() const { return false; }
   // out[n, H] = sum over the top_k experts e of softmax(x . router^T) of
   // score_e * down_e(silu(gate_e x) * up_e x), per row (Qwen3-MoE's sparse
-  // block). Routing is computed when the op runs, from x.
+  // block), + sigmoid(x . shared_gate) * the shared expert's MLP of x where
+  // there is one (Qwen2-MoE's). Routing is computed when the op runs, from x.
   virtual void MoeMlp(const Tensor& x, const MoeWeights& w, const MoeBuffers& scratch,
                       const Tensor& out) {
     TANDEM_CHECK(false) << "MoeMlp on a backend without experts";  // Load() refuses first

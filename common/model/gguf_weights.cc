@@ -30,6 +30,10 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
     {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the experts' router
+    {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+    {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},  // [H]; HF [1, H]
 };
 // Experts: GGUF stacks every expert's matrix of a layer in one tensor
 // [experts, rows, cols]; Hugging Face names each ("mlp.experts.J." + suffix).
@@ -135,14 +139,19 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
     if (!family->experts) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": ", key("expert_count"), " ", v->i, ": experts are implemented for ",
-          FindHfFamily("Qwen3MoeForCausalLM")->gguf_architecture, " only"));
+          SupportedGgufArchitectures(true), " only"));
     }
     RETURN_IF_ERROR(get_int("expert_count", &c.num_experts));
     RETURN_IF_ERROR(get_int("expert_used_count", &c.num_experts_per_tok));
     RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    if (f.Find(key("expert_shared_feed_forward_length"))) {
+      RETURN_IF_ERROR(
+          get_int("expert_shared_feed_forward_length", &c.shared_expert_intermediate_size));
+    }
     // llama.cpp renormalizes the chosen experts' scores for qwen3moe (as
-    // Qwen3-MoE's checkpoints set norm_topk_prob); a file may say otherwise.
-    c.norm_topk_prob = true;
+    // Qwen3-MoE's checkpoints set norm_topk_prob), not for qwen2moe (nor do
+    // Qwen2-MoE's); a file may say otherwise.
+    c.norm_topk_prob = arch == "qwen3moe";
     if (f.Find(key("expert_weights_norm"))) {
       ASSIGN_OR_RETURN(c.norm_topk_prob, f.GetBool(key("expert_weights_norm")));
     }
@@ -263,6 +272,8 @@ absl::StatusOr<GgufWeights::View> GgufWeights::Find(const std::string& name,
   const std::vector<int64_t> hf_shape(t->dims.rbegin(), t->dims.rend());
   std::vector<int64_t> want = shape;
   if (expert >= 0) want.insert(want.begin(), hf_shape.empty() ? 0 : hf_shape[0]);
+  // A [1, H] matrix (Qwen2-MoE's shared expert gate) is stored as a vector.
+  if (want.size() == hf_shape.size() + 1 && want[0] == 1) want.erase(want.begin());
   if (hf_shape != want || (expert >= 0 && expert >= hf_shape[0])) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", t->name, "' in ", file_->path(), " has shape ", ShapeText(hf_shape),

@@ -16,7 +16,8 @@ constexpr ModelFamily kFamilies[] = {
     {"MistralForCausalLM", "mistral", "llama", false, false, true, false},
     {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false, false},
     {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false, false},
-    // Qwen3's attention; sparse layers of experts.
+    // Qwen2's and Qwen3's attention; sparse layers of experts.
+    {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2moe", true, false, false, true},
     {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3moe", false, true, false, true},
 };
 
@@ -36,16 +37,20 @@ const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture) {
   return nullptr;
 }
 
-std::string SupportedHfArchitectures() {
+std::string SupportedHfArchitectures(bool experts_only) {
   std::vector<std::string> names;
-  for (const ModelFamily& f : kFamilies) names.push_back(f.hf_architecture);
+  for (const ModelFamily& f : kFamilies) {
+    if (f.experts || !experts_only) names.push_back(f.hf_architecture);
+  }
   return absl::StrJoin(names, ", ");
 }
 
-std::string SupportedGgufArchitectures() {
+std::string SupportedGgufArchitectures(bool experts_only) {
   std::vector<std::string> names;
   for (const ModelFamily& f : kFamilies) {
-    if (FindGgufFamily(f.gguf_architecture) == &f) names.push_back(f.gguf_architecture);
+    if (FindGgufFamily(f.gguf_architecture) == &f && (f.experts || !experts_only)) {
+      names.push_back(f.gguf_architecture);
+    }
   }
   return absl::StrJoin(names, ", ");
 }
@@ -56,7 +61,8 @@ uint64_t LlamaConfig::Fingerprint() const {
       "|", num_attention_heads, "|", num_key_value_heads, "|", head_dim, "|", rms_norm_eps,
       "|", rope_theta, "|", rope_scaling.type, "|", rope_scaling.factor, "|",
       max_position_embeddings, "|", tie_word_embeddings, "|", num_experts, "|",
-      num_experts_per_tok, "|", moe_intermediate_size, "|", norm_topk_prob, "|",
+      num_experts_per_tok, "|", moe_intermediate_size, "|", shared_expert_intermediate_size,
+      "|", norm_topk_prob, "|",
       decoder_sparse_step, "|", absl::StrJoin(mlp_only_layers, ","));
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : canonical) {
@@ -102,10 +108,13 @@ absl::Status LlamaConfig::Validate() const {
           "config: num_experts_per_tok must be in 1..num_experts (", num_experts, "), got ",
           num_experts_per_tok));
     }
-    if (moe_intermediate_size <= 0 || decoder_sparse_step <= 0) {
+    if (moe_intermediate_size <= 0 || decoder_sparse_step <= 0 ||
+        shared_expert_intermediate_size < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config: moe_intermediate_size and decoder_sparse_step must be > 0, got ",
-          moe_intermediate_size, " and ", decoder_sparse_step));
+          "config: moe_intermediate_size and decoder_sparse_step must be > 0 and "
+          "shared_expert_intermediate_size >= 0, got ",
+          moe_intermediate_size, ", ", decoder_sparse_step, " and ",
+          shared_expert_intermediate_size));
     }
   }
   if (!rope_scaling.type.empty() && rope_scaling.type != "llama3" &&
@@ -191,7 +200,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     // Qwen3-MoE's checkpoints say num_experts; transformers 5 saves it as
     // num_local_experts.
     if (is_positive(key) && !(family->experts && std::string(key) != "n_routed_experts")) {
-      return refuse(key, j[key].dump(), "experts in Qwen3MoeForCausalLM only");
+      return refuse(key, j[key].dump(),
+                    absl::StrCat("experts in ", SupportedHfArchitectures(true), " only"));
     }
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
@@ -245,6 +255,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     c.num_experts = (*moe)->get<int>();
     c.num_experts_per_tok = j.value("num_experts_per_tok", 0);
     c.moe_intermediate_size = j.value("moe_intermediate_size", int64_t{0});
+    if (j.contains("shared_expert_intermediate_size") &&
+        j["shared_expert_intermediate_size"].is_number_integer()) {
+      c.shared_expert_intermediate_size = j["shared_expert_intermediate_size"].get<int64_t>();
+    }
     c.norm_topk_prob = j.value("norm_topk_prob", false);
     c.decoder_sparse_step = j.value("decoder_sparse_step", 1);
     if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {

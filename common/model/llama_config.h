@@ -39,9 +39,10 @@ struct ModelFamily {
 // null when the table has none.
 const ModelFamily* FindHfFamily(absl::string_view hf_architecture);
 const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture);
-// "LlamaForCausalLM, MistralForCausalLM, ..." / "llama, qwen2, ..." for messages.
-std::string SupportedHfArchitectures();
-std::string SupportedGgufArchitectures();
+// "LlamaForCausalLM, MistralForCausalLM, ..." / "llama, qwen2, ..." for messages;
+// the families with experts alone when `experts_only`.
+std::string SupportedHfArchitectures(bool experts_only = false);
+std::string SupportedGgufArchitectures(bool experts_only = false);
 
 struct LlamaConfig {
   std::string name;  // preset name or model_type; part of the fingerprint
@@ -60,13 +61,17 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   std::vector<int32_t> eos_token_ids;
   std::string torch_dtype = "float32";  // storage dtype of the checkpoint
-  // Mixture of experts (Qwen3-MoE; 0 experts: a dense MLP in every layer).
-  // A sparse layer routes each token to its num_experts_per_tok experts of
-  // the softmax over a router (renormalized when norm_topk_prob) and sums
-  // their SwiGLU MLPs (moe_intermediate_size) weighted by those scores.
+  // Mixture of experts (Qwen2-MoE, Qwen3-MoE; 0 experts: a dense MLP in
+  // every layer). A sparse layer routes each token to its
+  // num_experts_per_tok experts of the softmax over a router (renormalized
+  // when norm_topk_prob) and sums their SwiGLU MLPs (moe_intermediate_size)
+  // weighted by those scores, plus, where shared_expert_intermediate_size is
+  // set (Qwen2-MoE), a shared SwiGLU MLP of that width that every token
+  // takes, weighted by the sigmoid of its own one-row gate.
   int num_experts = 0;
   int num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
+  int64_t shared_expert_intermediate_size = 0;
   bool norm_topk_prob = false;
   int decoder_sparse_step = 1;       // layer i is sparse when (i + 1) % step == 0
   std::vector<int> mlp_only_layers;  // ...and not listed here
@@ -93,7 +98,7 @@ struct LlamaConfig {
 // the field and value of anything the engine does not implement: an
 // architecture the family table lacks, hidden_act other than silu, biases
 // other than Qwen2's q/k/v ones, sliding-window attention, experts outside
-// the Qwen3-MoE family, logit soft-capping, partial rotary embeddings,
+// the Qwen2-MoE and Qwen3-MoE families, logit soft-capping, partial rotary embeddings,
 // unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source_name);

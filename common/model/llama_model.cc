@@ -113,10 +113,11 @@ AttentionShape LlamaModel::attention_shape() const {
 std::vector<Tensor> LlamaModel::StreamedWeights() const {
   std::vector<Tensor> out;
   for (const Layer& l : layers_) {
-    // A sparse layer's router, not its experts: a step reads only those
-    // its tokens are routed to.
+    // A sparse layer's router and shared expert, not its experts: a step
+    // reads only those its tokens are routed to.
     for (const Tensor* t : {&l.input_norm, &l.qkv, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.o,
-                            &l.post_norm, &l.gate_up, &l.down, &l.moe.router}) {
+                            &l.post_norm, &l.gate_up, &l.down, &l.moe.router,
+                            &l.moe.shared_gate_up, &l.moe.shared_down, &l.moe.shared_gate}) {
       if (t->data != nullptr) out.push_back(*t);
     }
   }
@@ -130,7 +131,7 @@ std::vector<Tensor> LlamaModel::MatmulWeights() const {
   for (const Tensor& t : StreamedWeights()) {
     if (t.ndim == 2) out.push_back(t);
   }
-  for (const Layer& l : layers_) {
+  for (const Layer& l : layers_) {  // the experts (their shared one is streamed)
     if (l.moe.gate_up.data == nullptr) continue;
     out.push_back(l.moe.gate_up);
     out.push_back(l.moe.down);
@@ -165,6 +166,7 @@ namespace {
 // along dim 0 (Hugging Face names).
 struct LayerSources {
   std::vector<std::string> qkv, o, gate_up, down;
+  std::vector<std::string> shared_gate_up, shared_down;  // a shared expert's
 };
 // A sparse layer's gate_up and down are its experts', one after another
 // (each expert's gate rows, then its up rows).
@@ -179,6 +181,11 @@ LayerSources LayerTensorNames(const LlamaConfig& c, int i) {
     s.gate_up = {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"};
     s.down = {p + "mlp.down_proj.weight"};
     return s;
+  }
+  if (c.shared_expert_intermediate_size > 0) {
+    s.shared_gate_up = {p + "mlp.shared_expert.gate_proj.weight",
+                        p + "mlp.shared_expert.up_proj.weight"};
+    s.shared_down = {p + "mlp.shared_expert.down_proj.weight"};
   }
   for (int e = 0; e < c.num_experts; ++e) {
     const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
@@ -251,6 +258,13 @@ absl::Status LlamaModel::PlaceWeights(Arena* arena, const WeightSource* source) 
       ASSIGN_OR_RETURN(l.moe.router, arena->Allocate(act, {e, h}));
       ASSIGN_OR_RETURN(l.moe.gate_up, arena->Allocate(dtype_of(names.gate_up), {e * 2 * moe, h}));
       ASSIGN_OR_RETURN(l.moe.down, arena->Allocate(dtype_of(names.down), {e * h, moe}));
+      if (const int64_t shared = c.shared_expert_intermediate_size; shared > 0) {
+        ASSIGN_OR_RETURN(l.moe.shared_gate_up,
+                         arena->Allocate(dtype_of(names.shared_gate_up), {2 * shared, h}));
+        ASSIGN_OR_RETURN(l.moe.shared_down,
+                         arena->Allocate(dtype_of(names.shared_down), {h, shared}));
+        ASSIGN_OR_RETURN(l.moe.shared_gate, arena->Allocate(act, {1, h}));
+      }
       l.moe.top_k = c.num_experts_per_tok;
       l.moe.renormalize = c.norm_topk_prob;
       continue;
@@ -399,6 +413,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
       for (const std::string& name : names.down) down.push_back({name, h});
       RETURN_IF_ERROR(load(l.moe.gate_up, gate_up));
       RETURN_IF_ERROR(load(l.moe.down, down));
+      if (const int64_t shared = c.shared_expert_intermediate_size; shared > 0) {
+        RETURN_IF_ERROR(load(l.moe.shared_gate_up, {{names.shared_gate_up[0], shared},
+                                                    {names.shared_gate_up[1], shared}}));
+        RETURN_IF_ERROR(load(l.moe.shared_down, {{names.shared_down[0], h}}));
+        RETURN_IF_ERROR(load(l.moe.shared_gate, {{p + "mlp.shared_expert_gate.weight", 1}}));
+      }
       continue;
     }
     RETURN_IF_ERROR(load(l.gate_up, {{names.gate_up[0], inter}, {names.gate_up[1], inter}}));

@@ -379,7 +379,7 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
   }
   EXPECT_THAT(std::string(config_of("gemma2", 0).status().message()),
               HasSubstr("general.architecture is 'gemma2'; the engine implements llama, qwen2, "
-                        "qwen3, qwen3moe"));
+                        "qwen3, qwen2moe, qwen3moe"));
   EXPECT_THAT(std::string(config_of("qwen2", 4096).status().message()),
               HasSubstr("qwen2.attention.sliding_window 4096"));
   // Experts: qwen3moe's, their scores renormalized as llama.cpp does.
@@ -392,7 +392,11 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
   EXPECT_THAT(std::string(config_of("qwen3moe", 0).status().message()),
               HasSubstr("qwen3moe.expert_count is missing"));
   EXPECT_THAT(std::string(config_of("llama", 0, 8).status().message()),
-              HasSubstr("llama.expert_count 8: experts are implemented for qwen3moe only"));
+              HasSubstr("llama.expert_count 8: experts are implemented for qwen2moe, qwen3moe "
+                        "only"));
+  auto moe2 = config_of("qwen2moe", 0, 8);  // llama.cpp does not renormalize qwen2moe's
+  ASSERT_TRUE(moe2.ok()) << moe2.status();
+  EXPECT_FALSE(moe2->norm_topk_prob);
 }
 
 TEST(GgufWeightsTest, NamesMapBothWays) {

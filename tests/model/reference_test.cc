@@ -350,8 +350,9 @@ const auto kAllModes =
 INSTANTIATE_TEST_SUITE_P(AllModes, ReferenceTest, kAllModes);
 
 // Qwen2 (q/k/v biases, tied embeddings), Qwen3 (per-head q/k RMSNorm,
-// separate head) and Qwen3-MoE (Qwen3's attention, 8 experts a layer, 2
-// routed to, scores renormalized): tiny random models of transformers
+// separate head), Qwen2-MoE (Qwen2's attention, 8 experts a layer, 2 routed
+// to, and a gated shared expert) and Qwen3-MoE (Qwen3's attention, 8 experts,
+// 2 routed to, scores renormalized): tiny random models of transformers
 // (tests/fixtures/make_family_reference.py), from safetensors and from the
 // GGUF llama.cpp's converter made of them, in every graph mode: logits within
 // 1e-4 of transformers' and its greedy tokens.
@@ -366,7 +367,7 @@ TEST_P(FamilyReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllModes, FamilyReferenceTest,
-    ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen3_moe"),
+    ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"),
                        ::testing::Values("", "model-f32.gguf"), kAllModes),
     [](const ::testing::TestParamInfo<FamilyParam>& info) {
       const std::string& file = std::get<1>(info.param);
@@ -381,12 +382,14 @@ INSTANTIATE_TEST_SUITE_P(
 // With experts the 8-bit error may route a token to another expert, which
 // moves its logits by whole units: llama.cpp itself, on the same Q8_0 file,
 // is 1.96 from transformers (0.0036 on the f32 one); Tandem measured 1.89.
+// The Qwen2-MoE fixture routes no token elsewhere here (llama.cpp 0.25,
+// Tandem 0.21); its bound leaves room for one flip on another CPU.
 // The f32 tests above pin the routing exactly, GgufWeightsTest the experts'
 // block slices; this one runs the kept blocks end to end.
 TEST(FamilyReferenceTest, Q8GgufTracksTransformersWithinQuantizationError) {
   for (const auto& [family, tolerance] :
        std::vector<std::pair<std::string, double>>{{"qwen2", 0.25}, {"qwen3", 0.25},
-                                                   {"qwen3_moe", 2.5}}) {
+                                                   {"qwen2_moe", 0.5}, {"qwen3_moe", 2.5}}) {
     SCOPED_TRACE(family);
     const std::string fixture = kFixtures + "tiny_" + family;
     CheckAgainstReference(fixture, fixture + "/model-q8_0.gguf", CudaGraphMode::kFullAndPiecewise,

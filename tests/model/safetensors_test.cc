@@ -165,11 +165,12 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
   absl::Status other = parse(R"("architectures": ["Gemma2ForCausalLM"])");
   EXPECT_NE(other.message().find(
                 "architectures is \"Gemma2ForCausalLM\"; the engine implements LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"),
+                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
+                "Qwen3MoeForCausalLM"),
             std::string::npos)
       << other;
   const std::pair<const char*, const char*> cases[] = {
-      {R"("architectures": ["Qwen2MoeForCausalLM"])", "architectures"},
+      {R"("architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2")", "model_type"},
       {R"("architectures": ["LlamaForCausalLM"], "model_type": "qwen2")", "model_type"},
       {R"("model_type": "gemma")", "model_type"},
       {R"("model_type": "qwen2", "use_sliding_window": true)", "use_sliding_window"},
@@ -177,7 +178,9 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
        "sliding_window is 4096"},
       {R"("layer_types": ["sliding_attention"])", "layer_types"},
       {R"("num_local_experts": 8)", "num_local_experts is 8"},
-      {R"("model_type": "qwen3", "num_experts": 8)", "num_experts is 8"},
+      {R"("model_type": "qwen3", "num_experts": 8)",
+       "num_experts is 8; the engine implements experts in Qwen2MoeForCausalLM, "
+       "Qwen3MoeForCausalLM only"},
       {R"("model_type": "qwen3_moe", "num_experts_per_tok": 2)", "missing field 'num_experts'"},
       {R"("model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 9,
           "moe_intermediate_size": 4)", "num_experts_per_tok must be in 1..num_experts (8)"},
@@ -220,6 +223,14 @@ TEST(LlamaConfigTest, ParsesQwen3MoeExperts) {
   EXPECT_EQ(std::vector<bool>({c->IsSparseLayer(0), c->IsSparseLayer(1), c->IsSparseLayer(2),
                                c->IsSparseLayer(3)}),
             std::vector<bool>({false, true, false, false}));
+  // Qwen2-MoE's shared expert.
+  auto shared = ParseLlamaConfig(
+      "{" + base + R"(, "num_experts": 8, "shared_expert_intermediate_size": 12,
+                    "architectures": ["Qwen2MoeForCausalLM"]})",
+      "config.json");
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->shared_expert_intermediate_size, 12);
+  EXPECT_TRUE(shared->family->qkv_bias);
   // The experts are part of the architecture two workers must agree on.
   auto dense = ParseLlamaConfig("{" + base + R"(, "num_experts": 8, "mlp_only_layers": [3]})",
                                 "config.json");

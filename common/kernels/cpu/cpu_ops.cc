@@ -260,14 +260,24 @@ class CpuOps : public Ops {
               const Tensor& out) override {
     const int64_t n = out.dim(0), h = out.dim(1), experts = w.router.dim(0);
     const int64_t inter = w.down.dim(1);
+    const bool shared = w.shared_gate_up.data != nullptr;
+    const int64_t shared_inter = shared ? w.shared_down.dim(1) : 0;
+    const int64_t wide = std::max(inter, shared_inter);
     TANDEM_CHECK(x.dim(1) == h && w.router.dim(1) == h && w.gate_up.dim(1) == h &&
                  w.gate_up.dim(0) == experts * 2 * inter && w.down.dim(0) == experts * h &&
                  w.top_k > 0 && w.top_k <= experts && scratch.router_logits.dim(1) == experts &&
-                 scratch.x.dim(0) >= n && scratch.gate_up.dim(1) == 2 * inter &&
-                 scratch.act.dim(1) == inter && scratch.y.dim(1) == h)
+                 scratch.x.dim(0) >= n && scratch.gate_up.numel() >= n * 2 * wide &&
+                 scratch.act.numel() >= n * wide && scratch.y.dim(1) == h &&
+                 (!shared || (w.shared_gate_up.dim(0) == 2 * shared_inter &&
+                              w.shared_gate_up.dim(1) == h && w.shared_down.dim(0) == h &&
+                              w.shared_gate.numel() == h)))
         << "moe " << x.ShapeString() << " router " << w.router.ShapeString() << " gate_up "
-        << w.gate_up.ShapeString() << " down " << w.down.ShapeString();
+        << w.gate_up.ShapeString() << " down " << w.down.ShapeString() << " shared "
+        << w.shared_gate_up.ShapeString() << " " << w.shared_down.ShapeString();
     for (const Tensor* t : {&w.router, &w.gate_up, &w.down}) CheckMatmulWeights(*t);
+    if (shared) {
+      for (const Tensor* t : {&w.shared_gate_up, &w.shared_down}) CheckMatmulWeights(*t);
+    }
     const float* xs = x.f32();
     float* o = out.f32();
     float* logits = scratch.router_logits.f32();
@@ -312,6 +322,19 @@ class CpuOps : public Ops {
         }
       }
       std::fill(o, o + n * h, 0.f);
+      // y[m, H] = one SwiGLU MLP of the m rows of `in` (gate rows, then up
+      // rows, in gate_up; width `width`).
+      const auto mlp = [=](const float* in, int64_t m, DType gate_up_type,
+                           const uint8_t* gate_up, DType down_type, const uint8_t* down,
+                           int64_t width) {
+        MatmulNow(pool, mm_scratch, in, m, gate_up_type, gate_up, h, 2 * width, gu);
+        pool->ParallelFor(m, kMinRows, [=](int64_t b, int64_t end) {
+          for (int64_t r = b; r < end; ++r) {
+            cpu::SiluMul(gu + r * 2 * width, gu + r * 2 * width + width, act + r * width, width);
+          }
+        });
+        MatmulNow(pool, mm_scratch, act, m, down_type, down, width, h, y);
+      };
       const size_t gate_up_bytes = DTypeBytes(wts.gate_up.dtype, 2 * inter * h);
       const size_t down_bytes = DTypeBytes(wts.down.dtype, h * inter);
       for (int64_t e = 0; e < experts; ++e) {  // in expert order, as transformers sums
@@ -321,21 +344,24 @@ class CpuOps : public Ops {
         for (int64_t r = 0; r < m; ++r) {
           std::memcpy(ex + r * h, xs + int64_t{rows[r]} * h, sizeof(float) * h);
         }
-        MatmulNow(pool, mm_scratch, ex, m, wts.gate_up.dtype,
-                  wts.gate_up.as<uint8_t>() + e * gate_up_bytes, h, 2 * inter, gu);
-        pool->ParallelFor(m, kMinRows, [=](int64_t b, int64_t end) {
-          for (int64_t r = b; r < end; ++r) {
-            cpu::SiluMul(gu + r * 2 * inter, gu + r * 2 * inter + inter, act + r * inter, inter);
-          }
-        });
-        MatmulNow(pool, mm_scratch, act, m, wts.down.dtype,
-                  wts.down.as<uint8_t>() + e * down_bytes, inter, h, y);
+        mlp(ex, m, wts.gate_up.dtype, wts.gate_up.as<uint8_t>() + e * gate_up_bytes,
+            wts.down.dtype, wts.down.as<uint8_t>() + e * down_bytes, inter);
         const std::vector<float>& score = routing->scores[e];
         for (int64_t r = 0; r < m; ++r) {
           float* dst = o + int64_t{rows[r]} * h;
           const float* src = y + r * h;
           for (int64_t c = 0; c < h; ++c) dst[c] += score[r] * src[c];
         }
+      }
+      if (!shared) return;
+      mlp(xs, n, wts.shared_gate_up.dtype, wts.shared_gate_up.as<uint8_t>(),
+          wts.shared_down.dtype, wts.shared_down.as<uint8_t>(), shared_inter);
+      const float* gate = wts.shared_gate.f32();
+      for (int64_t i = 0; i < n; ++i) {
+        float dot = 0.f;
+        for (int64_t c = 0; c < h; ++c) dot += xs[i * h + c] * gate[c];
+        const float weight = 1.f / (1.f + std::exp(-dot));
+        for (int64_t c = 0; c < h; ++c) o[i * h + c] += weight * y[i * h + c];
       }
     });
   }
