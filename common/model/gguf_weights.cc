@@ -29,19 +29,29 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
     {"ffn_up.weight", "mlp.up_proj.weight"},
     {"ffn_down.weight", "mlp.down_proj.weight"},
-    {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the experts' router
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},  // the experts' router (Qwen)
+    {"ffn_gate_inp.weight", "block_sparse_moe.gate.weight"},  // (Mixtral)
     {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
     {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
     {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
     {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"},  // [H]; HF [1, H]
 };
 // Experts: GGUF stacks every expert's matrix of a layer in one tensor
-// [experts, rows, cols]; Hugging Face names each ("mlp.experts.J." + suffix).
-constexpr std::pair<const char*, const char*> kExpertNames[] = {
-    {"ffn_gate_exps.weight", "gate_proj.weight"},
-    {"ffn_up_exps.weight", "up_proj.weight"},
-    {"ffn_down_exps.weight", "down_proj.weight"},
+// [experts, rows, cols] (files written before 2024-04 hold one tensor an
+// expert, "ffn_gate.J.weight"); Hugging Face names each
+// ("<block>.experts.J.<name>.weight", ExpertsSpec).
+struct ExpertTensor {
+  const char* stacked;  // GGUF suffix after "blk.N."
+  const char* legacy;   // GGUF "blk.N.<legacy>.J.weight"
+  const char* qwen;     // Hugging Face names
+  const char* mixtral;
 };
+constexpr ExpertTensor kExpertTensors[] = {
+    {"ffn_gate_exps.weight", "ffn_gate", "gate_proj", "w1"},
+    {"ffn_up_exps.weight", "ffn_up", "up_proj", "w3"},
+    {"ffn_down_exps.weight", "ffn_down", "down_proj", "w2"},
+};
+constexpr absl::string_view kExpertBlocks[] = {"mlp", "block_sparse_moe"};
 constexpr std::pair<const char*, const char*> kGlobalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -79,11 +89,22 @@ bool IsGgufSpec(const std::string& spec) { return absl::EndsWith(spec, ".gguf");
 absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
   const std::string& path = f.path();
   ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
-  const ModelFamily* family = FindGgufFamily(arch);
-  if (family == nullptr) {
+  const std::string experts_key = absl::StrCat(arch, ".expert_count");
+  const GgufValue* experts = f.Find(experts_key);
+  const bool has_experts = experts != nullptr && experts->i > 0;
+  const ModelFamily* family = FindGgufFamily(arch, has_experts);
+  if (family == nullptr && FindGgufFamily(arch, !has_experts) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": general.architecture is '", arch,
                                                    "'; the engine implements ",
                                                    SupportedGgufArchitectures()));
+  }
+  if (family == nullptr && has_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", experts_key, " ", experts->i, ": experts are implemented for ",
+        SupportedGgufArchitectures(true), " only"));
+  }
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", experts_key, " is missing"));
   }
   LlamaConfig c;
   c.name = family->model_type;
@@ -97,7 +118,7 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
     return absl::OkStatus();
   };
   RETURN_IF_ERROR(get_int("embedding_length", &c.hidden_size));
-  if (family->experts && !f.Find(key("feed_forward_length"))) {
+  if (has_experts && !f.Find(key("feed_forward_length"))) {
     // No dense layer to size: the experts' width stands in.
     RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.intermediate_size));
   } else {
@@ -135,29 +156,26 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
         path, ": ", key("rope.scaling.type"), " '", v->s,
         "' is not implemented (none, or llama3 scaling through rope_freqs.weight)"));
   }
-  if (const GgufValue* v = f.Find(key("expert_count")); v && v->i > 0) {
-    if (!family->experts) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", key("expert_count"), " ", v->i, ": experts are implemented for ",
-          SupportedGgufArchitectures(true), " only"));
-    }
+  if (has_experts) {
     RETURN_IF_ERROR(get_int("expert_count", &c.num_experts));
     RETURN_IF_ERROR(get_int("expert_used_count", &c.num_experts_per_tok));
-    RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    // Mixtral's ("llama" with experts) are feed_forward_length wide.
+    c.moe_intermediate_size = c.intermediate_size;
+    if (f.Find(key("expert_feed_forward_length"))) {
+      RETURN_IF_ERROR(get_int("expert_feed_forward_length", &c.moe_intermediate_size));
+    }
     if (f.Find(key("expert_shared_feed_forward_length"))) {
       RETURN_IF_ERROR(
           get_int("expert_shared_feed_forward_length", &c.shared_expert_intermediate_size));
     }
     // llama.cpp renormalizes the chosen experts' scores for qwen3moe (as
-    // Qwen3-MoE's checkpoints set norm_topk_prob), not for qwen2moe (nor do
-    // Qwen2-MoE's); a file may say otherwise.
-    c.norm_topk_prob = arch == "qwen3moe";
+    // Qwen3-MoE's checkpoints set norm_topk_prob) and llama (Mixtral's
+    // router), not for qwen2moe (nor do Qwen2-MoE's); a file may say
+    // otherwise.
+    c.norm_topk_prob = arch != "qwen2moe";
     if (f.Find(key("expert_weights_norm"))) {
       ASSIGN_OR_RETURN(c.norm_topk_prob, f.GetBool(key("expert_weights_norm")));
     }
-  } else if (family->experts) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", key("expert_count"), " is missing"));
   }
   if (const GgufValue* v = f.Find(key("attention.sliding_window")); v && v->i > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -203,16 +221,19 @@ std::string GgufWeights::GgufName(const std::string& hf, int* expert) {
   for (const auto& [g, h] : kLayerNames) {
     if (parts[1] == h) return absl::StrCat("blk.", parts[0], ".", g);
   }
-  constexpr absl::string_view kExperts = "mlp.experts.";
-  if (!absl::StartsWith(parts[1], kExperts)) return "";
-  std::vector<std::string> rest =
-      absl::StrSplit(parts[1].substr(kExperts.size()), absl::MaxSplits('.', 1));
-  int j = 0;
-  if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &j) || j < 0) return "";
-  for (const auto& [g, h] : kExpertNames) {
-    if (rest[1] == h) {
-      if (expert != nullptr) *expert = j;
-      return absl::StrCat("blk.", parts[0], ".", g);
+  for (absl::string_view block : kExpertBlocks) {
+    const std::string prefix = absl::StrCat(block, ".experts.");
+    if (!absl::StartsWith(parts[1], prefix)) continue;
+    std::vector<std::string> rest =
+        absl::StrSplit(parts[1].substr(prefix.size()), absl::MaxSplits('.', 1));
+    int j = 0;
+    if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &j) || j < 0) return "";
+    for (const ExpertTensor& e : kExpertTensors) {
+      if (rest[1] == absl::StrCat(e.qwen, ".weight") ||
+          rest[1] == absl::StrCat(e.mixtral, ".weight")) {
+        if (expert != nullptr) *expert = j;
+        return absl::StrCat("blk.", parts[0], ".", e.stacked);
+      }
     }
   }
   return "";
@@ -232,28 +253,62 @@ std::string GgufWeights::HfName(const std::string& gguf) {
   return gguf;
 }
 
+const GgufTensorInfo* GgufWeights::Resolve(const std::string& name, int* expert) const {
+  const std::string g = GgufName(name, expert);
+  if (g.empty()) return nullptr;
+  if (const GgufTensorInfo* t = file_->FindTensor(g); t != nullptr || *expert < 0) return t;
+  // One tensor an expert (older files): "blk.N.ffn_gate.J.weight".
+  for (const ExpertTensor& e : kExpertTensors) {
+    if (!absl::EndsWith(g, e.stacked)) continue;
+    const std::string legacy = absl::StrCat(g.substr(0, g.size() - strlen(e.stacked)), e.legacy,
+                                            ".", *expert, ".weight");
+    const GgufTensorInfo* t = file_->FindTensor(legacy);
+    if (t != nullptr) *expert = -1;  // a whole tensor
+    return t;
+  }
+  return nullptr;
+}
+
 bool GgufWeights::Has(const std::string& name) const {
   int expert = -1;
-  const std::string g = GgufName(name, &expert);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  const GgufTensorInfo* t = Resolve(name, &expert);
   return t != nullptr && (expert < 0 || (t->dims.size() == 3 && expert < t->dims[2]));
 }
 
 std::vector<std::string> GgufWeights::TensorNames() const {
+  // Experts by the family's names (Qwen's where it has none: a file whose
+  // experts the config did not announce then fails the unused-tensor check).
+  const ExpertsSpec qwen{"mlp", "gate_proj", "up_proj", "down_proj", false, false};
+  const ExpertsSpec& x = config_.family->experts ? *config_.family->experts : qwen;
+  const bool mixtral = absl::string_view(x.gate) == "w1";
+  auto expert_name = [&](absl::string_view layer, int64_t j, const ExpertTensor& e) {
+    return absl::StrCat("model.layers.", layer, ".", x.block, ".experts.", j, ".",
+                        mixtral ? e.mixtral : e.qwen, ".weight");
+  };
   std::vector<std::string> names;
   for (const GgufTensorInfo& t : file_->tensors()) {
-    const std::string hf = HfName(t.name);
-    bool stacked = false;
-    for (const auto& [g, h] : kExpertNames) {
-      if (!absl::EndsWith(t.name, absl::StrCat(".", g)) || t.dims.size() != 3) continue;
-      // Every expert's slice, by its Hugging Face name.
-      const std::string layer = t.name.substr(0, t.name.size() - strlen(g));  // "blk.N."
-      for (int64_t j = 0; j < t.dims[2]; ++j) {
-        names.push_back(absl::StrCat("model.layers.", layer.substr(4), "mlp.experts.", j, ".", h));
+    std::vector<std::string> parts = absl::StrSplit(t.name, absl::MaxSplits('.', 2));
+    int layer = 0, j = 0;
+    bool named = false;
+    if (parts.size() == 3 && parts[0] == "blk" && absl::SimpleAtoi(parts[1], &layer)) {
+      for (const ExpertTensor& e : kExpertTensors) {
+        if (parts[2] == e.stacked && t.dims.size() == 3) {
+          for (int64_t k = 0; k < t.dims[2]; ++k) names.push_back(expert_name(parts[1], k, e));
+          named = true;
+        }
+        std::vector<std::string> legacy = absl::StrSplit(parts[2], '.');
+        if (legacy.size() == 3 && legacy[0] == e.legacy && legacy[2] == "weight" &&
+            absl::SimpleAtoi(legacy[1], &j)) {
+          names.push_back(expert_name(parts[1], j, e));
+          named = true;
+        }
       }
-      stacked = true;
+      if (parts[2] == "ffn_gate_inp.weight") {
+        names.push_back(absl::StrCat("model.layers.", parts[1], ".", x.block, ".gate.weight"));
+        named = true;
+      }
     }
-    if (!stacked) names.push_back(hf);
+    if (!named) names.push_back(HfName(t.name));
   }
   return names;
 }
@@ -261,11 +316,10 @@ std::vector<std::string> GgufWeights::TensorNames() const {
 absl::StatusOr<GgufWeights::View> GgufWeights::Find(const std::string& name,
                                                    const std::vector<int64_t>& shape) const {
   int expert = -1;
-  const std::string g = GgufName(name, &expert);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  const GgufTensorInfo* t = Resolve(name, &expert);
   if (t == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tensor '", name, "' (GGUF '", g, "') is missing from ",
-                                            file_->path()));
+    return absl::NotFoundError(absl::StrCat("tensor '", name, "' (GGUF '", GgufName(name),
+                                            "') is missing from ", file_->path()));
   }
   // GGUF lists dims fastest first: [in, out] for a [out, in] matrix, [in,
   // out, experts] for stacked experts.
@@ -319,8 +373,8 @@ absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int
 }
 
 std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
-  const std::string g = GgufName(name);
-  const GgufTensorInfo* t = g.empty() ? nullptr : file_->FindTensor(g);
+  int expert = -1;
+  const GgufTensorInfo* t = Resolve(name, &expert);
   if (t == nullptr) return std::nullopt;
   const std::optional<DType> dt = GgmlTypeToDType(static_cast<GgmlType>(t->type));
   if (dt.has_value()) {

@@ -63,6 +63,10 @@ class GgufWeights : public WeightSource {
     const uint8_t* data = nullptr;
     int64_t numel = 0;
   };
+  // The GGUF tensor behind Hugging Face name `name`: with `*expert` the
+  // slice of a stacked tensor (-1: the whole tensor, as an older file's
+  // one tensor an expert); null when the file has none.
+  const GgufTensorInfo* Resolve(const std::string& name, int* expert) const;
   // The tensor (or expert slice) behind Hugging Face name `name`, its shape
   // checked.
   absl::StatusOr<View> Find(const std::string& name, const std::vector<int64_t>& shape) const;

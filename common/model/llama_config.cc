@@ -10,15 +10,22 @@
 namespace tandem {
 namespace {
 
+// Qwen-MoE checkpoints say norm_topk_prob (transformers' default: false);
+// Mixtral's router always renormalizes.
+constexpr ExpertsSpec kQwenExperts{"mlp", "gate_proj", "up_proj", "down_proj", false, false};
+constexpr ExpertsSpec kMixtralExperts{"block_sparse_moe", "w1", "w3", "w2", true, true};
+
 constexpr ModelFamily kFamilies[] = {
-    {"LlamaForCausalLM", "llama", "llama", false, false, true, false},
+    {"LlamaForCausalLM", "llama", "llama", false, false, true, nullptr},
     // Llama-shaped; llama.cpp converts it to a "llama" GGUF.
-    {"MistralForCausalLM", "mistral", "llama", false, false, true, false},
-    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false, false},
-    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false, false},
+    {"MistralForCausalLM", "mistral", "llama", false, false, true, nullptr},
+    {"Qwen2ForCausalLM", "qwen2", "qwen2", true, false, false, nullptr},
+    {"Qwen3ForCausalLM", "qwen3", "qwen3", false, true, false, nullptr},
+    // Mistral's attention, sparse layers of experts: a "llama" GGUF with experts.
+    {"MixtralForCausalLM", "mixtral", "llama", false, false, true, &kMixtralExperts},
     // Qwen2's and Qwen3's attention; sparse layers of experts.
-    {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2moe", true, false, false, true},
-    {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3moe", false, true, false, true},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", "qwen2moe", true, false, false, &kQwenExperts},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", "qwen3moe", false, true, false, &kQwenExperts},
 };
 
 }  // namespace
@@ -30,9 +37,10 @@ const ModelFamily* FindHfFamily(absl::string_view hf_architecture) {
   return nullptr;
 }
 
-const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture) {
-  for (const ModelFamily& f : kFamilies) {  // the first of a name: llama, not mistral
-    if (gguf_architecture == f.gguf_architecture) return &f;
+const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture, bool experts) {
+  // The first of a name: llama, not mistral; mixtral for llama with experts.
+  for (const ModelFamily& f : kFamilies) {
+    if (gguf_architecture == f.gguf_architecture && (f.experts != nullptr) == experts) return &f;
   }
   return nullptr;
 }
@@ -48,7 +56,8 @@ std::string SupportedHfArchitectures(bool experts_only) {
 std::string SupportedGgufArchitectures(bool experts_only) {
   std::vector<std::string> names;
   for (const ModelFamily& f : kFamilies) {
-    if (FindGgufFamily(f.gguf_architecture) == &f && (f.experts || !experts_only)) {
+    if ((f.experts || !experts_only) &&
+        std::find(names.begin(), names.end(), f.gguf_architecture) == names.end()) {
       names.push_back(f.gguf_architecture);
     }
   }
@@ -103,6 +112,11 @@ absl::Status LlamaConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("config: head_dim must be even, got ", head_dim));
   }
   if (num_experts > 0) {
+    if (family->experts == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("config: ", family->hf_architecture,
+                                                     " has no experts; num_experts is ",
+                                                     num_experts));
+    }
     if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config: num_experts_per_tok must be in 1..num_experts (", num_experts, "), got ",
@@ -254,12 +268,14 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     if (!moe.ok()) return moe.status();
     c.num_experts = (*moe)->get<int>();
     c.num_experts_per_tok = j.value("num_experts_per_tok", 0);
-    c.moe_intermediate_size = j.value("moe_intermediate_size", int64_t{0});
+    c.moe_intermediate_size = family->experts->intermediate_size_wide
+                                  ? c.intermediate_size
+                                  : j.value("moe_intermediate_size", int64_t{0});
     if (j.contains("shared_expert_intermediate_size") &&
         j["shared_expert_intermediate_size"].is_number_integer()) {
       c.shared_expert_intermediate_size = j["shared_expert_intermediate_size"].get<int64_t>();
     }
-    c.norm_topk_prob = j.value("norm_topk_prob", false);
+    c.norm_topk_prob = j.value("norm_topk_prob", family->experts->renormalize);
     c.decoder_sparse_step = j.value("decoder_sparse_step", 1);
     if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
       for (const auto& l : j["mlp_only_layers"]) c.mlp_only_layers.push_back(l.get<int>());

@@ -20,6 +20,20 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// How a family with experts names them in a Hugging Face checkpoint
+// (model.layers.N.<block>.experts.J.<gate|up|down>.weight, the router
+// <block>.gate.weight), whether its router renormalizes the chosen experts'
+// scores when config.json does not say (norm_topk_prob), and whether they
+// are intermediate_size wide (Mixtral) or say moe_intermediate_size (Qwen).
+struct ExpertsSpec {
+  const char* block;  // "mlp" (Qwen) or "block_sparse_moe" (Mixtral)
+  const char* gate;
+  const char* up;
+  const char* down;
+  bool renormalize;
+  bool intermediate_size_wide;
+};
+
 // A decoder family: the parts in which it differs from Llama. One table
 // (llama_config.cc) maps the Hugging Face and GGUF architecture names to it;
 // a model of any other family is refused by name.
@@ -32,13 +46,16 @@ struct ModelFamily {
   // llama.cpp's converter permutes q/k rows for its interleaved rope (Llama
   // and Mistral); families it runs with NeoX rope are stored as they are.
   bool gguf_qk_permuted;
-  bool experts;  // sparse layers of experts (LlamaConfig::num_experts)
+  // Sparse layers of experts (LlamaConfig::num_experts) and their names;
+  // null for a dense family.
+  const ExpertsSpec* experts;
 };
 
-// The family of a Hugging Face architecture / a GGUF general.architecture;
-// null when the table has none.
+// The family of a Hugging Face architecture / a GGUF general.architecture
+// (with experts or without: llama.cpp writes Mixtral as a "llama" file with
+// experts); null when the table has none.
 const ModelFamily* FindHfFamily(absl::string_view hf_architecture);
-const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture);
+const ModelFamily* FindGgufFamily(absl::string_view gguf_architecture, bool experts = false);
 // "LlamaForCausalLM, MistralForCausalLM, ..." / "llama, qwen2, ..." for messages;
 // the families with experts alone when `experts_only`.
 std::string SupportedHfArchitectures(bool experts_only = false);
@@ -61,7 +78,7 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   std::vector<int32_t> eos_token_ids;
   std::string torch_dtype = "float32";  // storage dtype of the checkpoint
-  // Mixture of experts (Qwen2-MoE, Qwen3-MoE; 0 experts: a dense MLP in
+  // Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE; 0 experts: a dense MLP in
   // every layer). A sparse layer routes each token to its
   // num_experts_per_tok experts of the softmax over a router (renormalized
   // when norm_topk_prob) and sums their SwiGLU MLPs (moe_intermediate_size)
@@ -98,7 +115,7 @@ struct LlamaConfig {
 // the field and value of anything the engine does not implement: an
 // architecture the family table lacks, hidden_act other than silu, biases
 // other than Qwen2's q/k/v ones, sliding-window attention, experts outside
-// the Qwen2-MoE and Qwen3-MoE families, logit soft-capping, partial rotary embeddings,
+// the Mixtral, Qwen2-MoE and Qwen3-MoE families, logit soft-capping, partial rotary embeddings,
 // unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
                                              absl::string_view source_name);

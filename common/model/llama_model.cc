@@ -166,7 +166,8 @@ namespace {
 // along dim 0 (Hugging Face names).
 struct LayerSources {
   std::vector<std::string> qkv, o, gate_up, down;
-  std::vector<std::string> shared_gate_up, shared_down;  // a shared expert's
+  std::string router;                                    // a sparse layer's
+  std::vector<std::string> shared_gate_up, shared_down;  // its shared expert's
 };
 // A sparse layer's gate_up and down are its experts', one after another
 // (each expert's gate rows, then its up rows).
@@ -187,11 +188,13 @@ LayerSources LayerTensorNames(const LlamaConfig& c, int i) {
                         p + "mlp.shared_expert.up_proj.weight"};
     s.shared_down = {p + "mlp.shared_expert.down_proj.weight"};
   }
+  const ExpertsSpec& x = *c.family->experts;  // Validate(): experts need a family with them
+  s.router = absl::StrCat(p, x.block, ".gate.weight");
   for (int e = 0; e < c.num_experts; ++e) {
-    const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
-    s.gate_up.push_back(x + "gate_proj.weight");
-    s.gate_up.push_back(x + "up_proj.weight");
-    s.down.push_back(x + "down_proj.weight");
+    const std::string expert = absl::StrCat(p, x.block, ".experts.", e, ".");
+    s.gate_up.push_back(absl::StrCat(expert, x.gate, ".weight"));
+    s.gate_up.push_back(absl::StrCat(expert, x.up, ".weight"));
+    s.down.push_back(absl::StrCat(expert, x.down, ".weight"));
   }
   return s;
 }
@@ -407,7 +410,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     RETURN_IF_ERROR(load(l.o, {{names.o[0], h}}));
     RETURN_IF_ERROR(load(l.post_norm, {{p + "post_attention_layernorm.weight", h}}));
     if (c.IsSparseLayer(i)) {
-      RETURN_IF_ERROR(load(l.moe.router, {{p + "mlp.gate.weight", c.num_experts}}));
+      RETURN_IF_ERROR(load(l.moe.router, {{names.router, c.num_experts}}));
       std::vector<std::pair<std::string, int64_t>> gate_up, down;
       for (const std::string& name : names.gate_up) gate_up.push_back({name, c.moe_intermediate_size});
       for (const std::string& name : names.down) down.push_back({name, h});

@@ -326,7 +326,7 @@ TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
   ExpectBlocksFreed(prefill, decode);
 }
 
-// Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE through the pair (prefill PIECEWISE, decode
+// Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE and Mixtral through the pair (prefill PIECEWISE, decode
 // FULL_DECODE_ONLY, KV over gRPC), from safetensors and from llama.cpp's GGUF
 // of the same tiny models (tests/fixtures/make_family_reference.py):
 // transformers' greedy tokens for token prompts, and for a text prompt its
@@ -369,7 +369,7 @@ TEST_P(FamilyPairTest, GreedyTokensAndTextEqualTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyPairTest,
                          ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen2_moe",
-                                                              "qwen3_moe"),
+                                                              "qwen3_moe", "mixtral"),
                                             ::testing::Values("", "model-f32.gguf")),
                          [](const auto& info) {
                            return std::get<0>(info.param) +

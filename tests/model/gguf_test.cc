@@ -345,6 +345,45 @@ TEST(GgufWeightsTest, StackedExpertsReadAsEachExpertsTensor) {
   std::filesystem::remove(path);
 }
 
+// Mixtral files written before llama.cpp stacked experts (2024-04) hold one
+// tensor an expert ("blk.N.ffn_gate.J.weight"): read by the same Hugging Face
+// names, Mixtral's (block_sparse_moe, w1/w2/w3) for a Mixtral config.
+TEST(GgufWeightsTest, OneTensorAnExpertReadsAsMixtralNames) {
+  const int64_t rows = 4, cols = 32;
+  GgufWriter w;
+  std::vector<std::vector<float>> values;
+  for (int e = 0; e < 2; ++e) {
+    values.emplace_back(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) values[e][i] = static_cast<float>(e * 1000 + i);
+    w.AddTensor(absl::StrCat("blk.1.ffn_up.", e, ".weight"), {cols, rows}, GgmlType::kF32,
+                Bytes(values[e].data(), values[e].size() * 4));
+  }
+  const std::vector<float> router(2 * cols, 0.5f);
+  w.AddTensor("blk.1.ffn_gate_inp.weight", {cols, 2}, GgmlType::kF32,
+              Bytes(router.data(), router.size() * 4));
+  const std::string path = WriteTemp("legacy_experts", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  LlamaConfig c;
+  c.family = FindHfFamily("MixtralForCausalLM");
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  GgufWeights weights(f->get(), c);
+  for (int e = 0; e < 2; ++e) {
+    const std::string name = absl::StrCat("model.layers.1.block_sparse_moe.experts.", e, ".w3.weight");
+    EXPECT_TRUE(weights.Has(name));
+    std::vector<float> got(rows * cols);
+    ASSERT_TRUE(weights.ReadF32(name, {rows, cols}, got.data()).ok());
+    EXPECT_EQ(got, values[e]);
+  }
+  EXPECT_FALSE(weights.Has("model.layers.1.block_sparse_moe.experts.2.w3.weight"));
+  EXPECT_EQ(weights.TensorNames(),
+            (std::vector<std::string>{"model.layers.1.block_sparse_moe.experts.0.w3.weight",
+                                      "model.layers.1.block_sparse_moe.experts.1.w3.weight",
+                                      "model.layers.1.block_sparse_moe.gate.weight"}));
+  std::filesystem::remove(path);
+}
+
 // The architecture picks the family and its metadata prefix; another one,
 // or a part no family has, is refused by name.
 TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
@@ -380,6 +419,8 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
   EXPECT_THAT(std::string(config_of("gemma2", 0).status().message()),
               HasSubstr("general.architecture is 'gemma2'; the engine implements llama, qwen2, "
                         "qwen3, qwen2moe, qwen3moe"));
+  EXPECT_THAT(std::string(config_of("gemma2", 0, 8).status().message()),
+              HasSubstr("general.architecture is 'gemma2'"));
   EXPECT_THAT(std::string(config_of("qwen2", 4096).status().message()),
               HasSubstr("qwen2.attention.sliding_window 4096"));
   // Experts: qwen3moe's, their scores renormalized as llama.cpp does.
@@ -391,9 +432,16 @@ TEST(GgufWeightsTest, ArchitectureNamesTheFamilyOrIsRefused) {
   EXPECT_TRUE(moe->norm_topk_prob);
   EXPECT_THAT(std::string(config_of("qwen3moe", 0).status().message()),
               HasSubstr("qwen3moe.expert_count is missing"));
-  EXPECT_THAT(std::string(config_of("llama", 0, 8).status().message()),
-              HasSubstr("llama.expert_count 8: experts are implemented for qwen2moe, qwen3moe "
-                        "only"));
+  // A "llama" file with experts is Mixtral (llama.cpp's converter writes it
+  // so): experts feed_forward_length wide, renormalized.
+  auto mixtral = config_of("llama", 0, 8);
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(std::string(mixtral->family->hf_architecture), "MixtralForCausalLM");
+  EXPECT_EQ(mixtral->moe_intermediate_size, 32);  // expert_feed_forward_length, when given
+  EXPECT_TRUE(mixtral->norm_topk_prob);
+  EXPECT_THAT(std::string(config_of("qwen2", 0, 8).status().message()),
+              HasSubstr("qwen2.expert_count 8: experts are implemented for llama, qwen2moe, "
+                        "qwen3moe only"));
   auto moe2 = config_of("qwen2moe", 0, 8);  // llama.cpp does not renormalize qwen2moe's
   ASSERT_TRUE(moe2.ok()) << moe2.status();
   EXPECT_FALSE(moe2->norm_topk_prob);

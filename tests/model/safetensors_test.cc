@@ -165,8 +165,8 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
   absl::Status other = parse(R"("architectures": ["Gemma2ForCausalLM"])");
   EXPECT_NE(other.message().find(
                 "architectures is \"Gemma2ForCausalLM\"; the engine implements LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, "
-                "Qwen3MoeForCausalLM"),
+                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
+                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"),
             std::string::npos)
       << other;
   const std::pair<const char*, const char*> cases[] = {
@@ -179,8 +179,8 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
       {R"("layer_types": ["sliding_attention"])", "layer_types"},
       {R"("num_local_experts": 8)", "num_local_experts is 8"},
       {R"("model_type": "qwen3", "num_experts": 8)",
-       "num_experts is 8; the engine implements experts in Qwen2MoeForCausalLM, "
-       "Qwen3MoeForCausalLM only"},
+       "num_experts is 8; the engine implements experts in MixtralForCausalLM, "
+       "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM only"},
       {R"("model_type": "qwen3_moe", "num_experts_per_tok": 2)", "missing field 'num_experts'"},
       {R"("model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 9,
           "moe_intermediate_size": 4)", "num_experts_per_tok must be in 1..num_experts (8)"},
@@ -231,6 +231,17 @@ TEST(LlamaConfigTest, ParsesQwen3MoeExperts) {
   ASSERT_TRUE(shared.ok()) << shared.status();
   EXPECT_EQ(shared->shared_expert_intermediate_size, 12);
   EXPECT_TRUE(shared->family->qkv_bias);
+  // Mixtral: experts intermediate_size wide, scores always renormalized.
+  auto mixtral = ParseLlamaConfig(
+      R"({"vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2,
+          "num_attention_heads": 2, "architectures": ["MixtralForCausalLM"],
+          "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null})",
+      "config.json");
+  ASSERT_TRUE(mixtral.ok()) << mixtral.status();
+  EXPECT_EQ(mixtral->num_experts, 8);
+  EXPECT_EQ(mixtral->moe_intermediate_size, 16);
+  EXPECT_TRUE(mixtral->norm_topk_prob);
+  EXPECT_EQ(std::string(mixtral->family->experts->gate), "w1");
   // The experts are part of the architecture two workers must agree on.
   auto dense = ParseLlamaConfig("{" + base + R"(, "num_experts": 8, "mlp_only_layers": [3]})",
                                 "config.json");
