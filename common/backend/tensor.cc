@@ -56,6 +56,8 @@ int64_t WholeBlocks(DType dtype, int64_t n) {
 
 }  // namespace
 
+uint16_t F32ToF16(float f) { return ToF16(f); }
+
 float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;

@@ -40,8 +40,10 @@ absl::string_view DTypeName(DType dtype);
 // loaded (and GGUF tensors read) and when tests read device buffers back.
 void ConvertFromF32(const float* src, DType dtype, void* dst, int64_t n);
 void ConvertToF32(const void* src, DType dtype, float* dst, int64_t n);
-// One IEEE half (a block's scale) to f32, exactly.
+// One IEEE half (a block's scale) to f32, exactly; and f32 to the nearest
+// half (ties to even).
 float F16ToF32(uint16_t h);
+uint16_t F32ToF16(float f);
 
 struct Tensor {
   static constexpr int kMaxDims = 4;

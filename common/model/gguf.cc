@@ -339,6 +339,25 @@ void DecodeIq4Xs(const uint8_t* b, float* out) {  // d, scales_h (u16), scales_l
 
 int8_t Iq4NlLevel(int q) { return kIq4NlLevels[q & 0xF]; }
 
+void Q4KToQ4_1(const uint8_t* block, uint8_t* out) {
+  const float d = F16At(block), dmin = F16At(block + 2);
+  const uint8_t* qs = block + 16;
+  for (int j = 0; j < 8; ++j, out += 20) {
+    float scale, min;
+    KScaleMin(block + 4, j, &scale, &min);
+    const uint16_t dh = F32ToF16(d * scale), mh = F32ToF16(-(dmin * min));
+    std::memcpy(out, &dh, 2);
+    std::memcpy(out + 2, &mh, 2);
+    // Sub-block j's quants: nibble j % 2 of qs[(j / 2) * 32 + l]; Q4_1
+    // keeps element l < 16 in the low nibble of byte l, l + 16 in its high.
+    const uint8_t* q = qs + (j / 2) * 32;
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 16; ++l) {
+      out[4 + l] = static_cast<uint8_t>(((q[l] >> shift) & 0xF) | (((q[l + 16] >> shift) & 0xF) << 4));
+    }
+  }
+}
+
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   if (const std::optional<DType> dt = GgmlTypeToDType(type)) {
     ConvertToF32(src, *dt, dst, n);

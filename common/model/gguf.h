@@ -66,6 +66,12 @@ void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 // block is exactly a Q8_0 block of these levels with the same scale.
 int8_t Iq4NlLevel(int q);
 
+// One Q4_K block (256 elements) as the eight Q4_1 blocks (20 bytes each,
+// into `out`) of its 32-element sub-blocks: each is the same 4-bit quants
+// with scale d * scale_j and minimum -dmin * min_j, those rounded to f16 (a
+// relative 2^-11 of the scale; the quants are exact).
+void Q4KToQ4_1(const uint8_t* block, uint8_t* out);
+
 // GGUF metadata value types.
 enum class GgufValueType : uint32_t {
   kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,

@@ -389,6 +389,10 @@ std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
   // as stored, int16 lanes, cost 3.4x Q8_0's time per weight on an AVX2
   // EPYC, where decode of SmolLM2 is bound by arithmetic, not bytes: 27.5-32
   // against 20.6-21.8 ms per step.)
+  // Q4_K's 32-element sub-blocks are Q4_1 blocks up to the f16 rounding
+  // of their scales (Q4KToQ4_1): kept so, 5 bits a weight instead of Q8_0's
+  // 8.5, multiplied by the Q4_1 kernels.
+  if (static_cast<GgmlType>(t->type) == GgmlType::kQ4_K) return DType::kQ4_1;
   int64_t elems = 0, bytes = 0;
   if (GgmlBlockLayout(t->type, &elems, &bytes) && elems > 1) return DType::kQ8_0;
   return std::nullopt;
@@ -428,6 +432,14 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
         out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>((low | (((qh >> j) & 1) << 4)) - 16));
       }
     }
+    UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
+    return absl::OkStatus();
+  }
+  if (type == GgmlType::kQ4_K) {  // as Q4_1, sub-block by sub-block
+    const uint8_t* in = v.data;
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    const int64_t blocks = shape[0] * shape[1] / 256;
+    for (int64_t b = 0; b < blocks; ++b) Q4KToQ4_1(in + b * 144, out + b * 8 * 20);
     UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
     return absl::OkStatus();
   }

@@ -30,8 +30,8 @@ class WeightSource {
   virtual bool Has(const std::string& name) const = 0;
   // The block type tensor `name` is kept in when the ops keep a file's
   // blocks: its own where the ops multiply it as stored (GGUF Q4_0, Q4_1,
-  // Q8_0), Q8_0 for the other block types (Q5_0 exactly, Q5_1 and the
-  // K-quants requantized); none otherwise.
+  // Q8_0), Q4_1 for Q4_K (its sub-blocks), Q8_0 for the other block types
+  // (Q5_0 and IQ4_NL exactly, the rest requantized); none otherwise.
   virtual std::optional<DType> BlockType(const std::string& name) const {
     return std::nullopt;
   }

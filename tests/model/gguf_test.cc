@@ -290,6 +290,48 @@ TEST(GgufWeightsTest, Q5_0AndIq4NlAreKeptAsQ8_0Exactly) {
   }
 }
 
+// Q4_K (most of a Q4_K_M file) is kept as Q4_1 blocks of its 32-element
+// sub-blocks: the same quants, each sub-block's scale and minimum rounded
+// to f16, so each value within 2^-11 of that rounding's reach; q/k rows
+// un-permuted as ReadF32's.
+TEST(GgufWeightsTest, Q4KIsKeptAsQ4_1SubBlocks) {
+  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/ggml_blocks/";
+  std::ifstream in(dir + "q4_k.blocks", std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string data(std::istreambuf_iterator<char>(in), {});
+  const int64_t rows = 6, cols = 256;  // the fixture's six blocks, one a row
+  ASSERT_EQ(data.size(), static_cast<size_t>(rows * 144));
+  GgufWriter w;
+  w.AddTensor("blk.0.attn_k.weight", {cols, rows}, GgmlType::kQ4_K, data);
+  const std::string path = WriteTemp("q4_k", w.Serialize());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  LlamaConfig c;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;  // one head of 6 rows: un-permuted on read
+  GgufWeights weights(f->get(), c);
+  const std::string k = "model.layers.0.self_attn.k_proj.weight";
+  ASSERT_EQ(weights.BlockType(k), DType::kQ4_1);
+  std::string blocks(DTypeBytes(DType::kQ4_1, rows * cols), '\0');
+  ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
+  std::vector<float> kept(rows * cols), direct(rows * cols);
+  ConvertToF32(blocks.data(), DType::kQ4_1, kept.data(), rows * cols);
+  ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
+  for (int64_t b = 0; b < rows * cols / 32; ++b) {
+    uint16_t dh, mh;
+    std::memcpy(&dh, &blocks[b * 20], 2);
+    std::memcpy(&mh, &blocks[b * 20 + 2], 2);
+    const float reach = 15 * std::fabs(F16ToF32(dh)) + std::fabs(F16ToF32(mh));
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_LE(std::fabs(kept[b * 32 + i] - direct[b * 32 + i]), reach / 2048 * 1.01f + 1e-30f)
+          << "block " << b << " element " << i;
+    }
+  }
+  std::set<float> distinct(direct.begin(), direct.end());
+  EXPECT_GT(distinct.size(), 500u);  // the random quants, not a constant
+  std::filesystem::remove(path);
+}
+
 // Experts stacked in one GGUF tensor [experts, rows, cols] (llama.cpp's
 // ffn_*_exps) read as each expert's Hugging Face tensor: its slice, as f32
 // and as its blocks; the listing names every expert; a missing expert or a

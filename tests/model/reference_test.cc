@@ -212,6 +212,7 @@ std::vector<float> PromptLogits(const std::string& spec, bool keep_file_blocks,
 // The tensor types of a quantized GGUF file, by role.
 struct QuantizedFileTypes {
   GgmlType embedding, q_k, v, o, gate_up, down;
+  std::string kept;  // the matmul weights' dtypes when the file's blocks are kept
 };
 
 // A one-layer GGUF of the given types (random blocks with small scales; f32
@@ -298,7 +299,7 @@ void CheckQuantizedFileServesAsItsDecodedWeights(const QuantizedFileTypes& types
   const std::vector<float> kept = PromptLogits(q_path, true, &kept_dtypes);
   EXPECT_EQ(widened_dtypes, "f32 x5");
   // qkv (parts of other types: Q8_0, not f32), o, gate_up, down, head.
-  EXPECT_EQ(kept_dtypes, "q8_0 x5");
+  EXPECT_EQ(kept_dtypes, types.kept);
   ASSERT_EQ(want.size(), static_cast<size_t>(vocab));
   ASSERT_EQ(widened, want);
   ASSERT_EQ(kept.size(), want.size());
@@ -314,11 +315,12 @@ void CheckQuantizedFileServesAsItsDecodedWeights(const QuantizedFileTypes& types
 }
 
 // A Q4_K_M-style file: Q4_K matmul weights, Q4_1 q and k, Q5_0 for the
-// attention output, Q6_K for v, down and the embedding.
+// attention output, Q6_K for v, down and the embedding. Kept: gate_up (Q4_K)
+// as Q4_1, the rest as Q8_0.
 TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
   CheckQuantizedFileServesAsItsDecodedWeights({GgmlType::kQ6_K, GgmlType::kQ4_1, GgmlType::kQ6_K,
                                                GgmlType::kQ5_0, GgmlType::kQ4_K,
-                                               GgmlType::kQ6_K});
+                                               GgmlType::kQ6_K, "q8_0 x4, q4_1 x1"});
 }
 
 // An IQ4_XS file: IQ4_XS matmul weights, IQ4_NL where llama.cpp falls back
@@ -327,7 +329,7 @@ TEST(KQuantModelTest, Q4KMFileServesAsItsDecodedWeights) {
 TEST(KQuantModelTest, Iq4XsFileServesAsItsDecodedWeights) {
   CheckQuantizedFileServesAsItsDecodedWeights({GgmlType::kQ6_K, GgmlType::kIQ4_XS,
                                                GgmlType::kIQ4_XS, GgmlType::kIQ4_NL,
-                                               GgmlType::kIQ4_XS, GgmlType::kIQ4_XS});
+                                               GgmlType::kIQ4_XS, GgmlType::kIQ4_XS, "q8_0 x5"});
 }
 
 class ReferenceTest : public ::testing::TestWithParam<CudaGraphMode::Value> {};

@@ -136,8 +136,8 @@ class CpuOps : public Ops {
                      << ", weights "
                      << DTypeName(weight_dtype_) << ", KV "
                      << DTypeName(kv_dtype_) << ", activations f32"
-                     << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are, other block "
-                                              "types as Q8_0"
+                     << (keep_file_blocks_ ? "; GGUF Q4_0/Q4_1/Q8_0 weights kept as they are, Q4_K as "
+                                              "Q4_1, other block types as Q8_0"
                                             : "");
   }
 
