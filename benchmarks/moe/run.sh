@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tandem against llama.cpp on a Qwen3-MoE GGUF: two layers of
 # Qwen3-30B-A3B's shape (benchmarks/moe/make_model.py writes it once into
-# ~/.cache/tandem/moe), then benchmarks/moe/bench.py times both engines.
+# ~/.cache/tandem/moe as Q8_0, llama.cpp's quantizer makes the Q4_K_M file
+# from it), then benchmarks/moe/bench.py times both engines on each.
 #
 #   benchmarks/moe/run.sh             # 3 rounds at every CPU's thread
 #   ROUNDS=1 benchmarks/moe/run.sh
@@ -21,5 +22,17 @@ if [ ! -f "$GGUF" ]; then
   : "${LLAMA_CPP:?set LLAMA_CPP to the llama.cpp source tree to make the model}"
   LLAMA_CPP=$LLAMA_CPP "$REF_VENV/bin/python" benchmarks/moe/make_model.py "$CACHE"
 fi
-"$PEERS_VENV/bin/python" benchmarks/moe/bench.py --gguf="$GGUF" --tandem=build/bin/tandem \
-  --rounds="${ROUNDS:-3}" ${THREADS:+--threads="$THREADS"}
+Q4KM=$CACHE/qwen3-moe-2l.q4_k_m.gguf
+if [ ! -f "$Q4KM" ]; then
+  "$PEERS_VENV/bin/python" - "$GGUF" "$Q4KM" <<'PY'
+import sys, llama_cpp
+p = llama_cpp.llama_model_quantize_default_params()
+p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+p.allow_requantize = True
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))
+PY
+fi
+for f in "$GGUF" "$Q4KM"; do
+  "$PEERS_VENV/bin/python" benchmarks/moe/bench.py --gguf="$f" --tandem=build/bin/tandem \
+    --rounds="${ROUNDS:-3}" ${THREADS:+--threads="$THREADS"}
+done
