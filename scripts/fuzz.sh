@@ -27,7 +27,8 @@ run_target() {
   return "$status"
 }
 
-targets=(gguf tokenizer_json kv_stream flags safetensors jinja openai_request json_grammar byte_regex)
+targets=(gguf tokenizer_json kv_stream flags safetensors jinja openai_request json_grammar byte_regex
+         model_config)
 failed=0
 for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
   batch=("${targets[@]:i:JOBS}")

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
@@ -139,8 +141,25 @@ absl::Status LlamaConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
-                                             absl::string_view source_name) {
+namespace {
+
+// eos_token_id: an id or a list of ids (null: none).
+absl::StatusOr<std::vector<int32_t>> EosIds(const nlohmann::json& e,
+                                            absl::string_view source_name) {
+  std::vector<int32_t> ids;
+  for (const nlohmann::json& x : e.is_array() ? e : nlohmann::json::array({e})) {
+    if (x.is_null()) continue;
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": eos_token_id holds ", x.dump(), "; token ids are expected"));
+    }
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+absl::StatusOr<LlamaConfig> ParseConfigJson(absl::string_view json_text,
+                                            absl::string_view source_name) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
@@ -199,7 +218,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
   }
   if (!j.contains("use_sliding_window") && j.contains("sliding_window") &&
       j["sliding_window"].is_number_integer() &&
-      j["sliding_window"].get<int64_t>() < j.value("max_position_embeddings", int64_t{2048})) {
+      j["sliding_window"].get<double>() < j.value("max_position_embeddings", 2048.0)) {
     // Mistral: a window below the context is sliding-window attention.
     return refuse("sliding_window", j["sliding_window"].dump(), "full attention in every layer");
   }
@@ -226,37 +245,44 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     return refuse("partial_rotary_factor", j["partial_rotary_factor"].dump(), "1.0");
   }
   LlamaConfig c;
-  auto need = [&](const char* key) -> absl::StatusOr<const nlohmann::json*> {
+  // An integer field in int32's range (Validate() judges its value): absent
+  // or null, `fallback`, or NOT_FOUND-like INVALID_ARGUMENT when required.
+  // Checked here, not by get<>(), which converts a float (or a number past
+  // the type) without a word.
+  constexpr int64_t kRequired = INT64_MIN;
+  auto integer = [&](const char* key, int64_t fallback) -> absl::StatusOr<int64_t> {
     if (!j.contains(key) || j[key].is_null()) {
+      if (fallback != kRequired) return fallback;
       return absl::InvalidArgumentError(
           absl::StrCat(source_name, ": missing field '", key, "'"));
     }
-    return &j[key];
+    const nlohmann::json& v = j[key];
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX}
+                                : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": ", key, " is ", v.dump(), "; an integer in int32's range is expected"));
+    }
+    return v.get<int64_t>();
   };
   for (auto [key, dst] : std::initializer_list<std::pair<const char*, int64_t*>>{
            {"vocab_size", &c.vocab_size},
            {"hidden_size", &c.hidden_size},
            {"intermediate_size", &c.intermediate_size}}) {
-    auto v = need(key);
-    if (!v.ok()) return v.status();
-    *dst = (*v)->get<int64_t>();
+    ASSIGN_OR_RETURN(*dst, integer(key, kRequired));
   }
-  auto layers = need("num_hidden_layers");
-  if (!layers.ok()) return layers.status();
-  c.num_hidden_layers = (*layers)->get<int>();
-  auto heads = need("num_attention_heads");
-  if (!heads.ok()) return heads.status();
-  c.num_attention_heads = (*heads)->get<int>();
-  c.num_key_value_heads = j.value("num_key_value_heads", c.num_attention_heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    c.head_dim = j["head_dim"].get<int>();
-  } else {
-    c.head_dim = static_cast<int>(c.hidden_size / c.num_attention_heads);
-  }
+  ASSIGN_OR_RETURN(c.num_hidden_layers, integer("num_hidden_layers", kRequired));
+  ASSIGN_OR_RETURN(c.num_attention_heads, integer("num_attention_heads", kRequired));
+  ASSIGN_OR_RETURN(c.num_key_value_heads,
+                   integer("num_key_value_heads", c.num_attention_heads));
+  // No head_dim: hidden_size over the heads (none: Validate() says so).
+  ASSIGN_OR_RETURN(c.head_dim, integer("head_dim", c.num_attention_heads > 0
+                                                       ? c.hidden_size / c.num_attention_heads
+                                                       : 0));
   c.name = j.value("model_type", std::string("llama"));
   c.family = family;
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
-  c.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
+  ASSIGN_OR_RETURN(c.max_position_embeddings, integer("max_position_embeddings", 2048));
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) {
     c.torch_dtype = j["torch_dtype"].get<std::string>();
@@ -264,21 +290,27 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     c.torch_dtype = j["dtype"].get<std::string>();
   }
   if (family->experts) {
-    auto moe = need(j.contains("num_local_experts") ? "num_local_experts" : "num_experts");
-    if (!moe.ok()) return moe.status();
-    c.num_experts = (*moe)->get<int>();
-    c.num_experts_per_tok = j.value("num_experts_per_tok", 0);
-    c.moe_intermediate_size = family->experts->intermediate_size_wide
-                                  ? c.intermediate_size
-                                  : j.value("moe_intermediate_size", int64_t{0});
-    if (j.contains("shared_expert_intermediate_size") &&
-        j["shared_expert_intermediate_size"].is_number_integer()) {
-      c.shared_expert_intermediate_size = j["shared_expert_intermediate_size"].get<int64_t>();
+    ASSIGN_OR_RETURN(
+        c.num_experts,
+        integer(j.contains("num_local_experts") ? "num_local_experts" : "num_experts", kRequired));
+    ASSIGN_OR_RETURN(c.num_experts_per_tok, integer("num_experts_per_tok", 0));
+    if (family->experts->intermediate_size_wide) {
+      c.moe_intermediate_size = c.intermediate_size;
+    } else {
+      ASSIGN_OR_RETURN(c.moe_intermediate_size, integer("moe_intermediate_size", 0));
     }
+    ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
+                     integer("shared_expert_intermediate_size", 0));
     c.norm_topk_prob = j.value("norm_topk_prob", family->experts->renormalize);
-    c.decoder_sparse_step = j.value("decoder_sparse_step", 1);
+    ASSIGN_OR_RETURN(c.decoder_sparse_step, integer("decoder_sparse_step", 1));
     if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
-      for (const auto& l : j["mlp_only_layers"]) c.mlp_only_layers.push_back(l.get<int>());
+      for (const auto& l : j["mlp_only_layers"]) {
+        if (!l.is_number_integer()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              source_name, ": mlp_only_layers holds ", l.dump(), "; layer numbers are expected"));
+        }
+        c.mlp_only_layers.push_back(static_cast<int>(l.get<int64_t>()));
+      }
     }
   }
   // Rope: transformers < 5 writes rope_theta + rope_scaling; 5 writes rope_parameters.
@@ -296,20 +328,36 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     c.rope_scaling.factor = scaling->value("factor", 1.0);
     c.rope_scaling.low_freq_factor = scaling->value("low_freq_factor", 1.0);
     c.rope_scaling.high_freq_factor = scaling->value("high_freq_factor", 4.0);
-    c.rope_scaling.original_max_position_embeddings =
-        scaling->value("original_max_position_embeddings", int64_t{8192});
+    const double original = scaling->value("original_max_position_embeddings", 8192.0);
+    if (!(original >= 1 && original <= INT32_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": rope original_max_position_embeddings is ", original,
+          "; a positive integer in int32's range is expected"));
+    }
+    c.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(original);
   }
   if (j.contains("eos_token_id")) {
     const auto& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int32_t>());
-    if (e.is_array()) {
-      for (const auto& x : e) c.eos_token_ids.push_back(x.get<int32_t>());
-    }
+    ASSIGN_OR_RETURN(c.eos_token_ids, EosIds(e, source_name));
   }
   if (auto s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", s.message()));
   }
   return c;
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
+                                             absl::string_view source_name) {
+  // A field of another JSON type ("num_hidden_layers": "2") throws from
+  // get<>(): the file's fault, reported as such.
+  try {
+    return ParseConfigJson(json_text, source_name);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": a field has the wrong JSON type (", e.what(), ")"));
+  }
 }
 
 absl::Status ApplyGenerationConfig(absl::string_view json_text, absl::string_view source_name,
@@ -319,14 +367,7 @@ absl::Status ApplyGenerationConfig(absl::string_view json_text, absl::string_vie
     return absl::InvalidArgumentError(absl::StrCat(source_name, ": not a JSON object"));
   }
   if (!j.contains("eos_token_id")) return absl::OkStatus();
-  std::vector<int32_t> eos;
-  const auto& e = j["eos_token_id"];
-  if (e.is_number_integer()) eos.push_back(e.get<int32_t>());
-  if (e.is_array()) {
-    for (const auto& x : e) {
-      if (x.is_number_integer()) eos.push_back(x.get<int32_t>());
-    }
-  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> eos, EosIds(j["eos_token_id"], source_name));
   if (!eos.empty()) config->eos_token_ids = std::move(eos);
   return absl::OkStatus();
 }

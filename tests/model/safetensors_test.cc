@@ -249,6 +249,41 @@ TEST(LlamaConfigTest, ParsesQwen3MoeExperts) {
   EXPECT_NE(c->Fingerprint(), dense->Fingerprint());
 }
 
+// A field of another JSON type, or a number past its range, is the file's
+// fault, named, not a crash (nor a float silently cut to an integer).
+TEST(LlamaConfigTest, FieldsOfTheWrongTypeAreErrors) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16)";
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("num_attention_heads": 2, "num_hidden_layers": "2")",
+       R"(num_hidden_layers is "2"; an integer in int32's range is expected)"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2.5)", "num_hidden_layers is 2.5"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 1e30)", "num_hidden_layers is 1e+30"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 4294967298)",
+       "num_hidden_layers is 4294967298"},
+      {R"("num_attention_heads": 0, "num_hidden_layers": 2)",
+       "num_attention_heads must be > 0, got 0"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2, "rms_norm_eps": "x")",
+       "config.json: a field has the wrong JSON type"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2, "eos_token_id": ["a"])",
+       R"(eos_token_id holds "a")"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2,
+          "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": 1e40})",
+       "original_max_position_embeddings is 1e+40"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2,
+          "architectures": ["Qwen3MoeForCausalLM"], "num_experts": "8")",
+       R"(num_experts is "8")"},
+      {R"("num_attention_heads": 2, "num_hidden_layers": 2,
+          "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 4, "mlp_only_layers": ["a"])",
+       R"(mlp_only_layers holds "a")"},
+  };
+  for (const auto& [extra, message] : cases) {
+    auto c = ParseLlamaConfig("{" + base + ", " + extra + "}", "config.json");
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_NE(c.status().message().find(message), std::string::npos) << c.status();
+  }
+}
+
 TEST(LlamaConfigTest, GenerationConfigEosReplacesConfigEos) {
   LlamaConfig c;
   c.eos_token_ids = {2};
