@@ -27,15 +27,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto config = tandem::LlamaConfigFromGguf(**file); config.ok()) {
     const tandem::GgufWeights weights(file->get(), *config);
     std::vector<uint8_t> blocks;
-    for (const tandem::GgufTensorInfo& t : (*file)->tensors()) {
-      if (t.numel() > (1 << 20) || t.dims.empty()) continue;
-      const std::string name = tandem::GgufWeights::HfName(t.name);
-      const std::vector<int64_t> shape(t.dims.rbegin(), t.dims.rend());
-      buf.resize(t.numel());
+    // Every tensor by the names the engine asks for: an expert's slice of a
+    // stacked tensor by its own name.
+    for (const std::string& name : weights.TensorNames()) {
+      int expert = -1;
+      const tandem::GgufTensorInfo* t =
+          (*file)->FindTensor(tandem::GgufWeights::GgufName(name, &expert));
+      if (t == nullptr || t->dims.empty()) continue;
+      std::vector<int64_t> shape(t->dims.rbegin(), t->dims.rend());
+      if (expert >= 0) {
+        if (shape.size() != 3) continue;
+        shape.erase(shape.begin());
+      }
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      if (numel > (1 << 20)) continue;
+      buf.resize(numel);
       (void)weights.ReadF32(name, shape, buf.data());
       const std::optional<tandem::DType> type = weights.BlockType(name);
-      if (!type.has_value() || t.numel() % tandem::kBlockElems != 0) continue;
-      blocks.resize(tandem::DTypeBytes(*type, t.numel()));
+      if (!type.has_value() || numel % tandem::kBlockElems != 0) continue;
+      blocks.resize(tandem::DTypeBytes(*type, numel));
       (void)weights.ReadBlocks(name, shape, blocks.data());
     }
   }

@@ -1,5 +1,6 @@
 #include "common/model/gguf_weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -293,7 +294,11 @@ std::vector<std::string> GgufWeights::TensorNames() const {
     if (parts.size() == 3 && parts[0] == "blk" && absl::SimpleAtoi(parts[1], &layer)) {
       for (const ExpertTensor& e : kExpertTensors) {
         if (parts[2] == e.stacked && t.dims.size() == 3) {
-          for (int64_t k = 0; k < t.dims[2]; ++k) names.push_back(expert_name(parts[1], k, e));
+          // Experts past the config's count are listed up to one (the
+          // unused-tensor check names it): a file of empty slices may claim
+          // any count.
+          const int64_t listed = std::min<int64_t>(t.dims[2], int64_t{config_.num_experts} + 1);
+          for (int64_t k = 0; k < listed; ++k) names.push_back(expert_name(parts[1], k, e));
           named = true;
         }
         std::vector<std::string> legacy = absl::StrSplit(parts[2], '.');

@@ -356,6 +356,7 @@ TEST(GgufWeightsTest, StackedExpertsReadAsEachExpertsTensor) {
   LlamaConfig c;
   c.num_attention_heads = 1;
   c.num_key_value_heads = 1;
+  c.num_experts = experts;
   GgufWeights weights(f->get(), c);
   const size_t slice_bytes = DTypeBytes(DType::kQ8_0, rows * cols);
   for (int e = 0; e < experts; ++e) {
@@ -384,6 +385,9 @@ TEST(GgufWeightsTest, StackedExpertsReadAsEachExpertsTensor) {
             (std::vector<std::string>{"model.layers.0.mlp.experts.0.gate_proj.weight",
                                       "model.layers.0.mlp.experts.1.gate_proj.weight",
                                       "model.layers.0.mlp.experts.2.gate_proj.weight"}));
+  // More experts in the file than the config says: listed up to one past.
+  c.num_experts = 1;
+  EXPECT_EQ(GgufWeights(f->get(), c).TensorNames().size(), 2u);
   std::filesystem::remove(path);
 }
 
