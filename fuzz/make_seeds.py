@@ -11,14 +11,19 @@ from gguf import GGMLQuantizationType, GGUFWriter
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "gguf")
 
 
-def llama(path, tokenizer):
-    w = GGUFWriter(path, "llama")
+def shape(w):
+    """One layer, hidden 32, 2 heads over 1 KV head: every seed's."""
     w.add_block_count(1)
     w.add_context_length(64)
     w.add_embedding_length(32)
     w.add_feed_forward_length(64)
     w.add_head_count(2)
     w.add_head_count_kv(1)
+
+
+def llama(path, tokenizer):
+    w = GGUFWriter(path, "llama")
+    shape(w)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     tokens = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(97, 123)] + ["ab", "abc", " a"]
@@ -56,12 +61,7 @@ def qwen3moe(path):
     """Experts stacked as llama.cpp writes them (Q8_0), their router, and a
     Q4_K, an IQ4_XS and an IQ4_NL tensor under dense names."""
     w = GGUFWriter(path, "qwen3moe")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(32)
-    w.add_feed_forward_length(64)
-    w.add_head_count(2)
-    w.add_head_count_kv(1)
+    shape(w)
     w.add_key_length(16)
     w.add_value_length(16)
     w.add_expert_count(2)

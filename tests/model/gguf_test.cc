@@ -251,6 +251,42 @@ TEST(GgufWeightsTest, ReadBlocksKeepsBlocksAndUnpermutesQk) {
   std::filesystem::remove(path);
 }
 
+// A tensor of `type` written as one layer's k_proj of `rows` x `cols` (one
+// head: its rows un-permuted on read), read as the engine keeps it (blocks of
+// `kept_type`, widened) and as f32.
+struct KeptAndRead {
+  bool ok = false;
+  std::string blocks;
+  std::vector<float> kept, direct;
+};
+KeptAndRead ReadKeptAndF32(GgmlType type, const std::string& data, int64_t rows, int64_t cols,
+                           DType kept_type) {
+  KeptAndRead r;
+  GgufWriter w;
+  w.AddTensor("blk.0.attn_k.weight", {cols, rows}, type, data);
+  const std::string path = WriteTemp("kept", w.Serialize());
+  auto f = GgufFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return r;
+  LlamaConfig c;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  GgufWeights weights(f->get(), c);
+  const std::string k = "model.layers.0.self_attn.k_proj.weight";
+  EXPECT_EQ(weights.BlockType(k), kept_type);
+  r.blocks.assign(DTypeBytes(kept_type, rows * cols), '\0');
+  r.kept.resize(rows * cols);
+  r.direct.resize(rows * cols);
+  const absl::Status kept = weights.ReadBlocks(k, {rows, cols}, r.blocks.data());
+  const absl::Status direct = weights.ReadF32(k, {rows, cols}, r.direct.data());
+  EXPECT_TRUE(kept.ok()) << kept;
+  EXPECT_TRUE(direct.ok()) << direct;
+  ConvertToF32(r.blocks.data(), kept_type, r.kept.data(), rows * cols);
+  std::filesystem::remove(path);
+  r.ok = kept.ok() && direct.ok() && weights.BlockType(k) == kept_type;
+  return r;
+}
+
 // A Q5_0 tensor (most of a Q4_K_M file of a model whose rows are not
 // multiples of 256) and an IQ4_NL one (the same in an IQ4_XS file) are kept
 // as Q8_0 with exactly their values, every quant (and Q5_0's fifth bit)
@@ -267,26 +303,11 @@ TEST(GgufWeightsTest, Q5_0AndIq4NlAreKeptAsQ8_0Exactly) {
       const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff)) | ((rng() & 1) << 15);
       std::memcpy(&data[at], &d, 2);
     }
-    GgufWriter w;
-    w.AddTensor("blk.0.attn_k.weight", {cols, rows}, type, data);
-    const std::string path = WriteTemp("q8_exact", w.Serialize());
-    auto f = GgufFile::Open(path);
-    ASSERT_TRUE(f.ok()) << f.status();
-    LlamaConfig c;
-    c.num_attention_heads = 1;
-    c.num_key_value_heads = 1;  // one head of 4 rows: un-permuted on read
-    GgufWeights weights(f->get(), c);
-    const std::string k = "model.layers.0.self_attn.k_proj.weight";
-    EXPECT_EQ(weights.BlockType(k), DType::kQ8_0);
-    std::string blocks(DTypeBytes(DType::kQ8_0, rows * cols), '\0');
-    ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
-    std::vector<float> kept(rows * cols), direct(rows * cols);
-    ConvertToF32(blocks.data(), DType::kQ8_0, kept.data(), rows * cols);
-    ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
-    EXPECT_EQ(kept, direct);
-    std::set<float> distinct(direct.begin(), direct.end());
+    const KeptAndRead r = ReadKeptAndF32(type, data, rows, cols, DType::kQ8_0);
+    ASSERT_TRUE(r.ok);
+    EXPECT_EQ(r.kept, r.direct);
+    std::set<float> distinct(r.direct.begin(), r.direct.end());
     EXPECT_GT(distinct.size(), 100u);  // the random quants, not a constant
-    std::filesystem::remove(path);
   }
 }
 
@@ -301,22 +322,11 @@ TEST(GgufWeightsTest, Q4KIsKeptAsQ4_1SubBlocks) {
   const std::string data(std::istreambuf_iterator<char>(in), {});
   const int64_t rows = 6, cols = 256;  // the fixture's six blocks, one a row
   ASSERT_EQ(data.size(), static_cast<size_t>(rows * 144));
-  GgufWriter w;
-  w.AddTensor("blk.0.attn_k.weight", {cols, rows}, GgmlType::kQ4_K, data);
-  const std::string path = WriteTemp("q4_k", w.Serialize());
-  auto f = GgufFile::Open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
-  LlamaConfig c;
-  c.num_attention_heads = 1;
-  c.num_key_value_heads = 1;  // one head of 6 rows: un-permuted on read
-  GgufWeights weights(f->get(), c);
-  const std::string k = "model.layers.0.self_attn.k_proj.weight";
-  ASSERT_EQ(weights.BlockType(k), DType::kQ4_1);
-  std::string blocks(DTypeBytes(DType::kQ4_1, rows * cols), '\0');
-  ASSERT_TRUE(weights.ReadBlocks(k, {rows, cols}, blocks.data()).ok());
-  std::vector<float> kept(rows * cols), direct(rows * cols);
-  ConvertToF32(blocks.data(), DType::kQ4_1, kept.data(), rows * cols);
-  ASSERT_TRUE(weights.ReadF32(k, {rows, cols}, direct.data()).ok());
+  const KeptAndRead r = ReadKeptAndF32(GgmlType::kQ4_K, data, rows, cols, DType::kQ4_1);
+  ASSERT_TRUE(r.ok);
+  const std::string& blocks = r.blocks;
+  const std::vector<float>& kept = r.kept;
+  const std::vector<float>& direct = r.direct;
   for (int64_t b = 0; b < rows * cols / 32; ++b) {
     uint16_t dh, mh;
     std::memcpy(&dh, &blocks[b * 20], 2);
@@ -329,7 +339,6 @@ TEST(GgufWeightsTest, Q4KIsKeptAsQ4_1SubBlocks) {
   }
   std::set<float> distinct(direct.begin(), direct.end());
   EXPECT_GT(distinct.size(), 500u);  // the random quants, not a constant
-  std::filesystem::remove(path);
 }
 
 // Experts stacked in one GGUF tensor [experts, rows, cols] (llama.cpp's
