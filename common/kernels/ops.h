@@ -142,9 +142,12 @@ class Ops {
   // out[n, H] = sum over the top_k experts e of softmax(x . router^T) of
   // score_e * down_e(silu(gate_e x) * up_e x), per row (Qwen3-MoE's sparse
   // block), + sigmoid(x . shared_gate) * the shared expert's MLP of x where
-  // there is one (Qwen2-MoE's). Routing is computed when the op runs, from x.
+  // there is one (Qwen2-MoE's). Routing is computed when the op runs, from x;
+  // rows past query_start_loc[num_reqs] of `meta` are padding: not routed
+  // (a graph's padding would send its rows to experts no token asked for),
+  // their output zero.
   virtual void MoeMlp(const Tensor& x, const MoeWeights& w, const MoeBuffers& scratch,
-                      const Tensor& out) {
+                      const AttentionMetadata& meta, const Tensor& out) {
     TANDEM_CHECK(false) << "MoeMlp on a backend without experts";  // Load() refuses first
   }
   // out[i, :] = src[indices[i], :] for the first `rows` rows of out.

@@ -476,7 +476,7 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
     ops_->Matmul(b.attn_out.Rows(n), prev.o, b.hidden.Rows(n));
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), prev.post_norm, eps, b.normed.Rows(n));
     if (prev.moe.gate_up.data != nullptr) {
-      ops_->MoeMlp(b.normed.Rows(n), prev.moe, b.moe, b.hidden.Rows(n));
+      ops_->MoeMlp(b.normed.Rows(n), prev.moe, b.moe, b.meta, b.hidden.Rows(n));
     } else {
       ops_->MatmulSiluMul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n), b.mlp_act.Rows(n));
       ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));

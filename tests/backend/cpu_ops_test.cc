@@ -172,6 +172,108 @@ TEST_P(CpuOpsTest, MatmulAllRowCountsAndOddSizes) {
   ASSERT_TRUE(cpu::UseTarget(""));
 }
 
+// MoeMlp against a double-precision loop: each real row's top-k experts of
+// the router's softmax (renormalized or not), the shared expert gated by a
+// sigmoid where there is one, in f32 and in Q8_0 weights (within the int16
+// rounding of x); rows past query_start_loc[num_reqs] (a graph's padding)
+// come out zero.
+TEST_P(CpuOpsTest, MoeMlpRoutesRealRowsToTheirTopExperts) {
+  const int64_t h = 64, inter = 32, shared_inter = 64, experts = 6, rows = 9, real = 7;
+  for (const DType dt : {DType::kF32, DType::kQ8_0})
+  for (const bool renormalize : {false, true})
+  for (const bool with_shared : {false, true}) {
+    SCOPED_TRACE(std::string(DTypeName(dt)) + (renormalize ? " renormalized" : "") +
+                 (with_shared ? " shared" : ""));
+    MoeWeights w;
+    w.router = Random({experts, h}, -2, 2);
+    w.gate_up = RandomAs(dt, {experts * 2 * inter, h});
+    w.down = RandomAs(dt, {experts * h, inter});
+    w.top_k = 2;
+    w.renormalize = renormalize;
+    if (with_shared) {
+      w.shared_gate_up = RandomAs(dt, {2 * shared_inter, h});
+      w.shared_down = RandomAs(dt, {h, shared_inter});
+      w.shared_gate = Random({1, h});
+    }
+    const int64_t wide = with_shared ? shared_inter : inter;
+    MoeBuffers b;
+    b.router_logits = arena_->Allocate(DType::kF32, {rows, experts}).value();
+    b.x = arena_->Allocate(DType::kF32, {rows, h}).value();
+    b.gate_up = arena_->Allocate(DType::kF32, {rows, 2 * wide}).value();
+    b.act = arena_->Allocate(DType::kF32, {rows, wide}).value();
+    b.y = arena_->Allocate(DType::kF32, {rows, h}).value();
+    AttentionMetadata meta;
+    meta.num_reqs = Ints({1}, {2});
+    meta.query_start_loc = Ints({3}, {0, 4, static_cast<int32_t>(real)});
+    Tensor x = Random({rows, h});
+    Tensor out = Random({rows, h});  // stale values: every row is written
+    ops().MoeMlp(x, w, b, meta, out);
+
+    const std::vector<float> gate_up = AsF32(w.gate_up), down = AsF32(w.down);
+    const std::vector<float> shared_gate_up = with_shared ? AsF32(w.shared_gate_up)
+                                                          : std::vector<float>();
+    const std::vector<float> shared_down = with_shared ? AsF32(w.shared_down)
+                                                       : std::vector<float>();
+    // One SwiGLU MLP of row i (gate rows, then up rows, from `gu`).
+    auto mlp = [&](int64_t i, const float* gu, const float* dn, int64_t width,
+                   std::vector<double>* y, std::vector<double>* scale) {
+      std::vector<double> act(width);
+      for (int64_t j = 0; j < width; ++j) {
+        double g = 0, u = 0;
+        for (int64_t d = 0; d < h; ++d) {
+          g += double(x.f32()[i * h + d]) * gu[j * h + d];
+          u += double(x.f32()[i * h + d]) * gu[(width + j) * h + d];
+        }
+        act[j] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t c = 0; c < h; ++c) {
+        double s = 0, a = 0;
+        for (int64_t j = 0; j < width; ++j) {
+          s += act[j] * dn[c * width + j];
+          a += std::fabs(act[j] * dn[c * width + j]);
+        }
+        (*y)[c] = s;
+        (*scale)[c] = a;
+      }
+    };
+    std::vector<double> want(rows * h, 0.0), scale(rows * h, 0.0);
+    for (int64_t i = 0; i < real; ++i) {
+      std::vector<double> p(experts);
+      double top = -1e30, sum = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        for (int64_t d = 0; d < h; ++d) p[e] += double(x.f32()[i * h + d]) * w.router.f32()[e * h + d];
+        top = std::max(top, p[e]);
+      }
+      for (double& v : p) sum += (v = std::exp(v - top));
+      for (double& v : p) v /= sum;
+      std::vector<int64_t> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return p[a] > p[c]; });
+      const double chosen = p[order[0]] + p[order[1]];
+      std::vector<double> y(h), s(h);
+      for (int k = 0; k < 2; ++k) {
+        const int64_t e = order[k];
+        mlp(i, gate_up.data() + e * 2 * inter * h, down.data() + e * h * inter, inter, &y, &s);
+        const double weight = renormalize ? p[e] / chosen : p[e];
+        for (int64_t c = 0; c < h; ++c) {
+          want[i * h + c] += weight * y[c];
+          scale[i * h + c] += weight * s[c];
+        }
+      }
+      if (!with_shared) continue;
+      mlp(i, shared_gate_up.data(), shared_down.data(), shared_inter, &y, &s);
+      double g = 0;
+      for (int64_t d = 0; d < h; ++d) g += double(x.f32()[i * h + d]) * w.shared_gate.f32()[d];
+      const double weight = 1 / (1 + std::exp(-g));
+      for (int64_t c = 0; c < h; ++c) {
+        want[i * h + c] += weight * y[c];
+        scale[i * h + c] += weight * s[c];
+      }
+    }
+    ExpectNear(out.f32(), want, scale, dt == DType::kF32 ? 1e-5 : 1e-3, "moe");
+  }
+}
+
 // Narrow weights (q8_0 by --weight-dtype, bf16 by --dtype): the small-batch
 // kernels and the widen-then-sgemm path against double loops over the widened
 // weights (what the kernels must compute exactly, up to f32 rounding), and

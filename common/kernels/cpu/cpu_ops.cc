@@ -257,8 +257,8 @@ class CpuOps : public Ops {
   bool supports_experts() const override { return true; }
 
   void MoeMlp(const Tensor& x, const MoeWeights& w, const MoeBuffers& scratch,
-              const Tensor& out) override {
-    const int64_t n = out.dim(0), h = out.dim(1), experts = w.router.dim(0);
+              const AttentionMetadata& meta, const Tensor& out) override {
+    const int64_t n_rows = out.dim(0), h = out.dim(1), experts = w.router.dim(0);
     const int64_t inter = w.down.dim(1);
     const bool shared = w.shared_gate_up.data != nullptr;
     const int64_t shared_inter = shared ? w.shared_down.dim(1) : 0;
@@ -266,8 +266,8 @@ class CpuOps : public Ops {
     TANDEM_CHECK(x.dim(1) == h && w.router.dim(1) == h && w.gate_up.dim(1) == h &&
                  w.gate_up.dim(0) == experts * 2 * inter && w.down.dim(0) == experts * h &&
                  w.top_k > 0 && w.top_k <= experts && scratch.router_logits.dim(1) == experts &&
-                 scratch.x.dim(0) >= n && scratch.gate_up.numel() >= n * 2 * wide &&
-                 scratch.act.numel() >= n * wide && scratch.y.dim(1) == h &&
+                 scratch.x.dim(0) >= n_rows && scratch.gate_up.numel() >= n_rows * 2 * wide &&
+                 scratch.act.numel() >= n_rows * wide && scratch.y.dim(1) == h &&
                  (!shared || (w.shared_gate_up.dim(0) == 2 * shared_inter &&
                               w.shared_gate_up.dim(1) == h && w.shared_down.dim(0) == h &&
                               w.shared_gate.numel() == h)))
@@ -290,8 +290,12 @@ class CpuOps : public Ops {
     ThreadPool* pool = pool_.get();
     std::vector<std::vector<float>>* mm_scratch = &scratch_;
     MoeRouting* routing = &routing_;
+    const int32_t* num_reqs = meta.num_reqs.i32();
+    const int32_t* query_start = meta.query_start_loc.i32();
     stream_->Launch("moe", [=] {
-      if (n == 0) return;
+      std::fill(o, o + n_rows * h, 0.f);
+      const int64_t n = std::min<int64_t>(n_rows, query_start[num_reqs[0]]);  // the real rows
+      if (n <= 0) return;
       MatmulNow(pool, mm_scratch, xs, n, wts.router.dtype, wts.router.as<uint8_t>(), h, experts,
                 logits);
       // Each row's experts by score (softmax in f32 as transformers' router,
@@ -321,7 +325,6 @@ class CpuOps : public Ops {
                                                               : l[order[j]]);
         }
       }
-      std::fill(o, o + n * h, 0.f);
       // y[m, H] = one SwiGLU MLP of the m rows of `in` (gate rows, then up
       // rows, in gate_up; width `width`).
       const auto mlp = [=](const float* in, int64_t m, DType gate_up_type,
