@@ -62,7 +62,9 @@ absl::StatusOr<Timing> TimeStep(ModelRunner& runner, const std::vector<Scheduled
 
 // The floor of a memory-bound decode step: the median time to read the
 // weights a decode step streams (StreamedWeights) once, with `threads`
-// threads over 1 MiB spans, as the CPU kernels read them.
+// threads over 1 MiB spans, as the CPU kernels read them. A model with
+// experts streams as many of them as one token is routed to (each sparse
+// layer's first top_k, standing in for a token's): the batch-1 floor.
 struct ReadProbe {
   double bytes = 0;
   double median_ms = 0;
@@ -74,7 +76,9 @@ ReadProbe MeasureWeightRead(const LlamaModel& model, int threads, int iters) {
   };
   std::vector<Span> spans;
   ReadProbe probe;
-  for (const Tensor& t : model.StreamedWeights()) {
+  std::vector<Tensor> streamed = model.StreamedWeights();
+  for (const Tensor& t : model.RoutedExpertsOfOneToken()) streamed.push_back(t);
+  for (const Tensor& t : streamed) {
     const int64_t n = static_cast<int64_t>(t.nbytes() / sizeof(float));
     probe.bytes += static_cast<double>(t.nbytes());
     for (int64_t i = 0; i < n; i += int64_t{1} << 18) {
@@ -121,8 +125,18 @@ SgemmProbe MeasureSgemm(int threads, int64_t rows, int64_t big_n, int64_t k, int
 // LM head for the `sampled` rows only.
 double MatmulFlops(const LlamaConfig& c, int tokens, int sampled) {
   const double h = c.hidden_size, q = double(c.num_attention_heads) * c.head_dim;
-  const double per_layer = h * c.qkv_size() + q * h + 3.0 * h * c.intermediate_size;
-  return 2.0 * tokens * per_layer * c.num_hidden_layers + 2.0 * sampled * h * c.vocab_size;
+  const double attention = h * c.qkv_size() + q * h;
+  // A sparse layer: its router, the experts each token is routed to and the
+  // shared expert it always takes.
+  const double sparse_mlp = h * c.num_experts + 3.0 * h *
+                                                    (double(c.num_experts_per_tok) *
+                                                         c.moe_intermediate_size +
+                                                     c.shared_expert_intermediate_size);
+  double layers = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    layers += attention + (c.IsSparseLayer(i) ? sparse_mlp : 3.0 * h * c.intermediate_size);
+  }
+  return 2.0 * tokens * layers + 2.0 * sampled * h * c.vocab_size;
 }
 
 int RunStep(const std::vector<std::string>& args) {
@@ -181,9 +195,15 @@ int RunStep(const std::vector<std::string>& args) {
   const LlamaConfig& mc = (*engine)->model_config();
   if (cpu) {
     probe = MeasureWeightRead(runner.model(), threads, std::max(iters, 5));
-    std::printf("read probe: a decode step streams %.1f MB of weights; reading them once takes "
+    std::printf("read probe: a decode step streams %.1f MB of weights%s; reading them once takes "
                 "%.3f ms (%.1f GB/s, %d threads)\n",
-                probe.bytes / 1e6, probe.median_ms, probe.bytes / probe.median_ms / 1e6, threads);
+                probe.bytes / 1e6,
+                mc.num_experts > 0
+                    ? absl::StrFormat(" (one token's %d of %d experts a sparse layer)",
+                                      mc.num_experts_per_tok, mc.num_experts)
+                          .c_str()
+                    : "",
+                probe.median_ms, probe.bytes / probe.median_ms / 1e6, threads);
     sgemm = MeasureSgemm(threads, max_prefill, 2 * mc.intermediate_size, mc.hidden_size,
                          std::max(iters, 3));
     std::printf("sgemm probe: OpenBLAS (%s kernels) [%ld x %ld] x [%ld x %ld]^T at %.1f GFLOP/s "

@@ -126,6 +126,18 @@ std::vector<Tensor> LlamaModel::StreamedWeights() const {
   return out;
 }
 
+std::vector<Tensor> LlamaModel::RoutedExpertsOfOneToken() const {
+  std::vector<Tensor> out;
+  for (const Layer& l : layers_) {
+    if (l.moe.gate_up.data == nullptr) continue;
+    const int64_t experts = l.moe.router.dim(0);
+    for (const Tensor* t : {&l.moe.gate_up, &l.moe.down}) {
+      out.push_back(t->Rows(t->dim(0) / experts * l.moe.top_k));
+    }
+  }
+  return out;
+}
+
 std::vector<Tensor> LlamaModel::MatmulWeights() const {
   std::vector<Tensor> out;
   for (const Tensor& t : StreamedWeights()) {

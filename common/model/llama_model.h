@@ -88,6 +88,10 @@ class LlamaModel {
   // norm and the lm_head (embedding rows are gathered, not streamed), as
   // tensors of the model's arena. `tandem bench step` times reading them.
   std::vector<Tensor> StreamedWeights() const;
+  // What one token's experts add to that: each sparse layer's first top_k
+  // experts' rows (gate_up and down), as many bytes as a token routed
+  // anywhere reads. Empty for a dense model.
+  std::vector<Tensor> RoutedExpertsOfOneToken() const;
   // The matmul weights' dtypes and how many tensors each, e.g. "q4_1 x210,
   // q8_0 x1" (logs and benchmarks).
   std::string WeightDTypes() const;
