@@ -30,7 +30,7 @@ struct BackendOptions {
   std::string dtype = "auto";
   int threads = 0;  // cpu: threads of every op (0: every CPU this process may use)
   // Matmul weights: auto (cpu: a GGUF's quantized tensors kept in their blocks,
-  // Q4_0, Q4_1 and Q8_0 as stored, the other block types as Q8_0, the rest in
+  // Q4_0, Q4_1 and Q8_0 as stored, Q4_K as Q4_1, the other block types as Q8_0, the rest in
   // the storage dtype; cuda: the storage dtype), dense (every matmul weight in
   // the storage dtype: a GGUF's blocks widened), q8_0 (cpu, weight-only 8-bit)
   // or gguf (the old name of auto's cpu behaviour).

@@ -14,8 +14,8 @@ void EngineFlags::Register(FlagSet* f) {
          "storage dtype of weights, activations and KV: auto (cpu: f32, cuda: bf16), f32, "
          "bf16 or f16 (cuda); cpu bf16 keeps weights and KV in bf16, activations in f32");
   f->Add("weight-dtype", &weight_dtype,
-         "matmul weights: auto (cpu: a GGUF's Q4_0/Q4_1/Q8_0 tensors as stored, its Q5_x and "
-         "K-quant ones as Q8_0, the rest in --dtype; cuda: --dtype), dense (every matmul "
+         "matmul weights: auto (cpu: a GGUF's Q4_0/Q4_1/Q8_0 tensors as stored, Q4_K as Q4_1, "
+         "its other block types as Q8_0, the rest in --dtype; cuda: --dtype), dense (every matmul "
          "weight in --dtype, a GGUF's blocks widened), q8_0 (cpu: 8-bit weights, f32 "
          "activations, KV in --dtype) or gguf (the old name of auto on the cpu)");
   f->Add("cudagraph-mode", &cudagraph_mode,
