@@ -403,7 +403,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   RETURN_IF_ERROR(load(m->embed_, {{"model.embed_tokens.weight", c.vocab_size}}));
   RETURN_IF_ERROR(load(m->final_norm_, {{"model.norm.weight", h}}));
   if (!c.tie_word_embeddings) RETURN_IF_ERROR(load(m->lm_head_, {{"lm_head.weight", c.vocab_size}}));
+  // A large model's load (tens of GB decoded, a 30B MoE's experts requantized
+  // layer by layer) says how far it is, every few seconds.
+  auto last_report = std::chrono::steady_clock::now();
   for (int i = 0; i < c.num_hidden_layers; ++i) {
+    if (const auto now = std::chrono::steady_clock::now();
+        now - last_report >= std::chrono::seconds(5)) {
+      last_report = now;
+      TANDEM_LOG(INFO) << "loading model '" << spec << "': " << i << " of "
+                       << c.num_hidden_layers << " layers read, "
+                       << absl::StrFormat("%.1f",
+                                          std::chrono::duration<double>(now - start).count())
+                       << " s";
+    }
     const std::string p = absl::StrCat("model.layers.", i, ".");
     const LayerSources names = LayerTensorNames(c, i);
     Layer& l = m->layers_[i];
