@@ -62,15 +62,18 @@ std::optional<DType> GgmlTypeToDType(GgmlType type);
 // type to f32, as llama.cpp's dequantize_row_* (bit layouts in gguf.cc). The
 // block decoders shared by every reader of ggml data.
 void DequantizeGgml(GgmlType type, const uint8_t* src, float* dst, int64_t n);
-// The int8 level IQ4_NL's 4-bit quant `q` (0..15) stands for: an IQ4_NL
-// block is exactly a Q8_0 block of these levels with the same scale.
-int8_t Iq4NlLevel(int q);
 
-// One Q4_K block (256 elements) as the eight Q4_1 blocks (20 bytes each,
-// into `out`) of its 32-element sub-blocks: each is the same 4-bit quants
-// with scale d * scale_j and minimum -dmin * min_j, those rounded to f16 (a
-// relative 2^-11 of the scale; the quants are exact).
-void Q4KToQ4_1(const uint8_t* block, uint8_t* out);
+// The block type the CPU kernels keep a tensor of `type` in (weights kept as
+// the file's blocks): its own for Q8_0, Q4_0 and Q4_1, Q4_1 for Q4_K, Q8_0
+// for the other block types; none for F32, F16 and BF16.
+std::optional<DType> KeptBlockType(GgmlType type);
+// Writes `n` elements of `type` (whole blocks of both types) as
+// KeptBlockType(type) blocks into `dst`: copied (its own type); repacked
+// exactly (Q5_0 and IQ4_NL as Q8_0 blocks of the same scale and values);
+// repacked sub-block by sub-block (Q4_K as Q4_1: the same quants, each
+// sub-block's scale and minimum rounded to f16, a relative 2^-11); or
+// decoded and requantized (the rest).
+void ToKeptBlocks(GgmlType type, const uint8_t* src, int64_t n, void* dst);
 
 // GGUF metadata value types.
 enum class GgufValueType : uint32_t {
@@ -132,6 +135,8 @@ class GgufFile {
   // Decodes the whole tensor to f32 into `dst` (numel() floats).
   // INVALID_ARGUMENT names the tensor and an unsupported type.
   absl::Status ReadF32(const GgufTensorInfo& t, float* dst) const;
+  // OK when this reader decodes the tensor's type; else ReadF32's error.
+  absl::Status CheckDecodable(const GgufTensorInfo& t) const;
 
  private:
   GgufFile() = default;

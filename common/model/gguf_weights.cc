@@ -339,15 +339,12 @@ absl::StatusOr<GgufWeights::View> GgufWeights::Find(const std::string& name,
         ", expected ", ShapeText(expert >= 0 ? want : shape),
         expert >= 0 ? absl::StrCat(" (expert ", expert, " of '", name, "')") : ""));
   }
+  RETURN_IF_ERROR(file_->CheckDecodable(*t));
   View v{t, file_->TensorData(*t), t->numel()};
-  if (expert >= 0) {
-    v.numel = t->numel() / hf_shape[0];
+  if (expert >= 0) {  // whole blocks a slice (the type's rows are whole blocks)
     int64_t elems = 0, bytes = 0;
-    if (!GgmlBlockLayout(t->type, &elems, &bytes) || v.numel % elems != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t->name, "' in ", file_->path(), " has type ", GgmlTypeName(t->type),
-          ", which is not supported (", SupportedGgmlTypeNames(), ")"));
-    }
+    GgmlBlockLayout(t->type, &elems, &bytes);
+    v.numel = t->numel() / hf_shape[0];
     v.data += expert * (v.numel / elems) * bytes;
   }
   return v;
@@ -366,13 +363,8 @@ void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_ro
 absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                                   float* dst) const {
   ASSIGN_OR_RETURN(const View v, Find(name, shape));
-  const GgufTensorInfo* t = v.tensor;
-  if (v.numel == t->numel()) {
-    RETURN_IF_ERROR(file_->ReadF32(*t, dst));
-  } else {  // an expert's slice: Find checked its type
-    DequantizeGgml(static_cast<GgmlType>(t->type), v.data, dst, v.numel);
-  }
-  UnpermuteIfQk(t->name, reinterpret_cast<char*>(dst), shape[0],
+  DequantizeGgml(static_cast<GgmlType>(v.tensor->type), v.data, dst, v.numel);
+  UnpermuteIfQk(v.tensor->name, reinterpret_cast<char*>(dst), shape[0],
                 sizeof(float) * (shape.size() == 2 ? shape[1] : 1));
   return absl::OkStatus();
 }
@@ -381,82 +373,21 @@ std::optional<DType> GgufWeights::BlockType(const std::string& name) const {
   int expert = -1;
   const GgufTensorInfo* t = Resolve(name, &expert);
   if (t == nullptr) return std::nullopt;
-  const std::optional<DType> dt = GgmlTypeToDType(static_cast<GgmlType>(t->type));
-  if (dt.has_value()) {
-    if (!IsBlockType(*dt)) return std::nullopt;
-    return dt;
-  }
-  // Q5_0 and IQ4_NL are kept as Q8_0 blocks with the same scale and their
-  // values as int8: the same values exactly. Q5_1, the K-quants and IQ4_XS
-  // have no kernels of their own either: they are requantized to Q8_0 (rows of 256 or 32
-  // elements are whole Q8_0 blocks), not widened to f32, so a Q4_K_M file
-  // streams 8.5 bits per weight, not 32. (Kernels multiplying Q4_K and Q6_K
-  // as stored, int16 lanes, cost 3.4x Q8_0's time per weight on an AVX2
-  // EPYC, where decode of SmolLM2 is bound by arithmetic, not bytes: 27.5-32
-  // against 20.6-21.8 ms per step.)
-  // Q4_K's 32-element sub-blocks are Q4_1 blocks up to the f16 rounding
-  // of their scales (Q4KToQ4_1): kept so, 5 bits a weight instead of Q8_0's
-  // 8.5, multiplied by the Q4_1 kernels.
-  if (static_cast<GgmlType>(t->type) == GgmlType::kQ4_K) return DType::kQ4_1;
-  int64_t elems = 0, bytes = 0;
-  if (GgmlBlockLayout(t->type, &elems, &bytes) && elems > 1) return DType::kQ8_0;
-  return std::nullopt;
+  return KeptBlockType(static_cast<GgmlType>(t->type));
 }
 
 absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<int64_t>& shape,
                                      void* dst) const {
   ASSIGN_OR_RETURN(const View v, Find(name, shape));
   const GgufTensorInfo* t = v.tensor;
-  const std::optional<DType> dt = BlockType(name);
+  const std::optional<DType> dt = KeptBlockType(static_cast<GgmlType>(t->type));
   if (!dt.has_value() || shape.size() != 2 || shape[1] % kBlockElems != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor '", t->name, "' in ", file_->path(), " is ", GgmlTypeName(t->type),
         ", not rows of whole blocks of a type the kernels multiply (or keep as Q8_0)"));
   }
-  const size_t row_bytes = DTypeBytes(*dt, shape[1]);
-  const GgmlType type = static_cast<GgmlType>(t->type);
-  if (type == GgmlType::kQ5_0 || type == GgmlType::kIQ4_NL) {  // exactly, as Q8_0
-    // Both are a scale and 32 small integers (Q5_0's 5-bit quants - 16,
-    // IQ4_NL's levels) that int8 holds: a Q8_0 block of the same values.
-    const int64_t in_bytes = type == GgmlType::kQ5_0 ? 2 + 4 + 16 : 2 + 16;
-    const uint8_t* in = v.data;
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    const int64_t blocks = shape[0] * shape[1] / kBlockElems;
-    for (int64_t b = 0; b < blocks; ++b, in += in_bytes, out += kQ8BlockBytes) {
-      std::memcpy(out, in, 2);  // d
-      if (type == GgmlType::kIQ4_NL) {
-        for (int j = 0; j < 16; ++j) {
-          out[2 + j] = static_cast<uint8_t>(Iq4NlLevel(in[2 + j] & 0xF));
-          out[2 + 16 + j] = static_cast<uint8_t>(Iq4NlLevel(in[2 + j] >> 4));
-        }
-        continue;
-      }
-      const uint32_t qh = in[2] | (in[3] << 8) | (in[4] << 16) | (uint32_t{in[5]} << 24);
-      for (int j = 0; j < 32; ++j) {
-        const int low = j < 16 ? in[6 + j] & 0xF : in[6 + j - 16] >> 4;
-        out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>((low | (((qh >> j) & 1) << 4)) - 16));
-      }
-    }
-    UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
-    return absl::OkStatus();
-  }
-  if (type == GgmlType::kQ4_K) {  // as Q4_1, sub-block by sub-block
-    const uint8_t* in = v.data;
-    uint8_t* out = static_cast<uint8_t*>(dst);
-    const int64_t blocks = shape[0] * shape[1] / 256;
-    for (int64_t b = 0; b < blocks; ++b) Q4KToQ4_1(in + b * 144, out + b * 8 * 20);
-    UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
-    return absl::OkStatus();
-  }
-  if (GgmlTypeToDType(type) != dt) {
-    // Requantized: decoded (and un-permuted) to f32, then rounded to Q8_0.
-    std::vector<float> values(shape[0] * shape[1]);
-    RETURN_IF_ERROR(ReadF32(name, shape, values.data()));
-    ConvertFromF32(values.data(), *dt, dst, static_cast<int64_t>(values.size()));
-    return absl::OkStatus();
-  }
-  std::memcpy(dst, v.data, row_bytes * shape[0]);
-  UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], row_bytes);
+  ToKeptBlocks(static_cast<GgmlType>(t->type), v.data, v.numel, dst);
+  UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], DTypeBytes(*dt, shape[1]));
   return absl::OkStatus();
 }
 
