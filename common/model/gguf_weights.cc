@@ -39,20 +39,17 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
 };
 // Experts: GGUF stacks every expert's matrix of a layer in one tensor
 // [experts, rows, cols] (files written before 2024-04 hold one tensor an
-// expert, "ffn_gate.J.weight"); Hugging Face names each
-// ("<block>.experts.J.<name>.weight", ExpertsSpec).
+// expert, "ffn_gate.J.weight"); Hugging Face names each (ExpertTensorSuffix).
+// By matrix: gate, up, down.
 struct ExpertTensor {
   const char* stacked;  // GGUF suffix after "blk.N."
   const char* legacy;   // GGUF "blk.N.<legacy>.J.weight"
-  const char* qwen;     // Hugging Face names
-  const char* mixtral;
 };
 constexpr ExpertTensor kExpertTensors[] = {
-    {"ffn_gate_exps.weight", "ffn_gate", "gate_proj", "w1"},
-    {"ffn_up_exps.weight", "ffn_up", "up_proj", "w3"},
-    {"ffn_down_exps.weight", "ffn_down", "down_proj", "w2"},
+    {"ffn_gate_exps.weight", "ffn_gate"},
+    {"ffn_up_exps.weight", "ffn_up"},
+    {"ffn_down_exps.weight", "ffn_down"},
 };
-constexpr absl::string_view kExpertBlocks[] = {"mlp", "block_sparse_moe"};
 constexpr std::pair<const char*, const char*> kGlobalNames[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -222,22 +219,10 @@ std::string GgufWeights::GgufName(const std::string& hf, int* expert) {
   for (const auto& [g, h] : kLayerNames) {
     if (parts[1] == h) return absl::StrCat("blk.", parts[0], ".", g);
   }
-  for (absl::string_view block : kExpertBlocks) {
-    const std::string prefix = absl::StrCat(block, ".experts.");
-    if (!absl::StartsWith(parts[1], prefix)) continue;
-    std::vector<std::string> rest =
-        absl::StrSplit(parts[1].substr(prefix.size()), absl::MaxSplits('.', 1));
-    int j = 0;
-    if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &j) || j < 0) return "";
-    for (const ExpertTensor& e : kExpertTensors) {
-      if (rest[1] == absl::StrCat(e.qwen, ".weight") ||
-          rest[1] == absl::StrCat(e.mixtral, ".weight")) {
-        if (expert != nullptr) *expert = j;
-        return absl::StrCat("blk.", parts[0], ".", e.stacked);
-      }
-    }
-  }
-  return "";
+  int j = 0, matrix = 0;
+  if (!ParseExpertTensorSuffix(parts[1], &j, &matrix)) return "";
+  if (expert != nullptr) *expert = j;
+  return absl::StrCat("blk.", parts[0], ".", kExpertTensors[matrix].stacked);
 }
 
 std::string GgufWeights::HfName(const std::string& gguf) {
@@ -277,14 +262,11 @@ bool GgufWeights::Has(const std::string& name) const {
 }
 
 std::vector<std::string> GgufWeights::TensorNames() const {
-  // Experts by the family's names (Qwen's where it has none: a file whose
-  // experts the config did not announce then fails the unused-tensor check).
-  const ExpertsSpec qwen{"mlp", "gate_proj", "up_proj", "down_proj", false, false};
-  const ExpertsSpec& x = config_.family->experts ? *config_.family->experts : qwen;
-  const bool mixtral = absl::string_view(x.gate) == "w1";
-  auto expert_name = [&](absl::string_view layer, int64_t j, const ExpertTensor& e) {
-    return absl::StrCat("model.layers.", layer, ".", x.block, ".experts.", j, ".",
-                        mixtral ? e.mixtral : e.qwen, ".weight");
+  // Experts by the family's names.
+  const ExpertsSpec& x =
+      config_.family->experts ? *config_.family->experts : DefaultExpertsSpec();
+  auto expert_name = [&](absl::string_view layer, int64_t j, int matrix) {
+    return absl::StrCat("model.layers.", layer, ".", ExpertTensorSuffix(x, j, matrix));
   };
   std::vector<std::string> names;
   for (const GgufTensorInfo& t : file_->tensors()) {
@@ -292,24 +274,25 @@ std::vector<std::string> GgufWeights::TensorNames() const {
     int layer = 0, j = 0;
     bool named = false;
     if (parts.size() == 3 && parts[0] == "blk" && absl::SimpleAtoi(parts[1], &layer)) {
-      for (const ExpertTensor& e : kExpertTensors) {
+      for (int matrix = 0; matrix < 3; ++matrix) {
+        const ExpertTensor& e = kExpertTensors[matrix];
         if (parts[2] == e.stacked && t.dims.size() == 3) {
           // Experts past the config's count are listed up to one (the
           // unused-tensor check names it): a file of empty slices may claim
           // any count.
           const int64_t listed = std::min<int64_t>(t.dims[2], int64_t{config_.num_experts} + 1);
-          for (int64_t k = 0; k < listed; ++k) names.push_back(expert_name(parts[1], k, e));
+          for (int64_t k = 0; k < listed; ++k) names.push_back(expert_name(parts[1], k, matrix));
           named = true;
         }
         std::vector<std::string> legacy = absl::StrSplit(parts[2], '.');
         if (legacy.size() == 3 && legacy[0] == e.legacy && legacy[2] == "weight" &&
             absl::SimpleAtoi(legacy[1], &j)) {
-          names.push_back(expert_name(parts[1], j, e));
+          names.push_back(expert_name(parts[1], j, matrix));
           named = true;
         }
       }
       if (parts[2] == "ffn_gate_inp.weight") {
-        names.push_back(absl::StrCat("model.layers.", parts[1], ".", x.block, ".gate.weight"));
+        names.push_back(absl::StrCat("model.layers.", parts[1], ".", RouterTensorSuffix(x)));
         named = true;
       }
     }

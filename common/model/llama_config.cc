@@ -6,6 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -31,6 +34,36 @@ constexpr ModelFamily kFamilies[] = {
 };
 
 }  // namespace
+
+std::string ExpertTensorSuffix(const ExpertsSpec& spec, int64_t expert, int matrix) {
+  const char* name = matrix == 0 ? spec.gate : matrix == 1 ? spec.up : spec.down;
+  return absl::StrCat(spec.block, ".experts.", expert, ".", name, ".weight");
+}
+
+std::string RouterTensorSuffix(const ExpertsSpec& spec) {
+  return absl::StrCat(spec.block, ".gate.weight");
+}
+
+bool ParseExpertTensorSuffix(absl::string_view suffix, int* expert, int* matrix) {
+  for (const ExpertsSpec* spec : {&kQwenExperts, &kMixtralExperts}) {
+    const std::string prefix = absl::StrCat(spec->block, ".experts.");
+    if (!absl::StartsWith(suffix, prefix)) continue;
+    const std::vector<std::string> rest =
+        absl::StrSplit(suffix.substr(prefix.size()), absl::MaxSplits('.', 1));
+    int j = 0;
+    if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &j) || j < 0) return false;
+    for (int m = 0; m < 3; ++m) {
+      if (suffix == ExpertTensorSuffix(*spec, j, m)) {
+        *expert = j;
+        *matrix = m;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+const ExpertsSpec& DefaultExpertsSpec() { return kQwenExperts; }
 
 const ModelFamily* FindHfFamily(absl::string_view hf_architecture) {
   for (const ModelFamily& f : kFamilies) {

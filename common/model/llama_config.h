@@ -34,6 +34,17 @@ struct ExpertsSpec {
   bool intermediate_size_wide;
 };
 
+// The Hugging Face name, after "model.layers.N.", of expert `expert`'s gate
+// (matrix 0), up (1) or down (2) under `spec`'s names, and of the router.
+std::string ExpertTensorSuffix(const ExpertsSpec& spec, int64_t expert, int matrix);
+std::string RouterTensorSuffix(const ExpertsSpec& spec);
+// The expert and matrix a layer tensor's suffix names under any family's
+// names ("mlp.experts.3.up_proj.weight": 3, 1); false when it names none.
+bool ParseExpertTensorSuffix(absl::string_view suffix, int* expert, int* matrix);
+// The names of a file's experts where its family has none (Qwen's): they
+// then fail the check that every tensor is one the engine uses.
+const ExpertsSpec& DefaultExpertsSpec();
+
 // A decoder family: the parts in which it differs from Llama. One table
 // (llama_config.cc) maps the Hugging Face and GGUF architecture names to it;
 // a model of any other family is refused by name.

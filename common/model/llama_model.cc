@@ -201,12 +201,11 @@ LayerSources LayerTensorNames(const LlamaConfig& c, int i) {
     s.shared_down = {p + "mlp.shared_expert.down_proj.weight"};
   }
   const ExpertsSpec& x = *c.family->experts;  // Validate(): experts need a family with them
-  s.router = absl::StrCat(p, x.block, ".gate.weight");
+  s.router = p + RouterTensorSuffix(x);
   for (int e = 0; e < c.num_experts; ++e) {
-    const std::string expert = absl::StrCat(p, x.block, ".experts.", e, ".");
-    s.gate_up.push_back(absl::StrCat(expert, x.gate, ".weight"));
-    s.gate_up.push_back(absl::StrCat(expert, x.up, ".weight"));
-    s.down.push_back(absl::StrCat(expert, x.down, ".weight"));
+    s.gate_up.push_back(p + ExpertTensorSuffix(x, e, 0));
+    s.gate_up.push_back(p + ExpertTensorSuffix(x, e, 1));
+    s.down.push_back(p + ExpertTensorSuffix(x, e, 2));
   }
   return s;
 }
