@@ -310,10 +310,7 @@ class CpuOps : public Ops {
       order.resize(experts);
       for (int64_t i = 0; i < n; ++i) {
         float* l = logits + i * experts;
-        const float top = *std::max_element(l, l + experts);
-        float sum = 0.f;
-        for (int64_t e = 0; e < experts; ++e) sum += (l[e] = std::exp(l[e] - top));
-        for (int64_t e = 0; e < experts; ++e) l[e] /= sum;
+        cpu::Softmax(l, experts);
         for (int64_t e = 0; e < experts; ++e) order[e] = static_cast<int32_t>(e);
         std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
                           [l](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
@@ -361,9 +358,7 @@ class CpuOps : public Ops {
           wts.shared_down.dtype, wts.shared_down.as<uint8_t>(), shared_inter);
       const float* gate = wts.shared_gate.f32();
       for (int64_t i = 0; i < n; ++i) {
-        float dot = 0.f;
-        for (int64_t c = 0; c < h; ++c) dot += xs[i * h + c] * gate[c];
-        const float weight = 1.f / (1.f + std::exp(-dot));
+        const float weight = 1.f / (1.f + std::exp(-cpu::Dot(xs + i * h, gate, h)));
         for (int64_t c = 0; c < h; ++c) o[i * h + c] += weight * y[i * h + c];
       }
     });
