@@ -23,15 +23,9 @@ if [ ! -f "$GGUF" ]; then
   LLAMA_CPP=$LLAMA_CPP "$REF_VENV/bin/python" benchmarks/moe/make_model.py "$CACHE"
 fi
 Q4KM=$CACHE/qwen3-moe-2l.q4_k_m.gguf
-if [ ! -f "$Q4KM" ]; then
-  "$PEERS_VENV/bin/python" - "$GGUF" "$Q4KM" <<'PY'
-import sys, llama_cpp
-p = llama_cpp.llama_model_quantize_default_params()
-p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-p.allow_requantize = True
-sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))
-PY
-fi
+PYTHONPATH=benchmarks/peers "$PEERS_VENV/bin/python" -c \
+  "import sys, llama_cpp, peers; peers.quantize(sys.argv[1], sys.argv[2], llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)" \
+  "$GGUF" "$Q4KM"
 for f in "$GGUF" "$Q4KM"; do
   "$PEERS_VENV/bin/python" benchmarks/moe/bench.py --gguf="$f" --tandem=build/bin/tandem \
     --rounds="${ROUNDS:-3}" ${THREADS:+--threads="$THREADS"}

@@ -32,6 +32,22 @@ TEXT = ("The history of the city begins with a small settlement on the river, wh
         "the town into a city, and the city into the capital of a wide and busy region. ")
 
 
+def quantize(src, path, ftype):
+    """Writes `path` from the GGUF `src` with llama.cpp's quantizer (`ftype`:
+    a llama_cpp.LLAMA_FTYPE_*), unless it exists."""
+    import llama_cpp
+    if os.path.exists(path):
+        return
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    rc = llama_cpp.llama_model_quantize(src.encode(), (path + ".tmp").encode(), params)
+    if rc != 0:
+        sys.exit(f"peers.py: llama.cpp could not write {path} from {src} (rc {rc})")
+    os.rename(path + ".tmp", path)
+
+
 def make_variants(src, cache_dir):
     """f32, Q8_0, BF16 and Q4_K_M GGUFs from `src` with llama.cpp's quantizer (cached)."""
     import llama_cpp
@@ -39,17 +55,8 @@ def make_variants(src, cache_dir):
     for name, ftype in (("f32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("q8_0", llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0),
                         ("bf16", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16),
                         ("q4_k_m", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)):
-        path = os.path.join(cache_dir, f"SmolLM2-135M-Instruct.{name}.gguf")
-        if not os.path.exists(path):
-            params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype = ftype
-            params.allow_requantize = True
-            params.nthread = os.cpu_count() or 1
-            rc = llama_cpp.llama_model_quantize(src.encode(), (path + ".tmp").encode(), params)
-            if rc != 0:
-                sys.exit(f"peers.py: llama.cpp could not write {name} from {src} (rc {rc})")
-            os.rename(path + ".tmp", path)
-        out[name] = path
+        out[name] = os.path.join(cache_dir, f"SmolLM2-135M-Instruct.{name}.gguf")
+        quantize(src, out[name], ftype)
     return out
 
 
