@@ -41,6 +41,9 @@ void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
                           static_cast<int64_t>(stored.size()));
+  state.counters["GMAC/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(n * k * rows) / 1e9,
+      benchmark::Counter::kIsRate);
   state.SetLabel(cpu::Target());
 }
 
@@ -49,7 +52,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
   b->ComputeStatistics("min", [](const std::vector<double>& v) {
     return *std::min_element(v.begin(), v.end());
   });
-  for (int64_t n : {1, 5, 8}) {
+  for (int64_t n : {1, 5, 8, 16, 24, 32}) {
     b->Args({n, 576, 1536});
     b->Args({n, 1536, 576});
     b->Args({n, 576, 576});
@@ -58,6 +61,22 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK_CAPTURE(BM_MatmulBlocks, q4_1, DType::kQ4_1)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_MatmulBlocks, q8_0, DType::kQ8_0)->Apply(Shapes);
+
+// One expert of Qwen3-30B-A3B (hidden 2048, expert width 768: gate and up
+// 2048 x 1536, down 768 x 2048) times the rows a prefill routes to it: a
+// 256-token prompt sends each of 128 experts 16 rows on average (top 8).
+void ExpertShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "K", "N"});
+  b->ComputeStatistics("min", [](const std::vector<double>& v) {
+    return *std::min_element(v.begin(), v.end());
+  });
+  for (int64_t n : {8, 16, 24, 32, 64, 128}) {
+    b->Args({n, 2048, 1536});
+    b->Args({n, 768, 2048});
+  }
+}
+BENCHMARK_CAPTURE(BM_MatmulBlocks, expert_q4_1, DType::kQ4_1)->Apply(ExpertShapes);
+BENCHMARK_CAPTURE(BM_MatmulBlocks, expert_q8_0, DType::kQ8_0)->Apply(ExpertShapes);
 
 }  // namespace
 }  // namespace tandem

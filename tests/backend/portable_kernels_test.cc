@@ -59,8 +59,9 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
   const int64_t rows = 7, max_n = 70;
   OnEveryTarget([&] {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-      // 96, 544: odd block counts (3, 17); 192: three block pairs.
-      for (int64_t k : {int64_t{96}, int64_t{37}, int64_t{544}, int64_t{192}}) {
+      // 96, 544, 800: odd block counts (3, 17, 25); 192: three block pairs;
+      // 800: long enough for the integer path's 32 rows on AVX-512.
+      for (int64_t k : {int64_t{96}, int64_t{37}, int64_t{544}, int64_t{192}, int64_t{800}}) {
         if (IsBlockType(dt) && k % 32 != 0) continue;
         SCOPED_TRACE(std::string(DTypeName(dt)) + " k=" + std::to_string(k));
         std::vector<float> w(rows * k), x(max_n * k);
@@ -105,7 +106,9 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
           std::copy(one.begin(), one.end(), alone.begin() + r * 8);
         }
         for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{8}, int64_t{9}, int64_t{32}, max_n}) {
-          if (IsBlockType(dt) && m > cpu::kSmallMatmulMaxRows) continue;
+          if (IsBlockType(dt) && m > cpu::kSmallMatmulMaxRows && !cpu::TargetHasAvx512()) {
+            continue;
+          }
           std::vector<float> out(m * 8, -1.f);
           matmul(m, out.data());
           for (int64_t r = 0; r < m; ++r) {
@@ -149,6 +152,58 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
 // limit; vpdpwssd does not saturate): the same bits for every block type and
 // row count, extremes included (x and the weights at their largest). Skips on
 // CPUs without AVX-VNNI or the AVX2 target (Arm, under qemu).
+// More rows of x than one pass over the blocks takes, by more weight rows
+// than one chunk of the passes holds (a slice that starts and ends inside
+// chunks): every row's products the same bits as that row multiplied alone;
+// and above kSmallMatmulMaxRows (AVX-512's interleaved products, 16 weight
+// rows a group, the last one partial), the same bits as that row in any
+// other product of more than kSmallMatmulMaxRows rows.
+TEST(PortableKernelsTest, BlockRowsInChunksEqualEachRowAlone) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const int64_t k = 1024, rows = 300, n = 16, j0 = 7, j1 = 290, many = 75;
+  std::vector<float> w(rows * k), x(many * k);
+  for (float& v : w) v = uni(rng);
+  for (float& v : x) v = uni(rng);
+  OnEveryTarget([&] {
+    for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+      SCOPED_TRACE(DTypeName(dt));
+      ASSERT_GE(cpu::BlocksIntegerMaxRows(), n);
+      std::vector<uint8_t> stored(DTypeBytes(dt, rows * k));
+      ConvertFromF32(w.data(), dt, stored.data(), rows * k);
+      ASSERT_GT(j1 - j0, 2 * 65536 / static_cast<int64_t>(DTypeBytes(dt, k)));  // > 2 chunks
+      std::vector<float> all(n * rows, -1.f), one(rows, -1.f);
+      std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(n, k));
+      cpu::MatmulBlocks(dt, x.data(), k, n, stored.data(), k, j0, j1, all.data(), rows,
+                        scratch.data());
+      for (int64_t r = 0; r < n; ++r) {
+        cpu::MatmulBlocks(dt, x.data() + r * k, k, 1, stored.data(), k, j0, j1, one.data(),
+                          rows, scratch.data());
+        for (int64_t j = 0; j < rows; ++j) {
+          if (j < j0 || j >= j1) {
+            ASSERT_EQ(all[r * rows + j], -1.f) << r << "," << j;  // outside the slice
+          } else {
+            ASSERT_EQ(all[r * rows + j], one[j]) << r << "," << j;
+          }
+        }
+      }
+      // Rows [3, 3 + above) of x, within a product of all `many` rows.
+      const int64_t above = cpu::kSmallMatmulMaxRows + 1;
+      std::vector<float> big(many * rows, -1.f), part(above * rows, -1.f);
+      std::vector<float> big_scratch(cpu::MatmulBlocksScratchFloats(many, k));
+      cpu::MatmulBlocks(dt, x.data(), k, many, stored.data(), k, j0, j1, big.data(), rows,
+                        big_scratch.data());
+      cpu::MatmulBlocks(dt, x.data() + 3 * k, k, above, stored.data(), k, j0, j1, part.data(),
+                        rows, big_scratch.data());
+      for (int64_t r = 0; r < above; ++r) {
+        for (int64_t j = 0; j < rows; ++j) {
+          ASSERT_EQ(part[r * rows + j], big[(3 + r) * rows + j]) << r << "," << j;
+        }
+      }
+    }
+  });
+}
+
 TEST(PortableKernelsTest, AvxVnniBlockDotsEqualTheAvx2Target) {
   const std::vector<std::string> targets = cpu::Targets();
   if (std::find(targets.begin(), targets.end(), cpu::kAvx2Vnni) == targets.end()) {

@@ -41,8 +41,9 @@ bool AvxVnni();
 // name this CPU cannot run. Not thread-safe: call it before kernels run.
 bool UseTarget(std::string_view name);
 
-// The largest row count MatmulBlocks serves (above it weights are widened
-// and multiplied as f32).
+// The largest row count MatmulBlocks serves on targets below AVX-512 (above
+// it weights are widened and multiplied as f32 by sgemm); on AVX-512 targets
+// (TargetHasAvx512()) it serves any row count.
 constexpr int64_t kSmallMatmulMaxRows = 32;
 
 // out[i, j] = dot(x[i, :K], w[j, :K]) for i < n, j in [j0, j1); x rows `ldx`
@@ -58,15 +59,18 @@ void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64
                 int64_t j1, float* out, int64_t ldo);
 
 // As MatmulF32 with weights of a block type (Q8_0, Q4_0, Q4_1: rows of K / 32
-// blocks), n <= kSmallMatmulMaxRows: each block multiplied in registers, as
-// integers, by x's rows rounded to int16 with one scale per row (relative
-// error 2^-16 of the row's largest element), 8 rows of x per pass over the
-// blocks on x86 from AVX2 up, 4 elsewhere.
+// blocks), n <= kSmallMatmulMaxRows below AVX-512: each block multiplied in
+// registers, as integers, by x's rows rounded to int16 with one scale per
+// row (relative error 2^-16 of the row's largest element), 8 rows of x per
+// pass over the blocks on x86 from AVX2 up, 4 elsewhere.
 // Up to BlocksIntegerMaxRows() rows (16 on AVX-512 targets, 32 elsewhere: the
 // faster way on each, measured) a row's result is the same bits whatever n is
 // (speculative verification steps give plain decoding's logits); above, each
 // group of 4 weight rows is widened once to f32 and multiplied by the f32
-// tiles (x not rounded).
+// tiles (x not rounded). Above kSmallMatmulMaxRows on AVX-512 targets
+// (prefill), 16 weight rows at a time are interleaved so that each vector
+// lane sums one weight row, by the same int16 x (a row's result again the
+// same bits whatever n is above kSmallMatmulMaxRows).
 // `scratch`: MatmulBlocksScratchFloats(n, K) floats.
 void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
                   int64_t K, int64_t j0, int64_t j1, float* out, int64_t ldo, float* scratch);

@@ -49,6 +49,15 @@ void MatmulNow(ThreadPool* pool, std::vector<std::vector<float>>* scratch, const
   if (n == 0) return;
   const size_t row_bytes = DTypeBytes(wt, k);
   const bool small = n <= cpu::kSmallMatmulMaxRows;
+  // Block weights as integers at every row count on AVX-512 targets (the
+  // interleaved products above kSmallMatmulMaxRows), in runs of rows whose
+  // int16 quants fit the thread's scratch. Prefill against widening the
+  // weights for the f32 tiles: docs/backends.md, "Interleaved block rows".
+  const bool integer = IsBlockType(wt) && (small || cpu::TargetHasAvx512());
+  int64_t run = n;
+  while (integer && run > 1 && cpu::MatmulBlocksScratchFloats(run, k) > kScratchFloats) {
+    run = (run + 1) / 2;
+  }
   const bool dp_bf16 = wt == DType::kBF16 && !small && cpu::PreferDpBf16() &&
                        cpu::MatmulDpBf16ScratchElems(k) <= 2 * kScratchFloats;
   // Prefill-sized f32 products: the register tiles on AVX-512 targets,
@@ -76,9 +85,12 @@ void MatmulNow(ThreadPool* pool, std::vector<std::vector<float>>* scratch, const
       return cpu::MatmulDpBf16(a, k, n, reinterpret_cast<const uint16_t*>(b), k, j0, j1, c,
                                big_n, reinterpret_cast<uint16_t*>(rows));
     }
-    if (small && cpu::MatmulBlocksScratchFloats(n, k) <= kScratchFloats) {
-      // Decode: blocks multiplied as integers in registers.
-      return cpu::MatmulBlocks(wt, a, k, n, b, k, j0, j1, c, big_n, rows);
+    if (integer) {  // blocks multiplied as integers in registers
+      for (int64_t r = 0; r < n; r += run) {
+        cpu::MatmulBlocks(wt, a + r * k, k, std::min(run, n - r), b, k, j0, j1, c + r * big_n,
+                          big_n, rows);
+      }
+      return;
     }
     // Prefill: widen this slice's weight rows a chunk at a time into the
     // thread's scratch, and multiply each chunk as f32.

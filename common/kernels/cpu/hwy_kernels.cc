@@ -464,6 +464,14 @@ constexpr int64_t kBlockRows = 4;
 // less, 16 KiB as much (docs/benchmarks.md).
 constexpr int64_t kBlocksPrefetchBytes = 8192;
 
+// Weight bytes per chunk of SmallMatmulBlocks' passes over more rows of x
+// than one pass takes. Matmul_blocks_benchmark's expert shapes (K = 2048 by
+// 1536, 768 by 2048) at 16 rows on a Zen 5 core, GMAC/s one chunk of one
+// weight row (the old order) / 16 KiB / 64 KiB / 256 KiB: AVX-512 Q4_1
+// 62 / 86 / 92 / 93 (K = 2048), 84 / 89 / 89 / 89 (K = 768); 64 KiB on the
+// AVX2 target: K = 2048 Q4_1 52 -> 59-61, Q8_0 63 -> 68.
+constexpr int64_t kBlocksChunkBytes = 65536;
+
 // out[r * ldo] = x_r . (one weight row of blocks) for the R (1..8) rows
 // x_r (int16 quants xq + r * 32 * blocks, scales xs[r]; for Q4_1's
 // minimum, x's f32 block sums, block-major: xsums[b * kBlockRows + r]):
@@ -849,9 +857,16 @@ HWY_INLINE void SmallMatmulBlocks(const float* a, int64_t lda, int64_t n, const 
     }
   };
   if (n <= kBlockRows) return dispatch(0, j0, j1);
-  // More rows than a pass takes: each weight row once for all of them.
-  for (int64_t j = j0; j < j1; ++j) {
-    for (int64_t r = 0; r < n; r += kBlockRows) dispatch(r, j, j + 1);
+  // More rows than a pass takes: kBlocksChunkBytes of weight rows at a time
+  // (they stay in L2), each group of kBlockRows rows of x over all of them,
+  // so that a group's quants stay in L1 (8 rows of K = 2048: 32 KiB). Each
+  // weight row once for all groups, as before, streamed the quants of every
+  // group past L1 for each weight row: 16 rows of x by one expert of
+  // Qwen3-30B-A3B (K = 2048) ran at half the rate of 8 rows.
+  const int64_t chunk = std::max<int64_t>(1, kBlocksChunkBytes / static_cast<int64_t>(row_bytes));
+  for (int64_t jc = j0; jc < j1; jc += chunk) {
+    const int64_t je = std::min(j1, jc + chunk);
+    for (int64_t r = 0; r < n; r += kBlockRows) dispatch(r, jc, je);
   }
 }
 
@@ -1289,15 +1304,16 @@ float ExpImpl(float x) { return hn::GetLane(hn::Exp(DV(), hn::Set(DV(), x))); }
 // Above BlocksIntegerRowsImpl() rows each group of 4 weight rows is widened
 // once into the thread's scratch (cache-resident) and multiplied as f32 by
 // the tiles, not decoded again for every group of rows of x as the integer
-// path does. SmolLM2 Q8_0 decode on a 2-vCPU Zen 5, 2 threads, medians of 3
-// interleaved runs: on the AVX-512 target batch 32 33.3 ms this way, 48.0 all
-// integer, batch 8 10.9 ms integer, 13.5 this way; on the AVX2 target (2 x 4
-// tiles) batch 32 71.4 ms all integer, 80.7 this way. Other targets keep the
-// integer path throughout, as before the tiles. Since rows of x are taken
-// one after another the integer path also wins at 9-16 rows on AVX-512
-// (SmolLM2 Q4_1 / Q8_0, 2 threads: batch 12 14.4 / 16.6 -> 12.1 / 12.3 ms,
-// batch 16 17.1 / 19.5 -> 16.2 / 16.7) and still loses above (Q4_1 batch 24
-// 24.6 -> 26.9 ms, batch 32 30.9 -> 36.1).
+// path does (up to kSmallMatmulMaxRows: above, AVX-512 targets take
+// InterleavedBlocks). SmolLM2 Q8_0 decode on a 2-vCPU Zen 5, 2 threads,
+// medians of 3 interleaved runs: on the AVX-512 target batch 32 33.3 ms this
+// way, 48.0 all integer, batch 8 10.9 ms integer, 13.5 this way; on the AVX2
+// target (2 x 4 tiles) batch 32 71.4 ms all integer, 80.7 this way. Other
+// targets keep the integer path throughout, as before the tiles. Since rows
+// of x are taken one after another the integer path also wins at 9-16 rows
+// on AVX-512 (SmolLM2 Q4_1 / Q8_0, 2 threads: batch 12 14.4 / 16.6 -> 12.1 /
+// 12.3 ms, batch 16 17.1 / 19.5 -> 16.2 / 16.7) and still loses above (Q4_1
+// batch 24 24.6 -> 26.9 ms, batch 32 30.9 -> 36.1).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int64_t kBlocksIntegerRows = 16;
 #else
@@ -1322,11 +1338,223 @@ HWY_INLINE void WidenedBlocks(const float* a, int64_t lda, int64_t n, const uint
                static_cast<const float*>(nullptr));
   }
 }
+#undef TANDEM_INTERLEAVED_BLOCKS  // this file is compiled once per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define TANDEM_INTERLEAVED_BLOCKS 1
+// Prefill-sized products over block weights on AVX-512: each int32 lane is
+// one weight row. 16 weight rows at a time are widened to int16 and
+// transposed in pairs of elements (InterleaveRows), so that a vector holds
+// elements 2p and 2p + 1 of each of the 16 rows, and x's two int16 quants
+// at 2p, 2p + 1 (the same quants, one scale per row, as SmallMatmulBlocks)
+// are broadcast to every lane: one multiply-add (vpdpwssd with x from
+// memory, broadcast by the instruction) makes 32 products, all kept, and a
+// block's sums of 16 rows are converted and scaled by their 16 scales in
+// one instruction each, for every row of x. The block-at-a-time path sums a
+// block of one weight row across lanes and so converts and scales each
+// block per row of x and per weight row: half its instructions.
+//
+// Bytes of one group of 16 weight rows' interleaved block: 16 vectors of
+// int16 pairs, then the 16 rows' scales and (Q4_1) minimums as f32.
+constexpr int64_t kInterleavedBlockBytes = 16 * 64 + 2 * 64;
+
+// The 16 rows `rows` (int32 lanes: pairs of int16) transposed in place:
+// rows[p] lane c = the input's rows[c] lane p.
+HWY_INLINE void Transpose16(__m512i (&r)[16]) {
+  __m512i t[16], u[16];  // unrolled: every array in registers
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + k]: 128-bit lane L = rows 4g..4g+3's element 4L + k.
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m512i v = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+    const __m512i w = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_i32x4(v, v2, 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(v, v2, 0xDD);
+    r[4 + k] = _mm512_shuffle_i32x4(w, w2, 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(w, w2, 0xDD);
+  }
+}
+
+// Weight rows [j, j + rows) (rows <= 16; the rest zero) of `blocks` blocks
+// each, interleaved into `out` (blocks * kInterleavedBlockBytes).
+template <DType kType>
+HWY_INLINE void InterleaveRows(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t blocks,
+                               uint8_t* out) {
+  constexpr size_t kBytes = kBlockBytes<kType>;
+  for (int64_t b = 0; b < blocks; ++b, out += kInterleavedBlockBytes) {
+    __m512i r[16];
+    alignas(64) uint16_t scale[16] = {}, minimum[16] = {};
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < 16; ++c) {
+      if (c >= rows) {
+        r[c] = _mm512_setzero_si512();
+        continue;
+      }
+      const uint8_t* src = w + c * row_bytes + b * kBytes;
+      std::memcpy(&scale[c], src, 2);
+      if constexpr (kType == DType::kQ8_0) {
+        r[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2)));
+      } else {
+        constexpr size_t kQuantsAt = kType == DType::kQ4_1 ? 4 : 2;
+        if constexpr (kType == DType::kQ4_1) std::memcpy(&minimum[c], src + 2, 2);
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kQuantsAt));
+        const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0xF));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0xF));
+        r[c] = _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+        if constexpr (kType == DType::kQ4_0) r[c] = _mm512_sub_epi16(r[c], _mm512_set1_epi16(8));
+      }
+    }
+    Transpose16(r);
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + p * 64, r[p]);
+    _mm512_storeu_ps(out + 16 * 64,
+                     _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scale))));
+    _mm512_storeu_ps(out + 17 * 64,
+                     _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(minimum))));
+  }
+}
+
+// acc + the sums of adjacent int16 products of w and x's pair at `x`,
+// broadcast to every lane.
+HWY_INLINE __m512i MulAddBroadcastPair(__m512i acc, __m512i w, const int16_t* x) {
+#if HWY_TARGET == HWY_AVX3_DL
+  asm("vpdpwssd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+#else
+  int32_t pair;
+  std::memcpy(&pair, x, 4);
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, _mm512_set1_epi32(pair)));
+#endif
+}
+
+// out[r * ldo + c] for r < R, c < cols (<= 16): R rows of x (int16 quants
+// `ldq` apart, scales xs[r], f32 block sums xsum + r * blocks for Q4_1's
+// minimums) times one group of 16 interleaved weight rows.
+template <DType kType, int R>
+HWY_INLINE void InterleavedTile(const int16_t* xq, int64_t ldq, const float* xs, const float* xsum,
+                                const uint8_t* group, int64_t blocks, float* out, int64_t ldo,
+                                int64_t cols) {
+  // The loops over rows unrolled, so that the sums stay in registers.
+  __m512 acc[R], mins[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b, group += kInterleavedBlockBytes) {
+    __m512i sum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    const int16_t* x = xq + b * 32;
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) {
+      const __m512i w = _mm512_loadu_si512(group + p * 64);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) sum[r] = MulAddBroadcastPair(sum[r], w, x + r * ldq + 2 * p);
+    }
+    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(group + 16 * 64));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), d, acc[r]);
+    if constexpr (kType == DType::kQ4_1) {
+      const __m512 m = _mm512_loadu_ps(reinterpret_cast<const float*>(group + 17 * 64));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        mins[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), mins[r]);
+      }
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m512 o = _mm512_mul_ps(acc[r], _mm512_set1_ps(xs[r]));
+    if constexpr (kType == DType::kQ4_1) o = _mm512_add_ps(o, mins[r]);
+    _mm512_mask_storeu_ps(out + r * ldo, mask, o);
+  }
+}
+
+// Rows of x per InterleavedTile: R int32 sums, R f32 sums and (Q4_1) R
+// minimum terms live across a block, with the weights and scales, in the
+// 32 vector registers.
+constexpr int kInterleavedRows = 8;
+
+// out = a . w^T for weight rows [j0, j1) through InterleavedTile. scratch:
+// x's int16 quants, scales and block sums, then one group's interleaved
+// blocks (MatmulBlocksScratchFloats).
+template <DType kType>
+HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
+                                  int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
+                                  float* scratch) {
+  const DF df;
+  const hn::Rebind<int16_t, DF> dh;
+  const size_t N = hn::Lanes(df);
+  const int64_t blocks = k / 32;
+  const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
+  int16_t* xq = reinterpret_cast<int16_t*>(scratch);
+  float* xs = scratch + (n * k + 1) / 2;
+  float* xsum = xs + n;
+  uint8_t* group = reinterpret_cast<uint8_t*>(xsum + n * blocks);
+  group += (64 - reinterpret_cast<uintptr_t>(group) % 64) % 64;
+  for (int64_t r = 0; r < n; ++r) {  // as QuantizeRowI16, elements in order
+    const float* x = a + r * lda;
+    auto m = hn::Zero(df);
+    for (int64_t i = 0; i < k; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    xs[r] = amax / 32767.f;
+    const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
+    for (int64_t i = 0; i < k; i += N) {
+      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh,
+                 xq + r * k + i);
+    }
+    if constexpr (kType == DType::kQ4_1) BlockSums(x, blocks, xsum + r * blocks);
+  }
+  for (int64_t j = j0; j < j1; j += 16) {
+    const int64_t cols = std::min<int64_t>(16, j1 - j);
+    InterleaveRows<kType>(w + j * row_bytes, row_bytes, cols, blocks, group);
+    int64_t r = 0;
+    for (; r + kInterleavedRows <= n; r += kInterleavedRows) {
+      InterleavedTile<kType, kInterleavedRows>(xq + r * k, k, xs + r, xsum + r * blocks, group,
+                                               blocks, c + r * ldc + j, ldc, cols);
+    }
+    switch (n - r) {
+#define TANDEM_TAIL(R)                                                                          \
+  case R:                                                                                       \
+    InterleavedTile<kType, R>(xq + r * k, k, xs + r, xsum + r * blocks, group, blocks,          \
+                              c + r * ldc + j, ldc, cols);                                      \
+    break;
+      TANDEM_TAIL(1) TANDEM_TAIL(2) TANDEM_TAIL(3) TANDEM_TAIL(4) TANDEM_TAIL(5)
+      TANDEM_TAIL(6) TANDEM_TAIL(7)
+#undef TANDEM_TAIL
+      default:
+        break;
+    }
+  }
+}
+#else
+#define TANDEM_INTERLEAVED_BLOCKS 0
+#endif
 
 template <DType kType>
 HWY_INLINE void MatmulBlocksOf(const float* a, int64_t lda, int64_t n, const uint8_t* w, int64_t k,
                                int64_t j0, int64_t j1, float* c, int64_t ldc, float* scratch) {
-  if (n > kBlocksIntegerRows) return WidenedBlocks<kType>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
+#if TANDEM_INTERLEAVED_BLOCKS
+  if (n > kSmallMatmulMaxRows) {
+    return InterleavedBlocks<kType>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
+  }
+#endif
+  if (n > kBlocksIntegerRows) {
+    return WidenedBlocks<kType>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
+  }
 #if HWY_TARGET == HWY_AVX2
   if (AvxVnni()) return SmallMatmulBlocks<kType, true>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
 #endif
@@ -1414,12 +1642,13 @@ void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uin
 int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsImpl)(); }
 
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
-  // Up to BlocksIntegerMaxRows() rows: x's int16 quants (two per float; its
-  // blocks rounded up to an even count, the block pairs' layout), then its
-  // scale per row and its block sums (rows rounded up to groups of up to 8,
-  // and one more); above, 4 widened weight rows.
+  // x's int16 quants (two per float; its blocks rounded up to an even
+  // count, the block pairs' layout), then its scale per row and its block
+  // sums (rows rounded up to groups of up to 8, and one more); then, for
+  // InterleavedBlocks, one group's interleaved blocks (288 floats a block)
+  // aligned to 64 bytes.
   const int64_t padded = (k / 32 + 1) / 2 * 2;
-  return std::max(4 * k, n * padded * 16 + n + (n + 8) * padded);
+  return std::max(4 * k, n * padded * 16 + n + (n + 8) * padded + padded * 288 + 16);
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
