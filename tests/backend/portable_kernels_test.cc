@@ -106,9 +106,6 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
           std::copy(one.begin(), one.end(), alone.begin() + r * 8);
         }
         for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{8}, int64_t{9}, int64_t{32}, max_n}) {
-          if (IsBlockType(dt) && m > cpu::kSmallMatmulMaxRows && !cpu::TargetHasAvx512()) {
-            continue;
-          }
           std::vector<float> out(m * 8, -1.f);
           matmul(m, out.data());
           for (int64_t r = 0; r < m; ++r) {
