@@ -1,11 +1,11 @@
 // The block-weight matmul kernel alone (cpu::MatmulBlocks, one thread), at
 // SmolLM2-135M's shapes and the row counts a decode step gives it: 1 (plain
-// decoding), 5 (a verification step of 1 + 4 tokens), 8. Whole-step timings
-// (`tandem bench step`) swing 20-40% on shared 2-vCPU machines; the minimum
-// of repetitions here holds to a few percent, so kernel changes are compared
-// with it:
-//   build/bin/matmul_blocks_benchmark --benchmark_repetitions=9 \
-//     --benchmark_report_aggregates_only=true   # quote the min
+// decoding), 5 (a verification step of 1 + 4 tokens), 8 to 32 (batches).
+// Whole-step timings (`tandem bench step`) swing 20-40% on shared 2-vCPU
+// machines; the minimum of repetitions here holds to a few percent, so
+// kernel changes are compared with it (quote the min):
+//   build/bin/matmul_blocks_benchmark --benchmark_repetitions=9
+//     --benchmark_report_aggregates_only=true
 //   TANDEM_CPU_TARGET=AVX2 build/bin/matmul_blocks_benchmark ...
 #include <algorithm>
 #include <cstdint>
@@ -47,11 +47,16 @@ void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
   state.SetLabel(cpu::Target());
 }
 
-void Shapes(benchmark::internal::Benchmark* b) {
+// Arguments named, and the minimum of repetitions reported.
+void Named(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "K", "N"});
   b->ComputeStatistics("min", [](const std::vector<double>& v) {
     return *std::min_element(v.begin(), v.end());
   });
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  Named(b);
   for (int64_t n : {1, 5, 8, 16, 24, 32}) {
     b->Args({n, 576, 1536});
     b->Args({n, 1536, 576});
@@ -64,12 +69,10 @@ BENCHMARK_CAPTURE(BM_MatmulBlocks, q8_0, DType::kQ8_0)->Apply(Shapes);
 
 // One expert of Qwen3-30B-A3B (hidden 2048, expert width 768: gate and up
 // 2048 x 1536, down 768 x 2048) times the rows a prefill routes to it: a
-// 256-token prompt sends each of 128 experts 16 rows on average (top 8).
+// 256-token prompt sends each of 128 experts 16 rows on average (top 8);
+// from 33 rows, the interleaved prefill products on AVX-512.
 void ExpertShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "K", "N"});
-  b->ComputeStatistics("min", [](const std::vector<double>& v) {
-    return *std::min_element(v.begin(), v.end());
-  });
+  Named(b);
   for (int64_t n : {8, 16, 24, 32, 64, 128}) {
     b->Args({n, 2048, 1536});
     b->Args({n, 768, 2048});
