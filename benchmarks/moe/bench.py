@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tandem against llama.cpp on one Qwen3-MoE GGUF (benchmarks/moe/run.sh).
+"""Tandem against llama.cpp on one GGUF (benchmarks/moe/run.sh).
 
 Both engines run the same Q8_0 file (benchmarks/moe/make_model.py), timed in
 turn for each round as benchmarks/peers/peers.py times them: decode (a
