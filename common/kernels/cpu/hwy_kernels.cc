@@ -372,8 +372,8 @@ constexpr int64_t PaddedBlocks(int64_t blocks) {
 // pairs, each pair's 64 elements as its weights' vectors hold them, in
 // chunks of half a vector (h = 16 on AVX-512, 8 on AVX2): block 0's [0, h),
 // block 1's [0, h), block 0's [h, 2h), ... (an odd count's last block pairs
-// with zeros).
-template <DType kType>
+// with zeros). kInOrder: blocks * 32 elements in order (InterleavedBlocks).
+template <DType kType, bool kInOrder = false>
 HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float* scale) {
   const DF df;
   const hn::Rebind<int16_t, DF> dh;
@@ -384,10 +384,12 @@ HWY_INLINE void QuantizeRowI16(const float* x, int64_t blocks, int16_t* q, float
   const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
   *scale = amax / 32767.f;
   const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
-  if (PaddedBlocks<kType>(blocks) > blocks) std::fill(q + k - 32, q + k + 32, int16_t{0});
+  if (!kInOrder && PaddedBlocks<kType>(blocks) > blocks) {
+    std::fill(q + k - 32, q + k + 32, int16_t{0});
+  }
   for (int64_t i = 0; i < k; i += N) {
     int64_t at = i;
-    if constexpr (kPairBlocks<kType> == 2) {  // N: half a vector of int16
+    if constexpr (!kInOrder && kPairBlocks<kType> == 2) {  // N: half a vector of int16
       const int64_t b = i / 32, e = i % 32, h = static_cast<int64_t>(N);
       at = (b / 2) * 64 + e / h * 2 * h + (b % 2) * h;
     }
@@ -1495,9 +1497,6 @@ template <DType kType>
 HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
                                   float* scratch) {
-  const DF df;
-  const hn::Rebind<int16_t, DF> dh;
-  const size_t N = hn::Lanes(df);
   const int64_t blocks = k / 32;
   const size_t row_bytes = static_cast<size_t>(blocks) * kBlockBytes<kType>;
   int16_t* xq = reinterpret_cast<int16_t*>(scratch);
@@ -1505,18 +1504,9 @@ HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const 
   float* xsum = xs + n;
   uint8_t* group = reinterpret_cast<uint8_t*>(xsum + n * blocks);
   group += (64 - reinterpret_cast<uintptr_t>(group) % 64) % 64;
-  for (int64_t r = 0; r < n; ++r) {  // as QuantizeRowI16, elements in order
-    const float* x = a + r * lda;
-    auto m = hn::Zero(df);
-    for (int64_t i = 0; i < k; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
-    xs[r] = amax / 32767.f;
-    const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
-    for (int64_t i = 0; i < k; i += N) {
-      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh,
-                 xq + r * k + i);
-    }
-    if constexpr (kType == DType::kQ4_1) BlockSums(x, blocks, xsum + r * blocks);
+  for (int64_t r = 0; r < n; ++r) {
+    QuantizeRowI16<kType, true>(a + r * lda, blocks, xq + r * k, xs + r);
+    if constexpr (kType == DType::kQ4_1) BlockSums(a + r * lda, blocks, xsum + r * blocks);
   }
   for (int64_t j = j0; j < j1; j += 16) {
     const int64_t cols = std::min<int64_t>(16, j1 - j);
