@@ -152,9 +152,9 @@ TEST(PortableKernelsTest, EveryTargetWidensAndMultipliesAsTheReference) {
 // More rows of x than one pass over the blocks takes, by more weight rows
 // than one chunk of the passes holds (a slice that starts and ends inside
 // chunks): every row's products the same bits as that row multiplied alone;
-// and above kSmallMatmulMaxRows (AVX-512's interleaved products, 16 weight
-// rows a group, the last one partial), the same bits as that row in any
-// other product of more than kSmallMatmulMaxRows rows.
+// and above BlocksIntegerMaxRows() (AVX-512's interleaved products, 16
+// weight rows a group, the last one partial), the same bits as that row in
+// any other product of more than BlocksIntegerMaxRows() rows.
 TEST(PortableKernelsTest, BlockRowsInChunksEqualEachRowAlone) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
@@ -185,7 +185,7 @@ TEST(PortableKernelsTest, BlockRowsInChunksEqualEachRowAlone) {
         }
       }
       // Rows [3, 3 + above) of x, within a product of all `many` rows.
-      const int64_t above = cpu::kSmallMatmulMaxRows + 1;
+      const int64_t above = cpu::BlocksIntegerMaxRows() + 1;
       std::vector<float> big(many * rows, -1.f), part(above * rows, -1.f);
       std::vector<float> big_scratch(cpu::MatmulBlocksScratchFloats(many, k));
       cpu::MatmulBlocks(dt, x.data(), k, many, stored.data(), k, j0, j1, big.data(), rows,

@@ -65,12 +65,10 @@ void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64
 // pass over the blocks on x86 from AVX2 up, 4 elsewhere.
 // Up to BlocksIntegerMaxRows() rows (16 on AVX-512 targets, 32 elsewhere: the
 // faster way on each, measured) a row's result is the same bits whatever n is
-// (speculative verification steps give plain decoding's logits); above, each
-// group of 4 weight rows is widened once to f32 and multiplied by the f32
-// tiles (x not rounded). Above kSmallMatmulMaxRows on AVX-512 targets
-// (prefill), 16 weight rows at a time are interleaved so that each vector
-// lane sums one weight row, by the same int16 x (a row's result again the
-// same bits whatever n is above kSmallMatmulMaxRows).
+// (speculative verification steps give plain decoding's logits); above, on
+// AVX-512 targets, 16 weight rows at a time are interleaved so that each
+// vector lane sums one weight row, by the same int16 x (a row's result again
+// the same bits whatever n is above BlocksIntegerMaxRows()).
 // `scratch`: MatmulBlocksScratchFloats(n, K) floats.
 void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
                   int64_t K, int64_t j0, int64_t j1, float* out, int64_t ldo, float* scratch);

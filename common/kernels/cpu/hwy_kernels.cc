@@ -1303,19 +1303,19 @@ void ToBf16Impl(const float* x, uint16_t* out, int64_t n) {
 
 float ExpImpl(float x) { return hn::GetLane(hn::Exp(DV(), hn::Set(DV(), x))); }
 
-// Above BlocksIntegerRowsImpl() rows each group of 4 weight rows is widened
-// once into the thread's scratch (cache-resident) and multiplied as f32 by
-// the tiles, not decoded again for every group of rows of x as the integer
-// path does (up to kSmallMatmulMaxRows: above, AVX-512 targets take
-// InterleavedBlocks). SmolLM2 Q8_0 decode on a 2-vCPU Zen 5, 2 threads,
-// medians of 3 interleaved runs: on the AVX-512 target batch 32 33.3 ms this
-// way, 48.0 all integer, batch 8 10.9 ms integer, 13.5 this way; on the AVX2
-// target (2 x 4 tiles) batch 32 71.4 ms all integer, 80.7 this way. Other
-// targets keep the integer path throughout, as before the tiles. Since rows
-// of x are taken one after another the integer path also wins at 9-16 rows
-// on AVX-512 (SmolLM2 Q4_1 / Q8_0, 2 threads: batch 12 14.4 / 16.6 -> 12.1 /
-// 12.3 ms, batch 16 17.1 / 19.5 -> 16.2 / 16.7) and still loses above (Q4_1
-// batch 24 24.6 -> 26.9 ms, batch 32 30.9 -> 36.1).
+// Rows of x up to which SmallMatmulBlocks runs: above, on AVX-512 targets,
+// InterleavedBlocks; elsewhere SmallMatmulBlocks takes every count it is
+// given (up to kSmallMatmulMaxRows from MatmulNow, which widens weights for
+// sgemm above). Before InterleavedBlocks, groups of 4 weight rows widened to
+// f32 for the tiles took 17-32 rows on AVX-512: faster than the integer
+// path there (SmolLM2 Q4_1 batch 24 24.6 -> 26.9 ms, batch 32 30.9 -> 36.1
+// all integer), which still wins at 9-16 rows (batch 12 14.4 -> 12.1 ms,
+// batch 16 17.1 -> 16.2). The interleaved products then beat the widened
+// rows at 24 and 32 rows (2026-11-29, a 2-vCPU Zen 5, `tandem bench step
+// --prefill-tokens=16 --batch-sizes=24,32 --threads=2`, three interleaved
+// runs): SmolLM2 Q4_1 22.6-23.0 / 28.3-28.5 ms -> 20.6-20.9 / 26.2-26.5;
+// four Llama-3.2-1B layers in Q4_K_M 43.0-45.0 / 55.4-57.8 -> 25.5-25.6 /
+// 32.3-32.5.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int64_t kBlocksIntegerRows = 16;
 #else
@@ -1324,27 +1324,11 @@ constexpr int64_t kBlocksIntegerRows = 32;
 
 int64_t BlocksIntegerRowsImpl() { return kBlocksIntegerRows; }
 
-template <DType kType>
-HWY_INLINE void WidenedBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w, int64_t k,
-                              int64_t j0, int64_t j1, float* c, int64_t ldc, float* scratch) {
-  const size_t row_bytes = static_cast<size_t>(k / 32) * kBlockBytes<kType>;
-  int64_t j = j0;
-  for (; j + 4 <= j1; j += 4) {
-    WidenBlocks<kType>(w + j * row_bytes, 4 * (k / 32), scratch);
-    Columns<4>(a, lda, n, static_cast<const float*>(scratch), k, c + j, ldc,
-               static_cast<const float*>(nullptr));
-  }
-  for (; j < j1; ++j) {
-    WidenBlocks<kType>(w + j * row_bytes, k / 32, scratch);
-    Columns<1>(a, lda, n, static_cast<const float*>(scratch), k, c + j, ldc,
-               static_cast<const float*>(nullptr));
-  }
-}
 #undef TANDEM_INTERLEAVED_BLOCKS  // this file is compiled once per target
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define TANDEM_INTERLEAVED_BLOCKS 1
-// Prefill-sized products over block weights on AVX-512: each int32 lane is
-// one weight row. 16 weight rows at a time are widened to int16 and
+// Products of more than kBlocksIntegerRows rows (decode batches of 17-32,
+// prefill) over block weights on AVX-512: each int32 lane is one weight row. 16 weight rows at a time are widened to int16 and
 // transposed in pairs of elements (InterleaveRows), so that a vector holds
 // elements 2p and 2p + 1 of each of the 16 rows, and x's two int16 quants
 // at 2p, 2p + 1 (the same quants, one scale per row, as SmallMatmulBlocks)
@@ -1405,6 +1389,10 @@ HWY_INLINE void InterleaveRows(const uint8_t* w, size_t row_bytes, int64_t rows,
         continue;
       }
       const uint8_t* src = w + c * row_bytes + b * kBytes;
+      // Each row's stream 8 blocks ahead: 16 streams at once, which the
+      // hardware prefetchers did not follow (a 32-row decode step of four
+      // Llama-3.2-1B layers in Q4_K_M read from memory: 56 -> 32 ms).
+      hwy::Prefetch(src + 8 * kBytes);
       std::memcpy(&scale[c], src, 2);
       if constexpr (kType == DType::kQ8_0) {
         r[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2)));
@@ -1538,13 +1526,10 @@ template <DType kType>
 HWY_INLINE void MatmulBlocksOf(const float* a, int64_t lda, int64_t n, const uint8_t* w, int64_t k,
                                int64_t j0, int64_t j1, float* c, int64_t ldc, float* scratch) {
 #if TANDEM_INTERLEAVED_BLOCKS
-  if (n > kSmallMatmulMaxRows) {
+  if (n > kBlocksIntegerRows) {
     return InterleavedBlocks<kType>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
   }
 #endif
-  if (n > kBlocksIntegerRows) {
-    return WidenedBlocks<kType>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
-  }
 #if HWY_TARGET == HWY_AVX2
   if (AvxVnni()) return SmallMatmulBlocks<kType, true>(a, lda, n, w, k, j0, j1, c, ldc, scratch);
 #endif
@@ -1638,7 +1623,7 @@ int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
   // InterleavedBlocks, one group's interleaved blocks (288 floats a block)
   // aligned to 64 bytes.
   const int64_t padded = (k / 32 + 1) / 2 * 2;
-  return std::max(4 * k, n * padded * 16 + n + (n + 8) * padded + padded * 288 + 16);
+  return n * padded * 16 + n + (n + 8) * padded + padded * 288 + 16;
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
