@@ -51,8 +51,8 @@ void MatmulNow(ThreadPool* pool, std::vector<std::vector<float>>* scratch, const
   const bool small = n <= cpu::kSmallMatmulMaxRows;
   // Block weights as integers at every row count on AVX-512 targets (the
   // interleaved products above 16 rows), in runs of rows whose int16 quants
-  // fit the thread's scratch. Prefill against widening the
-  // weights for the f32 tiles: docs/backends.md, "Interleaved block rows".
+  // fit the thread's scratch. Against widening the weights for the f32
+  // tiles: docs/benchmarks.md, "Interleaved block rows".
   const bool integer = IsBlockType(wt) && (small || cpu::TargetHasAvx512());
   int64_t run = n;
   while (integer && run > 1 && cpu::MatmulBlocksScratchFloats(run, k) > kScratchFloats) {
