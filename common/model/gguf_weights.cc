@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
 namespace tandem {
@@ -343,10 +344,28 @@ void GgufWeights::UnpermuteIfQk(const std::string& g, char* rows, int64_t num_ro
   }
 }
 
+void GgufWeights::ForRows(const View& v, int64_t rows, size_t out_row_bytes,
+                          const std::function<void(const uint8_t*, int64_t, size_t)>& fn) const {
+  int64_t block_elems = 1, block_bytes = 0;
+  TANDEM_CHECK(GgmlBlockLayout(v.tensor->type, &block_elems, &block_bytes));
+  const int64_t cols = v.numel / rows;
+  const size_t src_row_bytes = static_cast<size_t>(cols / block_elems * block_bytes);
+  // Ranges of at least 64 KiB of output: smaller ones cost more to hand out
+  // than to convert.
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<size_t>(1, out_row_bytes));
+  ForRanges(rows, min_rows, [&](int64_t begin, int64_t end) {
+    fn(v.data + begin * src_row_bytes, (end - begin) * cols, begin * out_row_bytes);
+  });
+}
+
 absl::Status GgufWeights::ReadF32(const std::string& name, const std::vector<int64_t>& shape,
                                   float* dst) const {
   ASSIGN_OR_RETURN(const View v, Find(name, shape));
-  DequantizeGgml(static_cast<GgmlType>(v.tensor->type), v.data, dst, v.numel);
+  const GgmlType type = static_cast<GgmlType>(v.tensor->type);
+  const int64_t cols = v.numel / shape[0];
+  ForRows(v, shape[0], sizeof(float) * cols, [&](const uint8_t* src, int64_t n, size_t at) {
+    DequantizeGgml(type, src, dst + at / sizeof(float), n);
+  });
   UnpermuteIfQk(v.tensor->name, reinterpret_cast<char*>(dst), shape[0],
                 sizeof(float) * (shape.size() == 2 ? shape[1] : 1));
   return absl::OkStatus();
@@ -369,7 +388,9 @@ absl::Status GgufWeights::ReadBlocks(const std::string& name, const std::vector<
         "tensor '", t->name, "' in ", file_->path(), " is ", GgmlTypeName(t->type),
         ", not rows of whole blocks of a type the kernels multiply (or keep as Q8_0)"));
   }
-  ToKeptBlocks(static_cast<GgmlType>(t->type), v.data, v.numel, dst);
+  ForRows(v, shape[0], DTypeBytes(*dt, shape[1]), [&](const uint8_t* src, int64_t n, size_t at) {
+    ToKeptBlocks(static_cast<GgmlType>(t->type), src, n, static_cast<char*>(dst) + at);
+  });
   UnpermuteIfQk(t->name, static_cast<char*>(dst), shape[0], DTypeBytes(*dt, shape[1]));
   return absl::OkStatus();
 }

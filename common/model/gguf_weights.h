@@ -14,6 +14,7 @@
 #ifndef TANDEM_COMMON_MODEL_GGUF_WEIGHTS_H_
 #define TANDEM_COMMON_MODEL_GGUF_WEIGHTS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,11 @@ class GgufWeights : public WeightSource {
   // The tensor (or expert slice) behind Hugging Face name `name`, its shape
   // checked.
   absl::StatusOr<View> Find(const std::string& name, const std::vector<int64_t>& shape) const;
+  // fn(src, n, at) over ranges of the view's `rows` rows, split over the
+  // pool (WeightSource::ForRanges): src the range's first row in the file, n
+  // its elements, `at` its offset in an output of `out_row_bytes` a row.
+  void ForRows(const View& v, int64_t rows, size_t out_row_bytes,
+               const std::function<void(const uint8_t*, int64_t, size_t)>& fn) const;
   // Undoes llama.cpp's q/k row permutation for those tensors (rows of
   // `row_bytes` each, whatever their type).
   void UnpermuteIfQk(const std::string& gguf_name, char* rows, int64_t num_rows,

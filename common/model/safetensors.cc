@@ -188,7 +188,9 @@ absl::Status SafetensorsCheckpoint::ReadF32(const std::string& name,
     std::vector<uint16_t> raw(numel);
     in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(numel * 2));
     const bool bf16 = e.dtype == "BF16";
-    for (int64_t i = 0; i < numel; ++i) dst[i] = bf16 ? Bf16ToFloat(raw[i]) : HalfToFloat(raw[i]);
+    ForRanges(numel, int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) dst[i] = bf16 ? Bf16ToFloat(raw[i]) : HalfToFloat(raw[i]);
+    });
   }
   if (!in) return absl::DataLossError(absl::StrCat("short read of tensor '", name, "' from ", e.file));
   return absl::OkStatus();

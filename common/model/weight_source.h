@@ -4,11 +4,13 @@
 // (gguf_weights.h); LlamaModel::Load reads through it and checks that every
 // tensor the source holds is one the engine uses.
 //
-// Used at start-up only; implementations are immutable once opened.
+// Used at start-up only; implementations are immutable once opened (but for
+// the pool their conversions run on, set before the first read).
 #ifndef TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
 #define TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/backend/tensor.h"
+#include "common/base/thread_pool.h"
 
 namespace tandem {
 
@@ -45,6 +48,23 @@ class WeightSource {
   }
   // Every tensor of the source, in Hugging Face naming where one exists.
   virtual std::vector<std::string> TensorNames() const = 0;
+
+  // From now on a tensor's conversion (decoding, repacking) is split over
+  // `pool`'s threads (null: the caller's alone). The pool must outlive the
+  // reads; one reader at a time, as the pool takes one caller.
+  void set_pool(ThreadPool* pool) { pool_ = pool; }
+
+ protected:
+  // fn(begin, end) over [0, n) in contiguous ranges of at least `min_chunk`,
+  // on the pool's threads when one is set.
+  void ForRanges(int64_t n, int64_t min_chunk,
+                 const std::function<void(int64_t, int64_t)>& fn) const {
+    if (pool_ == nullptr) return fn(0, n);
+    pool_->ParallelFor(n, min_chunk, fn);
+  }
+
+ private:
+  ThreadPool* pool_ = nullptr;
 };
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/thread_pool.h"
 #include "common/model/gguf_weights.h"
 #include "common/model/safetensors.h"
 #include "gmock/gmock.h"
@@ -339,6 +340,56 @@ TEST(GgufWeightsTest, Q4KIsKeptAsQ4_1SubBlocks) {
   }
   std::set<float> distinct(direct.begin(), direct.end());
   EXPECT_GT(distinct.size(), 500u);  // the random quants, not a constant
+}
+
+// Reads split by rows over a pool's threads (the loader's) give the bytes
+// one thread gives: blocks kept as stored (Q8_0), repacked (Q4_K as Q4_1),
+// requantized (Q6_K as Q8_0), and every type decoded to f32; ranges of rows
+// land where the rows belong.
+TEST(GgufWeightsTest, ReadsSplitOverAPoolEqualOneThread) {
+  std::mt19937 rng(11);
+  const int64_t rows = 1024, cols = 256;  // several 64 KiB ranges of output
+  struct Case {
+    GgmlType type;
+    size_t block_bytes;
+    std::vector<size_t> scales;  // where each block's f16 scales are
+  };
+  for (const Case& tc : {Case{GgmlType::kQ8_0, 34, {0}}, Case{GgmlType::kQ4_K, 144, {0, 2}},
+                         Case{GgmlType::kQ6_K, 210, {208}}}) {
+    SCOPED_TRACE(GgmlTypeName(static_cast<uint32_t>(tc.type)));
+    const size_t per_row = cols / (tc.type == GgmlType::kQ8_0 ? 32 : 256);
+    std::string data(rows * per_row * tc.block_bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng() & 0xff);
+    for (size_t at = 0; at < data.size(); at += tc.block_bytes) {  // finite scales
+      for (size_t s : tc.scales) {
+        const uint16_t d = static_cast<uint16_t>(0x2000 + (rng() & 0x0fff));
+        std::memcpy(&data[at + s], &d, 2);
+      }
+    }
+    GgufWriter w;
+    w.AddTensor("blk.0.ffn_up.weight", {cols, rows}, tc.type, data);
+    const std::string path = WriteTemp("pool", w.Serialize());
+    auto f = GgufFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    const std::string name = "model.layers.0.mlp.up_proj.weight";
+    GgufWeights alone(f->get(), LlamaConfig());
+    GgufWeights split(f->get(), LlamaConfig());
+    ThreadPool pool(3);
+    split.set_pool(&pool);
+    const std::optional<DType> kept = alone.BlockType(name);
+    ASSERT_TRUE(kept.has_value());
+    std::string a(DTypeBytes(*kept, rows * cols), '\0'), b(a.size(), '\1');
+    ASSERT_TRUE(alone.ReadBlocks(name, {rows, cols}, a.data()).ok());
+    ASSERT_TRUE(split.ReadBlocks(name, {rows, cols}, b.data()).ok());
+    EXPECT_TRUE(a == b);
+    std::vector<float> fa(rows * cols), fb(rows * cols, -1.f);
+    ASSERT_TRUE(alone.ReadF32(name, {rows, cols}, fa.data()).ok());
+    ASSERT_TRUE(split.ReadF32(name, {rows, cols}, fb.data()).ok());
+    EXPECT_EQ(0, std::memcmp(fa.data(), fb.data(), fa.size() * sizeof(float)));
+    std::set<float> distinct(fa.begin(), fa.end());
+    EXPECT_GT(distinct.size(), 1000u);  // the random quants, not a constant
+    std::filesystem::remove(path);
+  }
 }
 
 // Experts stacked in one GGUF tensor [experts, rows, cols] (llama.cpp's
