@@ -191,6 +191,7 @@ class Completion {
   struct Choice {
     Choice(ReasoningParser parser, bool thinking) : splitter(parser, thinking) {}
     ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
+    ToolCallStream answer;       // with tools offered: the answer, held where a call may begin
     std::string echo;
     bool counts_prompt = false;
     bool seen = false;  // a message came (its echo is out)
@@ -265,6 +266,7 @@ class Completion {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
+      if (spec_.tools) parts.content = c.answer.Add(parts.content);
       WriteDelta(index, parts.content, ids,
                  LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()),
                  parts.reasoning);
@@ -310,9 +312,12 @@ class Completion {
             {"model", spec_.model}};
   }
 
-  // Streams hold back nothing, except when tools were offered (a call is
-  // known only once the reply is whole).
-  bool holding() const { return spec_.stream && spec_.tools; }
+  // Streams hold back nothing but a forced call (vLLM's named and required
+  // tool_choice), sent whole at the end; with tools offered otherwise the
+  // answer streams through Choice::answer, held from where a call may begin.
+  bool holding() const {
+    return spec_.stream && (!spec_.forced_function.empty() || spec_.tool_choice_required);
+  }
 
   // The SSE response's start and, for chat, each choice's role (as vLLM
   // sends them, all at once).
@@ -552,13 +557,11 @@ class Completion {
       // Reasoning held back in case it ended in a tag.
       const ReasoningSplitter::Parts rest = c.splitter.Finish();
       if (!rest.reasoning.empty()) WriteDelta(index, "", {}, nullptr, rest.reasoning);
+      if (spec_.tools && spec_.chat) FinishAnswer(index, &finish);
     } else {
-      Json chunk = Envelope(true);
       Json delta = Message(c, &finish);
-      chunk["choices"] = Json::array({{{"index", index}, {"delta", delta},
-                                       {"logprobs", LogprobsJson(c, 0, c.logprobs.size())},
-                                       {"finish_reason", nullptr}}});
-      http_->Write(Sse(chunk));
+      if (delta.contains("tool_calls")) delta["tool_calls"] = ToolCallDeltas(delta["tool_calls"]);
+      WriteChunk(index, std::move(delta), LogprobsJson(c, 0, c.logprobs.size()));
     }
     Json last = Envelope(true);
     Json choice = {{"index", index}};
@@ -571,6 +574,36 @@ class Completion {
     choice["finish_reason"] = finish;
     last["choices"] = Json::array({choice});
     http_->Write(Sse(last));
+  }
+
+  // A streamed answer's end with tools offered: its calls, with the text
+  // outside them that has not gone out, or (no call after all) what was held.
+  void FinishAnswer(size_t index, std::string* finish) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    const Json message = Message(c, finish);
+    if (!message.contains("tool_calls")) {
+      if (!c.answer.held().empty()) WriteDelta(index, std::string(c.answer.held()));
+      return;
+    }
+    Json delta = {{"tool_calls", ToolCallDeltas(message["tool_calls"])}};
+    // The text outside the calls, trimmed (as whole): past what went out,
+    // itself without the blanks it began with.
+    const std::string sent = Trim(std::string(c.answer.released()));
+    if (message["content"].is_string()) {
+      const std::string content = message["content"].get<std::string>();
+      if (content.size() > sent.size() && content.compare(0, sent.size(), sent) == 0) {
+        delta["content"] = content.substr(sent.size());
+      }
+    }
+    WriteChunk(index, std::move(delta), nullptr);
+  }
+
+  void WriteChunk(size_t index, Json delta, Json logprobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Json chunk = Envelope(true);
+    chunk["choices"] = Json::array({{{"index", index}, {"delta", std::move(delta)},
+                                     {"logprobs", std::move(logprobs)},
+                                     {"finish_reason", nullptr}}});
+    http_->Write(Sse(chunk));
   }
 
   void FinishStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -10,16 +10,14 @@ namespace {
 constexpr std::string_view kOpen = "<think>";
 constexpr std::string_view kClose = "</think>";
 
-// The length of the longest end of `text` that begins `tag` (a tag that the
-// next piece may complete).
+}  // namespace
+
 size_t PartialTagAtEnd(std::string_view text, std::string_view tag) {
   for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
     if (text.substr(text.size() - n) == tag.substr(0, n)) return n;
   }
   return 0;
 }
-
-}  // namespace
 
 absl::StatusOr<ReasoningParser> ReasoningParserByName(std::string_view name) {
   if (name.empty()) return ReasoningParser::kNone;

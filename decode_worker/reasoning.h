@@ -19,6 +19,10 @@ namespace tandem {
 
 enum class ReasoningParser { kNone, kQwen3, kDeepSeekR1 };
 
+// The length of the longest end of `text` that begins `tag` (a tag that the
+// next piece of a streamed reply may complete).
+size_t PartialTagAtEnd(std::string_view text, std::string_view tag);
+
 // "" (none), "qwen3" or "deepseek_r1"; INVALID_ARGUMENT names the others.
 absl::StatusOr<ReasoningParser> ReasoningParserByName(std::string_view name);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/json.h"
+#include "decode_worker/reasoning.h"
 
 namespace tandem {
 
@@ -52,6 +53,45 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
     }
   }
   return Json::array();
+}
+
+namespace {
+constexpr std::string_view kBlanks = " \t\n\r";
+constexpr std::string_view kCallOpen = "<tool_call>";
+}  // namespace
+
+std::string ToolCallStream::Add(std::string_view piece) {
+  text_.append(piece);
+  if (holding_) return "";
+  const size_t first = text_.find_first_not_of(kBlanks);
+  if (first == std::string::npos) return "";  // blanks alone: not yet told
+  if (text_[first] == '{') {
+    holding_ = true;
+    return "";
+  }
+  // From where a call opens, or may open with the next piece.
+  const size_t from = released_ >= kCallOpen.size() ? released_ - kCallOpen.size() : 0;
+  size_t end = text_.find(kCallOpen, from);
+  if (end != std::string::npos) {
+    holding_ = true;
+  } else {
+    end = text_.size() - PartialTagAtEnd(text_, kCallOpen);
+  }
+  while (end > released_ && kBlanks.find(text_[end - 1]) != std::string_view::npos) --end;
+  if (end <= released_) return "";
+  std::string out = text_.substr(released_, end - released_);
+  released_ = end;
+  return out;
+}
+
+nlohmann::ordered_json ToolCallDeltas(const nlohmann::ordered_json& calls) {
+  nlohmann::ordered_json deltas = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    nlohmann::ordered_json d = {{"index", i}};
+    for (const auto& [key, value] : calls[i].items()) d[key] = value;
+    deltas.push_back(std::move(d));
+  }
+  return deltas;
 }
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "nlohmann/json.hpp"
 
@@ -19,6 +20,30 @@ namespace tandem {
 // than kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
                                       const std::function<std::string()>& new_id);
+
+// A streamed answer when tools were offered (tool_choice auto): the text
+// that can no longer be part of a call goes out as it comes, the rest is
+// held until the reply is whole and ParseToolCalls tells. Held: everything
+// from the first `<tool_call>` on, a reply whose first non-blank character
+// is `{` (a Llama 3.x call is the whole reply), the end of the text that may
+// begin a `<tool_call>`, and blanks that a call right after them would trim.
+class ToolCallStream {
+ public:
+  // Takes the answer's next piece; returns what may go out now.
+  std::string Add(std::string_view piece);
+  // What Add has let out so far, and what it holds.
+  std::string_view released() const { return std::string_view(text_).substr(0, released_); }
+  std::string_view held() const { return std::string_view(text_).substr(released_); }
+
+ private:
+  std::string text_;  // the answer so far
+  size_t released_ = 0;
+  bool holding_ = false;  // a call may have begun: nothing more goes out
+};
+
+// The streamed form of `calls` (ParseToolCalls' or a forced call's): each
+// with its `index`, as OpenAI's and vLLM's chunks carry them.
+nlohmann::ordered_json ToolCallDeltas(const nlohmann::ordered_json& calls);
 
 }  // namespace tandem
 

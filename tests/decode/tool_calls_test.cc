@@ -1,6 +1,11 @@
 // Tool calls found in generated replies, as the OpenAI API returns them.
 #include "decode_worker/tool_calls.h"
 
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -46,6 +51,80 @@ TEST(ToolCallsTest, TextThatIsNotACallStaysText) {
     EXPECT_TRUE(ParseToolCalls(text, &rest, Ids()).empty()) << text;
     EXPECT_EQ(rest, text);
   }
+}
+
+// What a ToolCallStream lets out of `pieces`, piece by piece.
+std::vector<std::string> Released(const std::vector<std::string>& pieces, ToolCallStream* s) {
+  std::vector<std::string> out;
+  for (const std::string& p : pieces) out.push_back(s->Add(p));
+  return out;
+}
+
+TEST(ToolCallStreamTest, AnAnswerWithoutACallGoesOutAsItComes) {
+  ToolCallStream s;
+  EXPECT_EQ(Released({"Hello", " wor", "ld", "!"}, &s),
+            (std::vector<std::string>{"Hello", " wor", "ld", "!"}));
+  EXPECT_EQ(s.held(), "");
+  ToolCallStream blanks;  // a blank end waits for what follows it
+  EXPECT_EQ(Released({"Hi ", "there", "\n"}, &blanks),
+            (std::vector<std::string>{"Hi", " there", ""}));
+  EXPECT_EQ(blanks.held(), "\n");
+  ToolCallStream angle;  // a '<' that begins no call goes out once that is clear
+  EXPECT_EQ(Released({"x <", "= y", " if a<b"}, &angle),
+            (std::vector<std::string>{"x", " <= y", " if a<b"}));
+  ToolCallStream brace;  // braces inside a sentence are text
+  EXPECT_EQ(Released({"Use {x}", "."}, &brace), (std::vector<std::string>{"Use {x}", "."}));
+}
+
+TEST(ToolCallStreamTest, FromWhereACallMayBeginTheRestIsHeld) {
+  ToolCallStream s;
+  EXPECT_EQ(Released({"Sure <tool", "_call>{\"name\": \"f\"}", "</tool_call> done"}, &s),
+            (std::vector<std::string>{"Sure", "", ""}));
+  EXPECT_EQ(s.released(), "Sure");
+  EXPECT_EQ(s.held(), " <tool_call>{\"name\": \"f\"}</tool_call> done");
+  ToolCallStream llama;  // a reply that begins with '{' may be one bare JSON call
+  EXPECT_EQ(Released({" ", "{\"name\"", ": \"f\"}"}, &llama), (std::vector<std::string>{"", "", ""}));
+  EXPECT_EQ(llama.held(), " {\"name\": \"f\"}");
+}
+
+// However the text is cut, what goes out and what is held make the text,
+// nothing from a call's opening tag on goes out, and a text without one
+// holds at most its blank or tag-like end.
+TEST(ToolCallStreamTest, AnyCutGivesTheSameSplit) {
+  std::mt19937 rng(5);
+  for (const std::string text :
+       {std::string("The capital of France is Paris. <tool_call>{\"name\": \"f\"}</tool_call>"),
+        std::string("No call here, just a < b and {braces}.  \n"),
+        std::string("  {\"name\": \"search\", \"parameters\": {}}")}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      ToolCallStream s;
+      std::string out;
+      for (size_t at = 0; at < text.size();) {
+        const size_t n = std::min<size_t>(text.size() - at, 1 + rng() % 7);
+        out += s.Add(text.substr(at, n));
+        at += n;
+      }
+      ASSERT_EQ(out, s.released());
+      ASSERT_EQ(out + std::string(s.held()), text);
+      EXPECT_EQ(out.find("<tool_call>"), std::string::npos);
+      if (text.find("<tool_call>") == std::string::npos && text.find_first_not_of(" ") != text.find('{')) {
+        EXPECT_EQ(std::string(s.held()).find_first_not_of(" \n"), std::string::npos) << s.held();
+      }
+    }
+  }
+}
+
+TEST(ToolCallsTest, DeltasCarryTheirIndexFirst) {
+  std::string rest;
+  const Json calls = ParseToolCalls(
+      "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>"
+      "<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>", &rest, Ids());
+  const Json deltas = ToolCallDeltas(calls);
+  ASSERT_EQ(deltas.size(), 2u);
+  EXPECT_EQ(deltas[1].begin().key(), "index");
+  EXPECT_EQ(deltas[1]["index"], 1);
+  EXPECT_EQ(deltas[1]["id"], calls[1]["id"]);
+  EXPECT_EQ(deltas[1]["function"], calls[1]["function"]);
 }
 
 }  // namespace

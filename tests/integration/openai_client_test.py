@@ -297,6 +297,19 @@ def main():
             tool_choice={"type": "function", "function": {"name": "get_weather"}})
             for d in (c.choices[0].delta.tool_calls or [] if c.choices else [])]
         assert [d.function.arguments for d in streamed] == [named.choices[0].message.tool_calls[0].function.arguments], streamed
+        assert [d.index for d in streamed] == [0], streamed
+        # With tools offered and left to the model (tool_choice auto), a reply
+        # streams as it comes: held only from where a call may begin.
+        offered = dict(model="smollm2", messages=question, tools=weather, temperature=0, max_tokens=32)
+        whole = client.chat.completions.create(**offered)
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **offered) if c.choices]
+        if whole.choices[0].message.tool_calls:
+            calls = [t for d in deltas for t in (d.tool_calls or [])]
+            assert [(t.index, t.function.name) for t in calls] == [
+                (i, t.function.name) for i, t in enumerate(whole.choices[0].message.tool_calls)], (calls, whole)
+        else:
+            pieces = [d.content for d in deltas if d.content]
+            assert len(pieces) > 1 and "".join(pieces) == whole.choices[0].message.content, (pieces, whole)
         passed += 1
 
         # Log-probabilities (vLLM's raw ones), the first token's from the
