@@ -192,6 +192,7 @@ class Completion {
     Choice(ReasoningParser parser, bool thinking) : splitter(parser, thinking) {}
     ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
     ToolCallStream answer;       // with tools offered: the answer, held where a call may begin
+    std::string call_id;         // a forced named call's, once its first chunk is out
     std::string echo;
     bool counts_prompt = false;
     bool seen = false;  // a message came (its echo is out)
@@ -266,6 +267,11 @@ class Completion {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
+      if (!spec_.forced_function.empty()) {
+        if (!parts.reasoning.empty()) WriteDelta(index, "", {}, nullptr, parts.reasoning);
+        return WriteArguments(index, parts.content, ids,
+                              LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()));
+      }
       if (spec_.tools) parts.content = c.answer.Add(parts.content);
       WriteDelta(index, parts.content, ids,
                  LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()),
@@ -312,12 +318,11 @@ class Completion {
             {"model", spec_.model}};
   }
 
-  // Streams hold back nothing but a forced call (vLLM's named and required
-  // tool_choice), sent whole at the end; with tools offered otherwise the
-  // answer streams through Choice::answer, held from where a call may begin.
-  bool holding() const {
-    return spec_.stream && (!spec_.forced_function.empty() || spec_.tool_choice_required);
-  }
+  // Streams hold back nothing but the calls of tool_choice "required" (a
+  // list of them), sent whole at the end; a forced named call streams its
+  // arguments; with tools offered otherwise the answer streams through
+  // Choice::answer, held from where a call may begin.
+  bool holding() const { return spec_.stream && spec_.tool_choice_required; }
 
   // The SSE response's start and, for chat, each choice's role (as vLLM
   // sends them, all at once).
@@ -435,21 +440,41 @@ class Completion {
   // A chunk of choice `index`: its new text (and, for chat, reasoning).
   void WriteDelta(size_t index, const std::string& text, const std::vector<int32_t>& token_ids = {},
                   Json logprobs = nullptr, const std::string& reasoning = "") {
+    if (!spec_.chat) return WriteChunk(index, "text", text, std::move(logprobs), token_ids);
+    Json delta = Json::object();
+    SetReasoning(&delta, reasoning);
+    if (!text.empty() || reasoning.empty()) delta["content"] = text;
+    WriteChunk(index, "delta", std::move(delta), std::move(logprobs), token_ids);
+  }
+
+  // A chunk of choice `index` whose `key` ("delta" for chat, "text") is `value`.
+  void WriteChunk(size_t index, const char* key, Json value, Json logprobs,
+                  const std::vector<int32_t>& token_ids = {}) {
     Json chunk = Envelope(true);
-    Json choice = {{"index", index}};
-    if (spec_.chat) {
-      Json delta = Json::object();
-      SetReasoning(&delta, reasoning);
-      if (!text.empty() || reasoning.empty()) delta["content"] = text;
-      choice["delta"] = std::move(delta);
-    } else {
-      choice["text"] = text;
-    }
+    Json choice = {{"index", index}, {key, std::move(value)}};
     if (!token_ids.empty()) choice["token_ids"] = token_ids;
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = nullptr;
-    chunk["choices"] = Json::array({choice});
+    chunk["choices"] = Json::array({std::move(choice)});
     http_->Write(Sse(chunk));
+  }
+
+  // A forced named call's arguments, streamed as vLLM streams them: the
+  // first chunk names the call (id, type, name), the rest add arguments.
+  void WriteArguments(size_t index, const std::string& arguments, const std::vector<int32_t>& ids,
+                      Json logprobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    Json call = {{"index", 0}};
+    if (c.call_id.empty()) {
+      c.call_id = NewCallId();
+      call["id"] = c.call_id;
+      call["type"] = "function";
+      call["function"] = {{"name", spec_.forced_function}, {"arguments", arguments}};
+    } else {
+      call["function"] = {{"arguments", arguments}};
+    }
+    WriteChunk(index, "delta", {{"tool_calls", Json::array({std::move(call)})}}, std::move(logprobs),
+               ids);
   }
 
   // Usage over every choice, each prompt counted once.
@@ -557,11 +582,11 @@ class Completion {
       // Reasoning held back in case it ended in a tag.
       const ReasoningSplitter::Parts rest = c.splitter.Finish();
       if (!rest.reasoning.empty()) WriteDelta(index, "", {}, nullptr, rest.reasoning);
-      if (spec_.tools && spec_.chat) FinishAnswer(index, &finish);
+      if (spec_.tools && spec_.chat && spec_.forced_function.empty()) FinishAnswer(index, &finish);
     } else {
       Json delta = Message(c, &finish);
       if (delta.contains("tool_calls")) delta["tool_calls"] = ToolCallDeltas(delta["tool_calls"]);
-      WriteChunk(index, std::move(delta), LogprobsJson(c, 0, c.logprobs.size()));
+      WriteChunk(index, "delta", std::move(delta), LogprobsJson(c, 0, c.logprobs.size()));
     }
     Json last = Envelope(true);
     Json choice = {{"index", index}};
@@ -595,15 +620,7 @@ class Completion {
         delta["content"] = content.substr(sent.size());
       }
     }
-    WriteChunk(index, std::move(delta), nullptr);
-  }
-
-  void WriteChunk(size_t index, Json delta, Json logprobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Json chunk = Envelope(true);
-    chunk["choices"] = Json::array({{{"index", index}, {"delta", std::move(delta)},
-                                     {"logprobs", std::move(logprobs)},
-                                     {"finish_reason", nullptr}}});
-    http_->Write(Sse(chunk));
+    WriteChunk(index, "delta", std::move(delta), nullptr);
   }
 
   void FinishStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -296,8 +296,13 @@ def main():
             model="smollm2", messages=where, tools=weather, temperature=0, max_tokens=60, stream=True,
             tool_choice={"type": "function", "function": {"name": "get_weather"}})
             for d in (c.choices[0].delta.tool_calls or [] if c.choices else [])]
-        assert [d.function.arguments for d in streamed] == [named.choices[0].message.tool_calls[0].function.arguments], streamed
-        assert [d.index for d in streamed] == [0], streamed
+        # Streamed, a forced call's arguments come piece by piece (as vLLM's):
+        # the first chunk names the call, each carries its index.
+        assert len(streamed) > 1 and {d.index for d in streamed} == {0}, streamed
+        assert streamed[0].function.name == "get_weather" and streamed[0].id, streamed
+        assert all(d.id is None and d.function.name is None for d in streamed[1:]), streamed
+        assert "".join(d.function.arguments for d in streamed) == \
+            named.choices[0].message.tool_calls[0].function.arguments, streamed
         # With tools offered and left to the model (tool_choice auto), a reply
         # streams as it comes: held only from where a call may begin.
         offered = dict(model="smollm2", messages=question, tools=weather, temperature=0, max_tokens=32)
