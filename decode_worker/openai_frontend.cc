@@ -530,7 +530,7 @@ class Completion {
       }
     }
     std::string rest;
-    Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, NewCallId)
+    Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, NewCallId, spec_.tool_properties)
                              : Json::array();
     if (!calls.empty()) {
       const std::string content = Trim(rest);

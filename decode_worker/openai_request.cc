@@ -574,6 +574,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   std::vector<Prompt> prompts(1);
   bool thinking = true;
   bool offered_tools = false;  // tools that reach the template (not tool_choice "none")
+  Json tool_properties = Json::object();
   if (chat || (tokenize && body.contains("messages"))) {
     if (tokenizer == nullptr || context.chat_template == nullptr) {
       return Error({400, tokenizer == nullptr ? "chat needs a tokenizer, and this model has none"
@@ -587,6 +588,15 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (auto e = CheckTools(tools)) return Error(*e);
     if (body.contains("tool_choice") && body["tool_choice"] == "none") tools = nullptr;
     offered_tools = tools.is_array() && !tools.empty();
+    if (offered_tools) {
+      for (const Json& tool : tools) {  // CheckTools: each has a function with a string name
+        const Json& fn = tool["function"];
+        const Json none = Json::object();
+        const Json& params = fn.contains("parameters") && fn["parameters"].is_object() ? fn["parameters"] : none;
+        tool_properties[fn["name"].get<std::string>()] =
+            params.contains("properties") ? params["properties"] : Json::object();
+      }
+    }
     bool add_generation_prompt = true;
     if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
     Json kwargs = body.value("chat_template_kwargs", Json());
@@ -678,6 +688,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   spec.chat = chat;
   spec.thinking = thinking;
   spec.tools = chat && offered_tools;
+  spec.tool_properties = std::move(tool_properties);
   v1::GenerateRequest common;
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);

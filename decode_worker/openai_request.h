@@ -48,6 +48,9 @@ struct CompletionSpec {
   bool stream = false;
   bool include_usage = false;
   bool tools = false;     // the request offered tools: look for calls in the reply
+  // Each offered tool's parameters' "properties" by its name (Qwen3-Coder's
+  // calls are typed by them).
+  nlohmann::ordered_json tool_properties = nlohmann::ordered_json::object();
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
   bool logprobs = false;          // the request set sampling.logprobs
   bool prompt_logprobs = false;   // vLLM's prompt_logprobs: the response carries them

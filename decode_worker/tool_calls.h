@@ -15,18 +15,23 @@ namespace tandem {
 
 // The calls in OpenAI's shape ({"id", "type": "function", "function":
 // {"name", "arguments": a JSON string}}), ids from `new_id`, and in *rest
-// the text outside them. No calls (an empty array, *rest = text) when the
-// reply holds none, or a block that is not a JSON call (or nests deeper
-// than kMaxJsonDepth).
+// the text outside them. A block holds a JSON call, or Qwen3-Coder's
+// <function=NAME><parameter=P>\nVALUE\n</parameter></function> (also without
+// the block, as vLLM's qwen3_coder parser takes it: the rest is the text
+// before it), its values typed by `tool_properties` (tool name -> its
+// parameters' "properties"). No calls (an empty array, *rest = text) when
+// the reply holds none, or a block that is not a call (or nests deeper than
+// kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
-                                      const std::function<std::string()>& new_id);
+                                      const std::function<std::string()>& new_id,
+                                      const nlohmann::ordered_json& tool_properties = nullptr);
 
 // A streamed answer when tools were offered (tool_choice auto): the text
 // that can no longer be part of a call goes out as it comes, the rest is
 // held until the reply is whole and ParseToolCalls tells. Held: everything
-// from the first `<tool_call>` on, a reply whose first non-blank character
+// from the first `<tool_call>` or `<function=` on, a reply whose first non-blank character
 // is `{` (a Llama 3.x call is the whole reply), the end of the text that may
-// begin a `<tool_call>`, and blanks that a call right after them would trim.
+// begin either, and blanks that a call right after them would trim.
 class ToolCallStream {
  public:
   // Takes the answer's next piece; returns what may go out now.

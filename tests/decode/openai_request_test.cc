@@ -156,7 +156,9 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
     "stop": ["x"], "stop_token_ids": [2], "min_p": 0.1, "logit_bias": {"5": 300},
     "logprobs": true, "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true},
     "response_format": {"type": "text"}, "return_token_ids": true,
-    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                 "type": "object", "properties": {"city": {"type": "string"}}}}},
+              {"type": "function", "function": {"name": "get_time"}}]
   })";
   const OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, body);
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
@@ -178,6 +180,9 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   EXPECT_EQ(s.logprobs().value(), 2);
   EXPECT_TRUE(r.spec.chat && r.spec.stream && r.spec.include_usage && r.spec.tools &&
               r.spec.return_token_ids && r.spec.logprobs);
+  // Each tool's parameters' properties by name (Qwen3-Coder's calls are typed by them).
+  EXPECT_EQ(r.spec.tool_properties,
+            Json::parse(R"({"get_weather": {"city": {"type": "string"}}, "get_time": {}})"));
   // The prompt is the template's text over the tools and the message, tokenized.
   std::vector<int32_t> ids(g.prompt_token_ids().begin(), g.prompt_token_ids().end());
   const std::string prompt = tokenizer_->Decode(ids);

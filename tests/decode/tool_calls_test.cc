@@ -127,5 +127,60 @@ TEST(ToolCallsTest, DeltasCarryTheirIndexFirst) {
   EXPECT_EQ(deltas[1]["function"], calls[1]["function"]);
 }
 
+// Qwen3-Coder's XML calls (vLLM's qwen3_coder parser): each parameter's text
+// (less the newline after its tag and before its end) typed by the tool's
+// schema; undeclared parameters and string types stay text, "null" is null.
+TEST(ToolCallsTest, Qwen3CoderXmlCallsAreTypedByTheSchema) {
+  const Json properties = Json::parse(R"({"edit": {
+      "path": {"type": "string"}, "line": {"type": "integer"}, "ratio": {"type": "number"},
+      "whole": {"type": "number"}, "dry_run": {"type": "boolean"}, "opts": {"type": "object"},
+      "tags": {"type": "array"}, "note": {"type": "string"}, "count": {"type": "integer"}}})");
+  std::string rest;
+  const Json calls = ParseToolCalls(
+      "I'll edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a.py\n</parameter>\n"
+      "<parameter=line>\n12\n</parameter>\n<parameter=ratio>\n2.5\n</parameter>\n"
+      "<parameter=whole>\n4.0\n</parameter>\n<parameter=dry_run>\nTrue\n</parameter>\n"
+      "<parameter=opts>\n{\"a\": [1, 2]}\n</parameter>\n<parameter=tags>\nnot json\n</parameter>\n"
+      "<parameter=note>\nNULL\n</parameter>\n<parameter=count>\nmany\n</parameter>\n"
+      "<parameter=code>\ndef f():\n    return 1\n</parameter>\n</function>\n</tool_call>",
+      &rest, Ids(), properties);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "edit");
+  EXPECT_EQ(Json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"path": "src/a.py", "line": 12, "ratio": 2.5, "whole": 4,
+                            "dry_run": true, "opts": {"a": [1, 2]}, "tags": "not json",
+                            "note": null, "count": "many", "code": "def f():\n    return 1"})"));
+  EXPECT_EQ(rest, "I'll edit it.\n");
+}
+
+TEST(ToolCallsTest, Qwen3CoderCallsWithoutTheirBlockOrLeftOpen) {
+  std::string rest;
+  Json calls = ParseToolCalls("Sure.\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n</function>",
+                              &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"cmd\":\"ls -l\"}");
+  EXPECT_EQ(rest, "Sure.\n");
+  // Cut by max_tokens: the open parameter and function end with the text;
+  // two functions in one block are two calls.
+  calls = ParseToolCalls("<tool_call><function=a><parameter=x>1</parameter></function>"
+                         "<function=b><parameter=y>\npartial", &rest, Ids());
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[1]["function"]["name"], "b");
+  EXPECT_EQ(calls[1]["function"]["arguments"], "{\"y\":\"partial\"}");
+  for (const std::string text : {"<tool_call><function=broken</tool_call>",
+                                 "<tool_call><function=f><parameter=x</function></tool_call>",
+                                 "<tool_call>no function here</tool_call>"}) {
+    EXPECT_TRUE(ParseToolCalls(text, &rest, Ids()).empty()) << text;
+    EXPECT_EQ(rest, text);
+  }
+}
+
+TEST(ToolCallStreamTest, AQwen3CoderFunctionIsHeldToo) {
+  ToolCallStream s;
+  EXPECT_EQ(Released({"Running it. <func", "tion=run>", "<parameter=cmd>ls"}, &s),
+            (std::vector<std::string>{"Running it.", "", ""}));
+  EXPECT_EQ(s.held(), " <function=run><parameter=cmd>ls");
+}
+
 }  // namespace
 }  // namespace tandem
