@@ -1,7 +1,8 @@
 // The OpenAI HTTP API's request bodies on outside bytes: the first byte picks
 // the route (chat, completions, tokenize, detokenize), the rest is the body,
 // parsed with a real tokenizer and a chat template that renders tools and
-// tool calls. The same bytes are read as a model's reply for tool calls. No
+// tool calls. The same bytes are read as a model's reply for tool calls,
+// whole (typed by a schema) and streamed. No
 // input may throw (libFuzzer reports an uncaught exception as a crash),
 // crash, overflow the stack or leak; an answer is an error, a reply, or a
 // request.
@@ -52,6 +53,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (answers > 1) __builtin_trap();
   if (r.error.has_value() && (r.error->status < 400 || r.error->message.empty())) __builtin_trap();
   std::string rest;
-  (void)tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); });
+  static const auto kProperties = nlohmann::ordered_json::parse(
+      R"({"f": {"n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"},
+                "o": {"type": "object"}, "s": {"type": "string"}, "t": {"type": ["string", "null"]}}})");
+  (void)tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); }, kProperties);
+  // The reply streamed in pieces of the first byte's size: what goes out and
+  // what is held make the reply, and nothing from a call's opening on goes out.
+  tandem::ToolCallStream stream;
+  const size_t piece = 1 + data[0] % 13;
+  std::string out;
+  for (size_t at = 0; at < body.size(); at += piece) out += stream.Add(body.substr(at, piece));
+  if (out != stream.released() || out + std::string(stream.held()) != body) __builtin_trap();
+  if (out.find("<tool_call>") != std::string::npos || out.find("<function=") != std::string::npos) {
+    __builtin_trap();
+  }
   return 0;
 }
