@@ -115,7 +115,11 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
     calls.push_back({{"id", new_id()},
                      {"type", "function"},
                      {"function", {{"name", call["name"]},
-                                   {"arguments", args.is_string() ? args.get<std::string>() : args.dump()}}}});
+                                   // Invalid UTF-8 (an XML value's raw bytes) as U+FFFD, not
+                                   // an exception.
+                                   {"arguments", args.is_string()
+                                                     ? args.get<std::string>()
+                                                     : args.dump(-1, ' ', false, Json::error_handler_t::replace)}}}});
     return true;
   };
   *rest = text;

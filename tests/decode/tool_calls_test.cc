@@ -167,6 +167,11 @@ TEST(ToolCallsTest, Qwen3CoderCallsWithoutTheirBlockOrLeftOpen) {
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[1]["function"]["name"], "b");
   EXPECT_EQ(calls[1]["function"]["arguments"], "{\"y\":\"partial\"}");
+  // A value's bytes that are not UTF-8 (a reply cut inside a character)
+  // become U+FFFD in the arguments' JSON, as the text elsewhere.
+  calls = ParseToolCalls("<function=f><parameter=p>caf\xC3</parameter></function>", &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"p\":\"caf\xEF\xBF\xBD\"}");
   for (const std::string text : {"<tool_call><function=broken</tool_call>",
                                  "<tool_call><function=f><parameter=x</function></tool_call>",
                                  "<tool_call>no function here</tool_call>"}) {
