@@ -193,6 +193,10 @@ class Completion {
     ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
     ToolCallStream answer;       // with tools offered: the answer, held where a call may begin
     std::string call_id;         // a forced named call's, once its first chunk is out
+    // Responses API streams: the output items done so far, and the text item
+    // being streamed ("reasoning" or "message"; none when empty).
+    Json items = Json::array();
+    std::string open_kind, open_id, open_text;
     std::string echo;
     bool counts_prompt = false;
     bool seen = false;  // a message came (its echo is out)
@@ -267,6 +271,12 @@ class Completion {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
+      if (spec_.responses) {
+        if (ForcedCall()) return;  // its items come whole at the end
+        if (spec_.tools) parts.content = c.answer.Add(parts.content);
+        StreamText(index, "reasoning", parts.reasoning);
+        return StreamText(index, "message", parts.content);
+      }
       if (!spec_.forced_function.empty()) {
         if (!parts.reasoning.empty()) WriteDelta(index, "", {}, nullptr, parts.reasoning);
         return WriteArguments(index, parts.content, ids,
@@ -330,6 +340,12 @@ class Completion {
     if (started_) return;
     started_ = true;
     http_->Start(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    if (spec_.responses) {
+      const Json response = ResponseJson("in_progress", Json::array());
+      Event("response.created", {{"response", response}});
+      Event("response.in_progress", {{"response", response}});
+      return;
+    }
     if (!spec_.chat || holding()) return;
     for (size_t i = 0; i < choices_.size(); ++i) {
       Json first = Envelope(true);
@@ -547,6 +563,22 @@ class Completion {
   }
 
   void FinishWhole() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (spec_.responses) {
+      const Choice& c = choices_[0];
+      std::string finish = c.finish;
+      const Json message = Message(c, &finish);
+      Json items = Json::array();
+      if (message.contains("reasoning")) {
+        items.push_back(TextItem("reasoning", NewItemId("rs_"), message["reasoning"], "completed"));
+      }
+      if (message["content"].is_string() && !message["content"].get<std::string>().empty()) {
+        items.push_back(TextItem("message", NewItemId("msg_"), message["content"], "completed"));
+      }
+      if (message.contains("tool_calls")) {
+        for (const Json& call : message["tool_calls"]) items.push_back(CallItem(call));
+      }
+      return SendJson(*http_, ResponseJson(c.finish == "length" ? "incomplete" : "completed", items));
+    }
     Json body = Envelope(false);
     body["choices"] = Json::array();
     for (size_t i = 0; i < choices_.size(); ++i) {
@@ -576,6 +608,7 @@ class Completion {
   // finish_reason.
   void FinishChoiceStream(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     EnsureStarted();
+    if (spec_.responses) return FinishResponseItems(index);
     Choice& c = choices_[index];
     std::string finish = c.finish;
     if (!holding()) {
@@ -623,8 +656,179 @@ class Completion {
     WriteChunk(index, "delta", std::move(delta), nullptr);
   }
 
+  // The Responses API (a request on /v1/responses, one choice). A forced
+  // call's items come whole at the end.
+  bool ForcedCall() const { return !spec_.forced_function.empty() || spec_.tool_choice_required; }
+
+  static std::string NewItemId(const char* prefix) { return prefix + RandomHex(24); }
+
+  // An output item of text: reasoning (its reasoning_text) or the
+  // assistant's message (its output_text); no text while it is in progress.
+  static Json TextItem(const std::string& kind, const std::string& id, const Json& text,
+                       const char* status) {
+    const bool reasoning = kind == "reasoning";
+    Json content = Json::array();
+    if (!text.is_null()) {
+      content.push_back(reasoning ? Json{{"type", "reasoning_text"}, {"text", text}}
+                                  : Json{{"type", "output_text"}, {"text", text},
+                                         {"annotations", Json::array()}, {"logprobs", Json::array()}});
+    }
+    if (reasoning) {
+      return {{"type", "reasoning"}, {"id", id}, {"summary", Json::array()}, {"content", content},
+              {"status", status}};
+    }
+    return {{"type", "message"}, {"id", id}, {"status", status}, {"role", "assistant"},
+            {"content", content}};
+  }
+
+  // A chat tool call (Message's) as a function_call item.
+  static Json CallItem(const Json& call) {
+    return {{"type", "function_call"}, {"id", NewItemId("fc_")}, {"call_id", call["id"]},
+            {"name", call["function"]["name"]}, {"arguments", call["function"]["arguments"]},
+            {"status", "completed"}};
+  }
+
+  Json ResponseJson(const char* status, const Json& output) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool done = std::string(status) != "in_progress";
+    const Json usage = Usage();
+    return {{"id", spec_.id},
+            {"object", "response"},
+            {"created_at", spec_.created},
+            {"status", status},
+            {"model", spec_.model},
+            {"output", output},
+            {"error", nullptr},
+            {"incomplete_details", std::string(status) == "incomplete"
+                                       ? Json{{"reason", "max_output_tokens"}}
+                                       : Json(nullptr)},
+            {"instructions", nullptr},
+            {"metadata", Json::object()},
+            {"parallel_tool_calls", true},
+            {"tool_choice", "auto"},
+            {"tools", Json::array()},
+            {"usage", done ? Json{{"input_tokens", usage["prompt_tokens"]},
+                                  {"input_tokens_details", {{"cached_tokens", 0}}},
+                                  {"output_tokens", usage["completion_tokens"]},
+                                  {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                                  {"total_tokens", usage["total_tokens"]}}
+                           : Json(nullptr)}};
+  }
+
+  // One server-sent event of the Responses API: its type, its number in the
+  // stream, then `fields`.
+  void Event(const char* type, const Json& fields) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Json event = {{"type", type}, {"sequence_number", sequence_++}};
+    for (const auto& [key, value] : fields.items()) event[key] = value;
+    http_->Write(absl::StrCat("event: ", type, "\n", Sse(event)));
+  }
+
+  // `delta` of a text item of `kind` ("reasoning" or "message"): the item
+  // and its part opened first when another kind (or none) was streaming.
+  void StreamText(size_t index, const std::string& kind, const std::string& delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (delta.empty()) return;
+    Choice& c = choices_[index];
+    const size_t output_index = c.items.size();
+    const bool reasoning = kind == "reasoning";
+    if (c.open_kind != kind) {
+      CloseText(index);
+      c.open_kind = kind;
+      c.open_id = NewItemId(reasoning ? "rs_" : "msg_");
+      c.open_text.clear();
+      Event("response.output_item.added",
+            {{"output_index", output_index}, {"item", TextItem(kind, c.open_id, nullptr, "in_progress")}});
+      Event("response.content_part.added",
+            {{"item_id", c.open_id}, {"output_index", output_index}, {"content_index", 0},
+             {"part", TextItem(kind, c.open_id, "", "in_progress")["content"][0]}});
+    }
+    c.open_text += delta;
+    Json fields = {{"item_id", c.open_id}, {"output_index", output_index}, {"content_index", 0},
+                   {"delta", delta}};
+    if (!reasoning) fields["logprobs"] = Json::array();
+    Event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta", fields);
+  }
+
+  // The streaming text item's end: its text, its part and the item done.
+  void CloseText(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    if (c.open_kind.empty()) return;
+    const bool reasoning = c.open_kind == "reasoning";
+    const size_t output_index = c.items.size();
+    const Json item = TextItem(c.open_kind, c.open_id, c.open_text, "completed");
+    Json fields = {{"item_id", c.open_id}, {"output_index", output_index}, {"content_index", 0},
+                   {"text", c.open_text}};
+    if (!reasoning) fields["logprobs"] = Json::array();
+    Event(reasoning ? "response.reasoning_text.done" : "response.output_text.done", fields);
+    Event("response.content_part.done", {{"item_id", c.open_id}, {"output_index", output_index},
+                                         {"content_index", 0}, {"part", item["content"][0]}});
+    Event("response.output_item.done", {{"output_index", output_index}, {"item", item}});
+    c.items.push_back(item);
+    c.open_kind.clear();
+  }
+
+  // A streamed response's last items: reasoning held back, then (with
+  // tools) the text held where a call may have begun, or the calls, each a
+  // function_call item with its arguments in one delta.
+  void FinishResponseItems(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    std::string finish = c.finish;
+    if (ForcedCall()) {  // nothing went out yet
+      const Json message = Message(c, &finish);
+      if (message.contains("reasoning")) StreamText(index, "reasoning", message["reasoning"].get<std::string>());
+      if (message["content"].is_string()) StreamText(index, "message", message["content"].get<std::string>());
+      CloseText(index);
+      if (message.contains("tool_calls")) AddCallItems(index, message["tool_calls"]);
+      return;
+    }
+    StreamText(index, "reasoning", c.splitter.Finish().reasoning);
+    if (spec_.tools) {
+      const Json message = Message(c, &finish);
+      if (!message.contains("tool_calls")) {
+        StreamText(index, "message", std::string(c.answer.held()));
+      } else {
+        // The text outside the calls past what went out (as FinishAnswer).
+        const std::string sent = Trim(std::string(c.answer.released()));
+        if (message["content"].is_string()) {
+          const std::string content = message["content"].get<std::string>();
+          if (content.size() > sent.size() && content.compare(0, sent.size(), sent) == 0) {
+            StreamText(index, "message", content.substr(sent.size()));
+          }
+        }
+        CloseText(index);
+        return AddCallItems(index, message["tool_calls"]);
+      }
+    }
+    CloseText(index);
+  }
+
+  void AddCallItems(size_t index, const Json& calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    for (const Json& call : calls) {
+      const Json item = CallItem(call);
+      const size_t output_index = c.items.size();
+      Json added = item;
+      added["arguments"] = "";
+      added["status"] = "in_progress";
+      Event("response.output_item.added", {{"output_index", output_index}, {"item", added}});
+      Event("response.function_call_arguments.delta",
+            {{"item_id", item["id"]}, {"output_index", output_index}, {"delta", item["arguments"]}});
+      Event("response.function_call_arguments.done",
+            {{"item_id", item["id"]}, {"output_index", output_index}, {"name", item["name"]},
+             {"arguments", item["arguments"]}});
+      Event("response.output_item.done", {{"output_index", output_index}, {"item", item}});
+      c.items.push_back(item);
+    }
+  }
+
   void FinishStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     EnsureStarted();
+    if (spec_.responses) {
+      const Choice& c = choices_[0];
+      const bool incomplete = c.finish == "length";
+      Event(incomplete ? "response.incomplete" : "response.completed",
+            {{"response", ResponseJson(incomplete ? "incomplete" : "completed", c.items)}});
+      return http_->End();
+    }
     if (spec_.include_usage) {
       Json usage = Envelope(true);
       usage["choices"] = Json::array();
@@ -640,6 +844,10 @@ class Completion {
     const HttpError e{HttpStatusFor(static_cast<absl::StatusCode>(status.error_code())),
                       status.error_message(), ""};
     if (!started_) return SendError(*http_, e);
+    if (spec_.responses) {  // the Responses API's error event
+      Event("error", {{"code", absl::StrCat(e.status)}, {"message", e.message}, {"param", nullptr}});
+      return http_->End();
+    }
     // Mid-stream: the error as an event, then the end (as vLLM does).
     http_->Write(Sse(Json::parse(ErrorBody(e))));
     http_->Write("data: [DONE]\n\n");
@@ -656,6 +864,7 @@ class Completion {
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<grpc::Status> failure_ ABSL_GUARDED_BY(mu_);  // the first call that failed
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;  // Responses API events sent
 };
 
 }  // namespace
@@ -734,6 +943,8 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   OpenAiRoute route;
   if (path == "/v1/chat/completions") {
     route = OpenAiRoute::kChatCompletions;
+  } else if (path == "/v1/responses") {
+    route = OpenAiRoute::kResponses;
   } else if (path == "/v1/completions") {
     route = OpenAiRoute::kCompletions;
   } else if (path == "/tokenize") {
@@ -760,7 +971,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   }
   Completion::Spec spec;
   static_cast<CompletionSpec&>(spec) = std::move(parsed.spec);
-  spec.id = absl::StrCat(spec.chat ? "chatcmpl-" : "cmpl-", id);
+  spec.id = absl::StrCat(spec.responses ? "resp_" : spec.chat ? "chatcmpl-" : "cmpl-", id);
   spec.model = options_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prefiller = request.Header(kPrefillerHeader);

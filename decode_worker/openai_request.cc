@@ -537,6 +537,165 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
+std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
+  const Fields f(body);
+  *chat = Json::object();
+  for (const char* key : {"model", "temperature", "top_p", "stream", "user", "seed", "top_k",
+                          "min_p", "repetition_penalty", "stop", "tools", "tool_choice"}) {
+    if (f.Has(key)) (*chat)[key] = body[key];
+  }
+  if (f.Has("previous_response_id")) {
+    return Fields::Bad("previous_response_id",
+                       "previous_response_id is not supported: this server stores no responses; "
+                       "send the whole conversation as input");
+  }
+  if (f.Has("background") && body["background"] != false) {
+    return Fields::Bad("background", "background responses are not supported");
+  }
+  if (f.Has("max_output_tokens")) {
+    std::optional<int64_t> max;
+    if (auto e = f.Int("max_output_tokens", 1, std::numeric_limits<int32_t>::max(), &max)) return e;
+    (*chat)["max_tokens"] = *max;
+  }
+  Json messages = Json::array();
+  if (f.Has("instructions")) {
+    if (!body["instructions"].is_string()) {
+      return Fields::Bad("instructions", "instructions must be a string");
+    }
+    messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
+  }
+  const Json& input = f.Has("input") ? body["input"] : Json();
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+  } else if (input.is_array()) {
+    for (size_t i = 0; i < input.size(); ++i) {
+      const Json& item = input[i];
+      const std::string at = absl::StrCat("input[", i, "]");
+      if (!item.is_object()) return Fields::Bad("input", absl::StrCat(at, " must be an object"));
+      const std::string type = item.contains("type") && item["type"].is_string()
+                                   ? item["type"].get<std::string>()
+                                   : (item.contains("role") ? "message" : "");
+      if (type == "message") {
+        if (!item.contains("role") || !item["role"].is_string()) {
+          return Fields::Bad("input", absl::StrCat(at, ".role must be a string"));
+        }
+        std::string role = item["role"].get<std::string>();
+        if (role == "developer") role = "system";
+        const Json& content = item.contains("content") ? item["content"] : Json();
+        Json text;
+        if (content.is_string()) {
+          text = content;
+        } else if (content.is_array()) {
+          text = Json::array();
+          for (size_t j = 0; j < content.size(); ++j) {
+            const Json& part = content[j];
+            const std::string pt = part.is_object() && part.contains("type") && part["type"].is_string()
+                                       ? part["type"].get<std::string>()
+                                       : "";
+            if ((pt != "input_text" && pt != "output_text" && pt != "text") || !part.contains("text") ||
+                !part["text"].is_string()) {
+              return Fields::Bad("input", absl::StrCat(at, ".content[", j, "]: only text parts ",
+                                                       "(input_text, output_text) are supported, got ",
+                                                       part.is_object() && part.contains("type")
+                                                           ? part["type"].dump()
+                                                           : part.dump()));
+            }
+            text.push_back({{"type", "text"}, {"text", part["text"]}});
+          }
+        } else {
+          return Fields::Bad("input", absl::StrCat(at, ".content must be a string or a list of parts"));
+        }
+        messages.push_back({{"role", role}, {"content", text}});
+      } else if (type == "function_call") {
+        for (const char* key : {"call_id", "name", "arguments"}) {
+          if (!item.contains(key) || !item[key].is_string()) {
+            return Fields::Bad("input", absl::StrCat(at, ".", key, " must be a string"));
+          }
+        }
+        const Json call = {{"id", item["call_id"]},
+                           {"type", "function"},
+                           {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+        // Calls made in one turn are one assistant message's.
+        if (!messages.empty() && messages.back()["role"] == "assistant" &&
+            messages.back().contains("tool_calls")) {
+          messages.back()["tool_calls"].push_back(call);
+        } else {
+          messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", {call}}});
+        }
+      } else if (type == "function_call_output") {
+        if (!item.contains("call_id") || !item["call_id"].is_string()) {
+          return Fields::Bad("input", absl::StrCat(at, ".call_id must be a string"));
+        }
+        const Json& output = item.contains("output") ? item["output"] : Json();
+        std::string text;
+        if (output.is_string()) {
+          text = output.get<std::string>();
+        } else if (output.is_array()) {  // parts: their text
+          for (const Json& part : output) {
+            if (part.is_object() && part.contains("text") && part["text"].is_string()) {
+              text += part["text"].get<std::string>();
+            }
+          }
+        } else {
+          return Fields::Bad("input", absl::StrCat(at, ".output must be a string or a list of parts"));
+        }
+        messages.push_back({{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", text}});
+      } else if (type == "reasoning") {
+        continue;  // an earlier turn's thinking: templates drop it
+      } else {
+        return Fields::Bad("input", absl::StrCat(at, ".type ", item.contains("type") ? item["type"].dump() : "(none)",
+                                                 " is not supported (message, function_call, "
+                                                 "function_call_output, reasoning)"));
+      }
+    }
+  } else {
+    return Fields::Bad("input", "input must be a string or a list of items");
+  }
+  (*chat)["messages"] = std::move(messages);
+  if (f.Has("tools")) {
+    const Json& tools = body["tools"];
+    if (!tools.is_array()) return Fields::Bad("tools", "tools must be a list");
+    Json out = Json::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const Json& t = tools[i];
+      if (!t.is_object() || t.value("type", Json()) != "function") {
+        return Fields::Bad("tools", absl::StrCat("tools[", i, "].type must be \"function\" (",
+                                                 "built-in tools are not supported), got ",
+                                                 t.is_object() && t.contains("type") ? t["type"].dump() : t.dump()));
+      }
+      Json fn = Json::object();
+      for (const char* key : {"name", "description", "parameters"}) {
+        if (t.contains(key)) fn[key] = t[key];
+      }
+      out.push_back({{"type", "function"}, {"function", fn}});
+    }
+    (*chat)["tools"] = std::move(out);
+  }
+  if (f.Has("tool_choice") && body["tool_choice"].is_object()) {
+    const Json& c = body["tool_choice"];
+    if (c.value("type", Json()) != "function" || !c.contains("name")) {
+      return Fields::Bad("tool_choice", absl::StrCat("tool_choice must be \"auto\", \"none\", \"required\" "
+                                                     "or {\"type\": \"function\", \"name\"}, got ", c.dump()));
+    }
+    (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", c["name"]}}}};
+  }
+  if (f.Has("text") && body["text"].is_object() && body["text"].contains("format")) {
+    const Json& format = body["text"]["format"];
+    const Json type = format.is_object() ? format.value("type", Json()) : Json();
+    if (type == "json_schema") {
+      Json schema = {{"name", format.value("name", Json("response"))}};
+      if (format.contains("schema")) schema["schema"] = format["schema"];
+      (*chat)["response_format"] = {{"type", "json_schema"}, {"json_schema", schema}};
+    } else if (type == "json_object") {
+      (*chat)["response_format"] = {{"type", "json_object"}};
+    } else if (type != "text") {
+      return Fields::Bad("text", absl::StrCat("text.format.type must be text, json_object or json_schema, got ",
+                                              type.dump()));
+    }
+  }
+  return std::nullopt;
+}
+
 OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
                                  const OpenAiContext& context) {
   const bool chat = route == OpenAiRoute::kChatCompletions;
@@ -546,6 +705,13 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   if (body.is_discarded() || !body.is_object()) {
     return Error({400, absl::StrCat("the request body must be a JSON object (nested at most ",
                                     kMaxJsonDepth, " deep)"), ""});
+  }
+  if (route == OpenAiRoute::kResponses) {
+    Json chat;
+    if (auto e = ResponsesToChat(body, &chat)) return Error(*e);
+    OpenAiRequest r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, chat.dump(), context);
+    r.spec.responses = true;
+    return r;
   }
   if (body.contains("model") && !body["model"].is_null() &&
       body["model"] != Json(context.served_model_name)) {

@@ -36,7 +36,9 @@ struct HttpError {
   std::string param;  // the field at fault, or ""
 };
 
-enum class OpenAiRoute { kChatCompletions, kCompletions, kTokenize, kDetokenize };
+// kResponses: OpenAI's Responses API (/v1/responses), read as the chat
+// completion it asks for (ResponsesToChat) and answered in its own shape.
+enum class OpenAiRoute { kChatCompletions, kCompletions, kTokenize, kDetokenize, kResponses };
 
 // Completions a request may ask for: n for each prompt of a batch (OpenAI's
 // own bound on n).
@@ -48,6 +50,7 @@ struct CompletionSpec {
   bool stream = false;
   bool include_usage = false;
   bool tools = false;     // the request offered tools: look for calls in the reply
+  bool responses = false;  // a Responses API request: a response object, its events
   // Each offered tool's parameters' "properties" by its name (Qwen3-Coder's
   // calls are typed by them).
   nlohmann::ordered_json tool_properties = nlohmann::ordered_json::object();
@@ -90,6 +93,15 @@ struct OpenAiRequest {
   size_t n = 1;  // samples of each prompt
   CompletionSpec spec;
 };
+
+// A Responses API body as the chat completion body it asks for: `input` (a
+// string, or items: messages with text parts, function_call and
+// function_call_output) after `instructions` as the system message,
+// `max_output_tokens`, function `tools` and `tool_choice` in chat's shape,
+// `text.format` as response_format. What it cannot serve is refused naming
+// the field: other item, part and tool types, `previous_response_id` (no
+// response is stored), `background`.
+std::optional<HttpError> ResponsesToChat(const nlohmann::ordered_json& body, nlohmann::ordered_json* chat);
 
 OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& body,
                                  const OpenAiContext& context);

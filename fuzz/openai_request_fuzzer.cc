@@ -1,5 +1,5 @@
 // The OpenAI HTTP API's request bodies on outside bytes: the first byte picks
-// the route (chat, completions, tokenize, detokenize), the rest is the body,
+// the route (chat, completions, tokenize, detokenize, responses), the rest is the body,
 // parsed with a real tokenizer and a chat template that renders tools and
 // tool calls. The same bytes are read as a model's reply for tool calls,
 // whole (typed by a schema) and streamed. No
@@ -46,7 +46,7 @@ struct Fixture {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const Fixture fixture;
   if (size == 0) return 0;
-  const auto route = static_cast<tandem::OpenAiRoute>(data[0] % 4);
+  const auto route = static_cast<tandem::OpenAiRoute>(data[0] % 5);
   const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
   const tandem::OpenAiRequest r = tandem::ParseOpenAiRequest(route, body, fixture.context);
   const int answers = r.error.has_value() + r.reply.has_value();

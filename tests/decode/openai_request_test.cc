@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -431,6 +433,68 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
   r = Parse(OpenAiRoute::kCompletions, "{\"prompt\": " + batch + "]}");
   ASSERT_TRUE(r.error.has_value());
   EXPECT_EQ(r.error->message, "prompt is a batch of 129 prompts; the limit is 128");
+}
+
+// The Responses API's body is read as the chat completion it asks for:
+// instructions first, input items as messages (a turn's calls in one
+// assistant message, their outputs as tool messages), function tools and
+// tool_choice in chat's shape, text.format as response_format.
+TEST_F(OpenAiRequestTest, AResponsesBodyIsTheChatCompletionItAsksFor) {
+  const Json body = Json::parse(R"({
+    "model": "tiny", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5,
+    "stream": true,
+    "input": [
+      {"role": "user", "content": "Weather?"},
+      {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+      {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{\"city\": \"Rome\"}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+      {"type": "reasoning", "id": "rs_1", "summary": []},
+      {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Celsius."}]}],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}})");
+  Json chat;
+  ASSERT_FALSE(ResponsesToChat(body, &chat).has_value());
+  EXPECT_EQ(chat, Json::parse(R"({
+    "model": "tiny", "temperature": 0.5, "stream": true,
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "max_tokens": 9,
+    "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+      {"role": "system", "content": [{"type": "text", "text": "Celsius."}]}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}})"))
+      << chat.dump(1);
+  // Through ParseOpenAiRequest: a chat request marked as a response.
+  const OpenAiRequest r = Parse(OpenAiRoute::kResponses, R"({"input": "hi", "max_output_tokens": 5})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  ASSERT_EQ(r.choices.size(), 1u);
+  EXPECT_TRUE(r.spec.responses && r.spec.chat);
+  EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 5u);
+}
+
+TEST_F(OpenAiRequestTest, WhatTheResponsesApiCannotServeIsRefusedByField) {
+  for (const auto& [body, field, words] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"({"input": "hi", "previous_response_id": "resp_1"})", "previous_response_id", "stores no responses"},
+           {R"({"input": "hi", "background": true})", "background", "not supported"},
+           {R"({"input": 5})", "input", "a string or a list of items"},
+           {R"({"input": [{"type": "image_generation_call"}]})", "input", "input[0].type"},
+           {R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})",
+            "input", "only text parts"},
+           {R"({"input": "hi", "tools": [{"type": "web_search"}]})", "tools", "built-in tools"},
+           {R"({"input": "hi", "max_output_tokens": 0})", "max_output_tokens", "must be in"},
+           {R"({"input": "hi", "text": {"format": {"type": "xml"}}})", "text", "text.format.type"}}) {
+    const OpenAiRequest r = Parse(OpenAiRoute::kResponses, body);
+    ASSERT_TRUE(r.error.has_value()) << body;
+    EXPECT_EQ(r.error->status, 400) << body;
+    EXPECT_EQ(r.error->param, field) << body;
+    EXPECT_NE(r.error->message.find(words), std::string::npos) << body << ": " << r.error->message;
+  }
 }
 
 }  // namespace

@@ -124,6 +124,28 @@ def main():
         assert usage.total_tokens == 45, usage
         passed += 1
 
+        # The Responses API: the same answer as a response object, whole and
+        # as its events (created, the text's deltas, completed with usage).
+        response = client.responses.create(model="smollm2", input="What is the capital of France?",
+                                           temperature=0, max_output_tokens=64)
+        assert response.id.startswith("resp_") and response.status == "completed", response
+        assert response.output_text == answer, response
+        assert response.usage.input_tokens == 37 and response.usage.output_tokens == 8, response.usage
+        events = list(client.responses.create(model="smollm2", input=question, temperature=0,
+                                              max_output_tokens=64, stream=True))
+        types = [e.type for e in events]
+        assert types[:2] == ["response.created", "response.in_progress"], types
+        assert types[-1] == "response.completed", types
+        assert [e.sequence_number for e in events] == list(range(len(events))), events
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len(deltas) > 1 and "".join(deltas) == answer, deltas
+        assert events[-1].response.output_text == answer and events[-1].response.usage.total_tokens == 45
+        cut = client.responses.create(model="smollm2", input=question, temperature=0, max_output_tokens=3)
+        assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens", cut
+        expect_error(openai.BadRequestError, lambda: client.responses.create(
+            model="smollm2", input="hi", previous_response_id="resp_x"), "stores no responses")
+        passed += 1
+
         # Completions from token ids: the tokens `tandem generate --local` makes.
         prompt = [504, 3575, 282, 4649, 314]
         local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}",
@@ -303,6 +325,28 @@ def main():
         assert all(d.id is None and d.function.name is None for d in streamed[1:]), streamed
         assert "".join(d.function.arguments for d in streamed) == \
             named.choices[0].message.tool_calls[0].function.arguments, streamed
+        # The same call through the Responses API (its tools flat), whole and
+        # streamed, then its output sent back as the next turn's input.
+        flat = [{"type": "function", **t["function"]} for t in weather]
+        called = client.responses.create(model="smollm2", input=where[0]["content"], tools=flat,
+                                         temperature=0, max_output_tokens=60,
+                                         tool_choice={"type": "function", "name": "get_weather"})
+        fc = [o for o in called.output if o.type == "function_call"]
+        assert len(fc) == 1 and fc[0].name == "get_weather", called
+        assert fc[0].arguments == named.choices[0].message.tool_calls[0].function.arguments, called
+        events = list(client.responses.create(model="smollm2", input=where[0]["content"], tools=flat,
+                                              temperature=0, max_output_tokens=60, stream=True,
+                                              tool_choice={"type": "function", "name": "get_weather"}))
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert len(done) == 1 and done[0].arguments == fc[0].arguments, events
+        assert events[-1].type == "response.completed", events
+        turn = client.responses.create(model="smollm2", tools=flat, temperature=0, max_output_tokens=16,
+                                       input=[{"role": "user", "content": where[0]["content"]},
+                                              {"type": "function_call", "call_id": fc[0].call_id,
+                                               "name": "get_weather", "arguments": fc[0].arguments},
+                                              {"type": "function_call_output", "call_id": fc[0].call_id,
+                                               "output": "sunny, 21 C"}])
+        assert turn.status in ("completed", "incomplete") and turn.output, turn
         # With tools offered and left to the model (tool_choice auto), a reply
         # streams as it comes: held only from where a call may begin.
         offered = dict(model="smollm2", messages=question, tools=weather, temperature=0, max_tokens=32)
