@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   std::string chat_template_path;
   flags.Add("http-address", &openai.http_address,
             "HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
-            "/v1/completions, /v1/models, /health); empty: off");
+            "/v1/completions, /v1/responses, /v1/models, /health); empty: off");
   flags.Add("served-model-name", &openai.served_model_name,
             "the model's name in the OpenAI API (default: the --model file or directory name)");
   flags.Add("chat-template", &chat_template_path,

@@ -1,13 +1,15 @@
 // OpenAiFrontend: the decode worker's OpenAI-compatible HTTP API.
 //   POST /v1/chat/completions   messages through the model's chat template
 //   POST /v1/completions        a text prompt or token ids
+//   POST /v1/responses          the Responses API, read as a chat completion
 //   GET  /v1/models             the served model (max_model_len, vocab_size)
 //   GET  /health, /ping         200 while the gRPC health is SERVING, else 503
 //   POST /tokenize, /detokenize as vLLM's
 //   GET  /version
 // With api_keys, /v1/ answers only requests that carry one (Bearer).
 // Streaming answers are Server-Sent Events (`data: {...}` chunks, then
-// `data: [DONE]`), with usage on request (stream_options.include_usage).
+// `data: [DONE]`), with usage on request (stream_options.include_usage);
+// the Responses API's are its typed events (`event: TYPE`, `data: {...}`).
 //
 // One request pipeline: each completion is a tandem.v1.Decode/Generate call
 // on the worker's own gRPC server over an in-process channel, so admission,
