@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,10 +28,54 @@ constexpr int kPauses = 64;
 
 }  // namespace
 
+int CgroupCpuLimit(const std::function<std::string(const std::string&)>& read) {
+  double lowest = 0;  // CPUs; 0: no limit seen
+  auto limit = [&](double quota, double period) {
+    if (quota > 0 && period > 0 && (lowest == 0 || quota / period < lowest)) lowest = quota / period;
+  };
+  std::istringstream lines(read("/proc/self/cgroup"));
+  for (std::string line; std::getline(lines, line);) {
+    // hierarchy-id:controllers:path; v2's one line is 0::path.
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    bool cpu = false;
+    std::istringstream names(controllers);
+    for (std::string name; std::getline(names, name, ',');) cpu |= name == "cpu";
+    if (!v2 && !cpu) continue;
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + controllers;
+    // From the process's cgroup up to the root (in a container with its own
+    // cgroup namespace the path is "/", the mount its cgroup).
+    for (std::string path = line.substr(b + 1);;) {
+      const std::string dir = root + (path == "/" ? "" : path);
+      if (v2) {
+        std::istringstream max(read(dir + "/cpu.max"));
+        std::string quota;
+        double period = 0;
+        if (max >> quota >> period && quota != "max") limit(std::atof(quota.c_str()), period);
+      } else {
+        limit(std::atof(read(dir + "/cpu.cfs_quota_us").c_str()),
+              std::atof(read(dir + "/cpu.cfs_period_us").c_str()));
+      }
+      const size_t slash = path.find_last_of('/');
+      if (path.empty() || path == "/" || slash == std::string::npos) break;
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+  }
+  return lowest > 0 ? static_cast<int>(std::ceil(lowest - 1e-9)) : 0;
+}
+
 int ThreadPool::AvailableCpus() {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  const int limit = CgroupCpuLimit([](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  });
+  if (limit > 0) cpus = std::min(cpus, limit);
+  return std::max(1, cpus);
 }
 
 ThreadPool::ThreadPool(int num_threads) {

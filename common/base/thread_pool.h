@@ -17,10 +17,20 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace tandem {
+
+// The CPUs a cgroup CPU limit gives this process: the quota over the period
+// (cgroup v2's cpu.max, v1's cpu.cfs_quota_us and cpu.cfs_period_us) rounded
+// up, the lowest on the way from its cgroup to the root; 0 when none is set
+// or none can be read. `read(path)` gives a file's text, "" when there is
+// none: /proc/self/cgroup, then the files under /sys/fs/cgroup. (A pool as
+// wide as the host's cores under a smaller quota spends its time throttled:
+// every worker spins and waits for the others, which the kernel has parked.)
+int CgroupCpuLimit(const std::function<std::string(const std::string&)>& read);
 
 class ThreadPool {
  public:
@@ -42,8 +52,9 @@ class ThreadPool {
   // per-thread scratch buffers.
   static int CurrentThread();
 
-  // The number of threads the machine offers this process (its CPU affinity
-  // mask, so `taskset` is honoured), at least 1.
+  // The number of threads the machine offers this process: its CPU affinity
+  // mask (`taskset`, a cgroup's cpuset), capped by a cgroup CPU limit (a
+  // container's `--cpus`, Kubernetes' limits.cpu: CgroupCpuLimit), at least 1.
   static int AvailableCpus();
 
  private:

@@ -33,8 +33,8 @@ void EngineFlags::Register(FlagSet* f) {
              ? "largest size of the default ladder (default: --max-num-batched-tokens)"
              : "largest size of the default ladder (default: min(2 x max-num-seqs, 512))");
   f->Add("threads", &threads,
-         "CPU backend: threads every op is split over (0 = every CPU this process may use, "
-         "as taskset/cgroups allow)");
+         "CPU backend: threads every op is split over (0 = every CPU this process may use: "
+         "its affinity (taskset, a cgroup cpuset), capped by a cgroup CPU limit)");
   f->Add("blas-threads", &threads, "the old name of --threads");
   f->Add("enable-prefix-caching", &enable_prefix_caching,
          "reuse the KV of full blocks a request shares with an earlier one (true|false)");

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <thread>
 #include <random>
@@ -50,6 +51,37 @@ TEST(ThreadPoolTest, ManyShortJobsBackToBackAndAfterSleeping) {
   pool.ParallelFor(6, 1, [&](int64_t b, int64_t e) { sum.fetch_add(e - b); });
   EXPECT_EQ(sum.load(), 6 * 20001);
   EXPECT_GE(ThreadPool::AvailableCpus(), 1);
+}
+
+// A cgroup CPU limit caps the threads (--threads=0, the loader's pool): a
+// container's quota over its period rounded up, the lowest from the
+// process's cgroup up to the root, in cgroup v2 and v1; none without one.
+TEST(ThreadPoolTest, CgroupCpuLimitIsTheLowestQuotaOnTheWayUp) {
+  std::map<std::string, std::string> files;
+  const auto read = [&](const std::string& path) {
+    const auto it = files.find(path);
+    return it == files.end() ? std::string() : it->second;
+  };
+  EXPECT_EQ(CgroupCpuLimit(read), 0);  // nothing to read
+  files["/proc/self/cgroup"] = "0::/kubepods/pod1/c1\n";
+  files["/sys/fs/cgroup/kubepods/pod1/c1/cpu.max"] = "max 100000\n";
+  EXPECT_EQ(CgroupCpuLimit(read), 0);
+  files["/sys/fs/cgroup/kubepods/pod1/cpu.max"] = "250000 100000\n";  // 2.5 CPUs
+  EXPECT_EQ(CgroupCpuLimit(read), 3);
+  files["/sys/fs/cgroup/kubepods/cpu.max"] = "100000 100000\n";
+  EXPECT_EQ(CgroupCpuLimit(read), 1);
+  files.clear();  // a container's own cgroup namespace: its cgroup is the mount
+  files["/proc/self/cgroup"] = "0::/\n";
+  files["/sys/fs/cgroup/cpu.max"] = "400000 100000";
+  EXPECT_EQ(CgroupCpuLimit(read), 4);
+  files.clear();  // cgroup v1
+  files["/proc/self/cgroup"] = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n";
+  files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us"] = "-1\n";
+  files["/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us"] = "100000\n";
+  EXPECT_EQ(CgroupCpuLimit(read), 0);
+  files["/sys/fs/cgroup/cpu,cpuacct/docker/cpu.cfs_quota_us"] = "150000\n";
+  files["/sys/fs/cgroup/cpu,cpuacct/docker/cpu.cfs_period_us"] = "100000\n";
+  EXPECT_EQ(CgroupCpuLimit(read), 2);
 }
 
 TEST(CpuKernelsTest, ExpWithinTwoUlpOfLibm) {
