@@ -644,16 +644,21 @@ class Completion {
       return;
     }
     Json delta = {{"tool_calls", ToolCallDeltas(message["tool_calls"])}};
-    // The text outside the calls, trimmed (as whole): past what went out,
-    // itself without the blanks it began with.
-    const std::string sent = Trim(std::string(c.answer.released()));
-    if (message["content"].is_string()) {
-      const std::string content = message["content"].get<std::string>();
-      if (content.size() > sent.size() && content.compare(0, sent.size(), sent) == 0) {
-        delta["content"] = content.substr(sent.size());
-      }
-    }
+    if (const std::string rest = UnsentOutsideCalls(c, message); !rest.empty()) delta["content"] = rest;
     WriteChunk(index, "delta", std::move(delta), nullptr);
+  }
+
+  // With tools offered, the text outside the calls of `message` (Message's,
+  // trimmed as a whole reply's) that has not gone out: past what the
+  // answer's stream released, itself without the blanks it began with.
+  static std::string UnsentOutsideCalls(const Choice& c, const Json& message) {
+    if (!message["content"].is_string()) return "";
+    const std::string sent = Trim(std::string(c.answer.released()));
+    const std::string content = message["content"].get<std::string>();
+    if (content.size() > sent.size() && content.compare(0, sent.size(), sent) == 0) {
+      return content.substr(sent.size());
+    }
+    return "";
   }
 
   // The Responses API (a request on /v1/responses, one choice). A forced
@@ -786,14 +791,7 @@ class Completion {
       if (!message.contains("tool_calls")) {
         StreamText(index, "message", std::string(c.answer.held()));
       } else {
-        // The text outside the calls past what went out (as FinishAnswer).
-        const std::string sent = Trim(std::string(c.answer.released()));
-        if (message["content"].is_string()) {
-          const std::string content = message["content"].get<std::string>();
-          if (content.size() > sent.size() && content.compare(0, sent.size(), sent) == 0) {
-            StreamText(index, "message", content.substr(sent.size()));
-          }
-        }
+        StreamText(index, "message", UnsentOutsideCalls(c, message));
         CloseText(index);
         return AddCallItems(index, message["tool_calls"]);
       }

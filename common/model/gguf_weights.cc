@@ -350,10 +350,7 @@ void GgufWeights::ForRows(const View& v, int64_t rows, size_t out_row_bytes,
   TANDEM_CHECK(GgmlBlockLayout(v.tensor->type, &block_elems, &block_bytes));
   const int64_t cols = v.numel / rows;
   const size_t src_row_bytes = static_cast<size_t>(cols / block_elems * block_bytes);
-  // Ranges of at least 64 KiB of output: smaller ones cost more to hand out
-  // than to convert.
-  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<size_t>(1, out_row_bytes));
-  ForRanges(rows, min_rows, [&](int64_t begin, int64_t end) {
+  ForRanges(rows, MinRowsPerRange(out_row_bytes), [&](int64_t begin, int64_t end) {
     fn(v.data + begin * src_row_bytes, (end - begin) * cols, begin * out_row_bytes);
   });
 }

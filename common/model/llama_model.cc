@@ -355,8 +355,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   // `rows` rows of `cols` f32 at src rounded to `dtype` at dst.
   auto convert = [&](const float* src, DType dtype, char* dst, int64_t rows, int64_t cols) {
     const size_t row_bytes = DTypeBytes(dtype, cols);
-    const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / static_cast<int64_t>(row_bytes));
-    pool.ParallelFor(rows, min_rows, [&](int64_t begin, int64_t end) {
+    pool.ParallelFor(rows, WeightSource::MinRowsPerRange(row_bytes), [&](int64_t begin, int64_t end) {
       ConvertFromF32(src + begin * cols, dtype, dst + begin * row_bytes, (end - begin) * cols);
     });
   };

@@ -9,6 +9,7 @@
 #ifndef TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
 #define TANDEM_COMMON_MODEL_WEIGHT_SOURCE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -53,6 +54,13 @@ class WeightSource {
   // `pool`'s threads (null: the caller's alone). The pool must outlive the
   // reads; one reader at a time, as the pool takes one caller.
   void set_pool(ThreadPool* pool) { pool_ = pool; }
+
+  // Rows of `row_bytes` (of output) in each range a conversion is split
+  // into: at least 64 KiB, below which handing a range out costs more than
+  // converting it.
+  static int64_t MinRowsPerRange(size_t row_bytes) {
+    return std::max<int64_t>(1, (int64_t{1} << 16) / static_cast<int64_t>(std::max<size_t>(1, row_bytes)));
+  }
 
  protected:
   // fn(begin, end) over [0, n) in contiguous ranges of at least `min_chunk`,

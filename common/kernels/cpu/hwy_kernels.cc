@@ -1328,16 +1328,17 @@ int64_t BlocksIntegerRowsImpl() { return kBlocksIntegerRows; }
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 #define TANDEM_INTERLEAVED_BLOCKS 1
 // Products of more than kBlocksIntegerRows rows (decode batches of 17-32,
-// prefill) over block weights on AVX-512: each int32 lane is one weight row. 16 weight rows at a time are widened to int16 and
-// transposed in pairs of elements (InterleaveRows), so that a vector holds
-// elements 2p and 2p + 1 of each of the 16 rows, and x's two int16 quants
-// at 2p, 2p + 1 (the same quants, one scale per row, as SmallMatmulBlocks)
-// are broadcast to every lane: one multiply-add (vpdpwssd with x from
-// memory, broadcast by the instruction) makes 32 products, all kept, and a
-// block's sums of 16 rows are converted and scaled by their 16 scales in
-// one instruction each, for every row of x. The block-at-a-time path sums a
-// block of one weight row across lanes and so converts and scales each
-// block per row of x and per weight row: half its instructions.
+// prefill) over block weights on AVX-512: each int32 lane is one weight row. 16
+// weight rows at a time are widened to int16 and transposed in pairs of
+// elements (InterleaveRows), so that a vector holds elements 2p and 2p + 1 of
+// each of the 16 rows, and x's two int16 quants at 2p, 2p + 1 (the same quants,
+// one scale per row, as SmallMatmulBlocks) are broadcast to every lane: one
+// multiply-add (vpdpwssd with x from memory, broadcast by the instruction)
+// makes 32 products, all kept, and a block's sums of 16 rows are converted and
+// scaled by their 16 scales in one instruction each, for every row of x. The
+// block-at-a-time path sums a block of one weight row across lanes and so
+// converts and scales each block per row of x and per weight row: half its
+// instructions.
 //
 // Bytes of one group of 16 weight rows' interleaved block: 16 vectors of
 // int16 pairs, then the 16 rows' scales and (Q4_1) minimums as f32.
