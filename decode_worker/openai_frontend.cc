@@ -125,7 +125,7 @@ class Completion {
     {
       MutexLock lock(&completion->mu_);
       for (size_t i = 0; i < requests.size(); ++i) {
-        completion->choices_.emplace_back(completion->spec_.reasoning, completion->spec_.thinking);
+        completion->choices_.emplace_back(completion->spec_);
         completion->choices_.back().echo = std::move(requests[i].echo);
         completion->choices_.back().counts_prompt = requests[i].counts_prompt;
         calls.push_back(new Call(completion, i, std::move(requests[i].generate)));
@@ -187,16 +187,26 @@ class Completion {
     size_t text_offset;
   };
 
+  // A Responses API function_call item.
+  struct CallOut {
+    std::string item_id, call_id, name, arguments;
+    size_t output_index = 0;
+  };
+
   // What one choice has produced so far.
   struct Choice {
-    Choice(ReasoningParser parser, bool thinking) : splitter(parser, thinking) {}
+    explicit Choice(const Spec& spec)
+        : splitter(spec.reasoning, spec.thinking), answer(NewCallId, spec.tool_properties) {}
     ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
-    ToolCallStream answer;       // with tools offered: the answer, held where a call may begin
+    ToolCallStream answer;       // with tools offered: the answer, its calls as they come
     std::string call_id;         // a forced named call's, once its first chunk is out
-    // Responses API streams: the output items done so far, and the text item
-    // being streamed ("reasoning" or "message"; none when empty).
+    // Responses API streams: the output items done so far, the text item
+    // being streamed ("reasoning" or "message"; none when empty), and the
+    // function_call items streamed (done once `calls_done` counts them).
     Json items = Json::array();
     std::string open_kind, open_id, open_text;
+    std::vector<CallOut> calls;
+    size_t calls_done = 0;
     std::string echo;
     bool counts_prompt = false;
     bool seen = false;  // a message came (its echo is out)
@@ -271,21 +281,25 @@ class Completion {
       std::vector<int32_t> ids;
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
+      ToolCallStream::Out answer;
+      if (spec_.tools && !ForcedCall()) {
+        answer = c.answer.Add(parts.content);
+        parts.content = std::move(answer.content);
+      }
       if (spec_.responses) {
         if (ForcedCall()) return;  // its items come whole at the end
-        if (spec_.tools) parts.content = c.answer.Add(parts.content);
         StreamText(index, "reasoning", parts.reasoning);
-        return StreamText(index, "message", parts.content);
+        StreamText(index, "message", parts.content);
+        return StreamCalls(index, answer.calls);
       }
       if (!spec_.forced_function.empty()) {
         if (!parts.reasoning.empty()) WriteDelta(index, "", {}, nullptr, parts.reasoning);
         return WriteArguments(index, parts.content, ids,
                               LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()));
       }
-      if (spec_.tools) parts.content = c.answer.Add(parts.content);
       WriteDelta(index, parts.content, ids,
                  LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()),
-                 parts.reasoning);
+                 parts.reasoning, answer.calls);
     }
   }
 
@@ -453,13 +467,16 @@ class Completion {
             {"text_offset", offsets}};
   }
 
-  // A chunk of choice `index`: its new text (and, for chat, reasoning).
+  // A chunk of choice `index`: its new text (and, for chat, reasoning and
+  // pieces of tool calls).
   void WriteDelta(size_t index, const std::string& text, const std::vector<int32_t>& token_ids = {},
-                  Json logprobs = nullptr, const std::string& reasoning = "") {
+                  Json logprobs = nullptr, const std::string& reasoning = "",
+                  const std::vector<ToolCallPiece>& calls = {}) {
     if (!spec_.chat) return WriteChunk(index, "text", text, std::move(logprobs), token_ids);
     Json delta = Json::object();
     SetReasoning(&delta, reasoning);
-    if (!text.empty() || reasoning.empty()) delta["content"] = text;
+    if (!text.empty() || (reasoning.empty() && calls.empty())) delta["content"] = text;
+    if (!calls.empty()) delta["tool_calls"] = ToolCallPiecesJson(calls);
     WriteChunk(index, "delta", std::move(delta), std::move(logprobs), token_ids);
   }
 
@@ -575,7 +592,9 @@ class Completion {
         items.push_back(TextItem("message", NewItemId("msg_"), message["content"], "completed"));
       }
       if (message.contains("tool_calls")) {
-        for (const Json& call : message["tool_calls"]) items.push_back(CallItem(call));
+        for (const ToolCallPiece& call : WholeCallPieces(message["tool_calls"])) {
+          items.push_back(CallItem({NewItemId("fc_"), call.id, call.name, call.arguments}));
+        }
       }
       return SendJson(*http_, ResponseJson(c.finish == "length" ? "incomplete" : "completed", items));
     }
@@ -618,7 +637,7 @@ class Completion {
       if (spec_.tools && spec_.chat && spec_.forced_function.empty()) FinishAnswer(index, &finish);
     } else {
       Json delta = Message(c, &finish);
-      if (delta.contains("tool_calls")) delta["tool_calls"] = ToolCallDeltas(delta["tool_calls"]);
+      if (delta.contains("tool_calls")) delta["tool_calls"] = ToolCallPiecesJson(WholeCallPieces(delta["tool_calls"]));
       WriteChunk(index, "delta", std::move(delta), LogprobsJson(c, 0, c.logprobs.size()));
     }
     Json last = Envelope(true);
@@ -634,8 +653,9 @@ class Completion {
     http_->Write(Sse(last));
   }
 
-  // A streamed answer's end with tools offered: its calls, with the text
-  // outside them that has not gone out, or (no call after all) what was held.
+  // A streamed answer's end with tools offered: what of its calls has not
+  // gone out, with the text outside them that has not, or (no call after
+  // all) what was held.
   void FinishAnswer(size_t index, std::string* finish) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[index];
     const Json message = Message(c, finish);
@@ -643,9 +663,11 @@ class Completion {
       if (!c.answer.held().empty()) WriteDelta(index, std::string(c.answer.held()));
       return;
     }
-    Json delta = {{"tool_calls", ToolCallDeltas(message["tool_calls"])}};
+    Json delta = Json::object();
     if (const std::string rest = UnsentOutsideCalls(c, message); !rest.empty()) delta["content"] = rest;
-    WriteChunk(index, "delta", std::move(delta), nullptr);
+    const std::vector<ToolCallPiece> pieces = c.answer.Finish(message["tool_calls"]);
+    if (!pieces.empty()) delta["tool_calls"] = ToolCallPiecesJson(pieces);
+    if (!delta.empty()) WriteChunk(index, "delta", std::move(delta), nullptr);
   }
 
   // With tools offered, the text outside the calls of `message` (Message's,
@@ -686,11 +708,10 @@ class Completion {
             {"content", content}};
   }
 
-  // A chat tool call (Message's) as a function_call item.
-  static Json CallItem(const Json& call) {
-    return {{"type", "function_call"}, {"id", NewItemId("fc_")}, {"call_id", call["id"]},
-            {"name", call["function"]["name"]}, {"arguments", call["function"]["arguments"]},
-            {"status", "completed"}};
+  // A function_call item, done.
+  static Json CallItem(const CallOut& call) {
+    return {{"type", "function_call"}, {"id", call.item_id}, {"call_id", call.call_id},
+            {"name", call.name}, {"arguments", call.arguments}, {"status", "completed"}};
   }
 
   Json ResponseJson(const char* status, const Json& output) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -772,8 +793,9 @@ class Completion {
   }
 
   // A streamed response's last items: reasoning held back, then (with
-  // tools) the text held where a call may have begun, or the calls, each a
-  // function_call item with its arguments in one delta.
+  // tools) what of the calls has not gone out and the calls' items done,
+  // then the text outside them not yet out, or (no call after all) the text
+  // held where a call may have begun.
   void FinishResponseItems(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[index];
     std::string finish = c.finish;
@@ -782,38 +804,50 @@ class Completion {
       if (message.contains("reasoning")) StreamText(index, "reasoning", message["reasoning"].get<std::string>());
       if (message["content"].is_string()) StreamText(index, "message", message["content"].get<std::string>());
       CloseText(index);
-      if (message.contains("tool_calls")) AddCallItems(index, message["tool_calls"]);
-      return;
+      if (message.contains("tool_calls")) StreamCalls(index, WholeCallPieces(message["tool_calls"]));
+      return CloseCalls(index);
     }
     StreamText(index, "reasoning", c.splitter.Finish().reasoning);
     if (spec_.tools) {
       const Json message = Message(c, &finish);
-      if (!message.contains("tool_calls")) {
-        StreamText(index, "message", std::string(c.answer.held()));
-      } else {
-        StreamText(index, "message", UnsentOutsideCalls(c, message));
-        CloseText(index);
-        return AddCallItems(index, message["tool_calls"]);
-      }
+      const bool calls = message.contains("tool_calls");
+      if (calls) StreamCalls(index, c.answer.Finish(message["tool_calls"]));
+      CloseCalls(index);
+      StreamText(index, "message", calls ? UnsentOutsideCalls(c, message) : std::string(c.answer.held()));
     }
     CloseText(index);
   }
 
-  void AddCallItems(size_t index, const Json& calls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Pieces of tool calls as function_call items: a call's first piece adds
+  // its item (the text item before it done), each piece's arguments a delta.
+  void StreamCalls(size_t index, const std::vector<ToolCallPiece>& pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[index];
-    for (const Json& call : calls) {
-      const Json item = CallItem(call);
-      const size_t output_index = c.items.size();
-      Json added = item;
-      added["arguments"] = "";
-      added["status"] = "in_progress";
-      Event("response.output_item.added", {{"output_index", output_index}, {"item", added}});
+    for (const ToolCallPiece& piece : pieces) {
+      if (!piece.id.empty()) {
+        CloseText(index);
+        c.calls.push_back({NewItemId("fc_"), piece.id, piece.name, "", c.items.size() + c.calls.size() - c.calls_done});
+        Json added = CallItem(c.calls.back());
+        added["status"] = "in_progress";
+        Event("response.output_item.added", {{"output_index", c.calls.back().output_index}, {"item", added}});
+      }
+      if (piece.arguments.empty() || piece.index >= c.calls.size()) continue;
+      CallOut& call = c.calls[piece.index];
+      call.arguments += piece.arguments;
       Event("response.function_call_arguments.delta",
-            {{"item_id", item["id"]}, {"output_index", output_index}, {"delta", item["arguments"]}});
+            {{"item_id", call.item_id}, {"output_index", call.output_index}, {"delta", piece.arguments}});
+    }
+  }
+
+  // The streamed function_call items done, in order.
+  void CloseCalls(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Choice& c = choices_[index];
+    for (; c.calls_done < c.calls.size(); ++c.calls_done) {
+      const CallOut& call = c.calls[c.calls_done];
       Event("response.function_call_arguments.done",
-            {{"item_id", item["id"]}, {"output_index", output_index}, {"name", item["name"]},
-             {"arguments", item["arguments"]}});
-      Event("response.output_item.done", {{"output_index", output_index}, {"item", item}});
+            {{"item_id", call.item_id}, {"output_index", call.output_index}, {"name", call.name},
+             {"arguments", call.arguments}});
+      const Json item = CallItem(call);
+      Event("response.output_item.done", {{"output_index", call.output_index}, {"item", item}});
       c.items.push_back(item);
     }
   }

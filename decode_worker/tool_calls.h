@@ -1,13 +1,15 @@
 // Tool calls in a generated reply, for the OpenAI API's `tool_calls`:
 // Hermes / Qwen style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
-// blocks, or a whole reply that is one bare JSON call (Llama 3.x style,
-// "parameters" or "arguments").
+// blocks, Qwen3-Coder's XML calls, or a reply made of bare JSON calls
+// (Llama 3.x style, "parameters" or "arguments", several joined by ';').
 #ifndef TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 #define TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "nlohmann/json.hpp"
 
@@ -19,36 +21,122 @@ namespace tandem {
 // <function=NAME><parameter=P>\nVALUE\n</parameter></function> (also without
 // the block, as vLLM's qwen3_coder parser takes it: the rest is the text
 // before it), its values typed by `tool_properties` (tool name -> its
-// parameters' "properties"). No calls (an empty array, *rest = text) when
-// the reply holds none, or a block that is not a call (or nests deeper than
-// kMaxJsonDepth).
+// parameters' "properties"). A JSON call's arguments are the model's own
+// JSON text without the blanks between its tokens (JsonCallScanner), an XML
+// call's its typed values as a compact JSON object. No calls (an empty
+// array, *rest = text) when the reply holds none, or a block that is not a
+// call (or nests deeper than kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
                                       const std::function<std::string()>& new_id,
                                       const nlohmann::ordered_json& tool_properties = nullptr);
 
-// A streamed answer when tools were offered (tool_choice auto): the text
-// that can no longer be part of a call goes out as it comes, the rest is
-// held until the reply is whole and ParseToolCalls tells. Held: everything
-// from the first `<tool_call>` or `<function=` on, a reply whose first non-blank character
-// is `{` (a Llama 3.x call is the whole reply), the end of the text that may
-// begin either, and blanks that a call right after them would trim.
-class ToolCallStream {
+// Reads one JSON call, {"name": ..., "arguments" or "parameters": {...}}, as
+// its text arrives: its name once whole, its arguments object as far as it
+// has come (compact: blanks outside strings left out), and where it ends.
+// Only the structure is checked; ParseToolCalls checks the whole object.
+class JsonCallScanner {
  public:
-  // Takes the answer's next piece; returns what may go out now.
-  std::string Add(std::string_view piece);
-  // What Add has let out so far, and what it holds.
-  std::string_view released() const { return std::string_view(text_).substr(0, released_); }
-  std::string_view held() const { return std::string_view(text_).substr(released_); }
+  // `text`: the call from its first character on; each call's text begins
+  // with the previous call's.
+  void Scan(std::string_view text);
+  bool failed() const { return failed_; }  // not a JSON object, or too deep
+  bool done() const { return done_; }      // the object closed
+  size_t end() const { return pos_; }      // past what was read (its '}' once done)
+  const std::optional<std::string>& name() const { return name_; }
+  // Whether an object under "arguments"/"parameters" has begun, and its text.
+  bool has_arguments() const { return args_begun_; }
+  const std::string& arguments() const { return args_; }
 
  private:
-  std::string text_;  // the answer so far
-  size_t released_ = 0;
-  bool holding_ = false;  // a call may have begun: nothing more goes out
+  enum class Expect { kObject, kKey, kColon, kValue, kPrimitive, kAfterValue };
+  void Fail() { failed_ = true; }
+  size_t pos_ = 0;
+  Expect expect_ = Expect::kObject;
+  int depth_ = 0;  // of the containers open, the call's object included
+  bool in_string_ = false, escape_ = false;
+  size_t token_begin_ = 0;  // the depth-1 key or string value being read
+  std::string key_;         // the depth-1 key whose value is being read
+  bool in_args_ = false, args_begun_ = false;
+  std::string args_;
+  std::optional<std::string> name_;
+  bool failed_ = false, done_ = false;
 };
 
-// The streamed form of `calls` (ParseToolCalls' or a forced call's): each
-// with its `index`, as OpenAI's and vLLM's chunks carry them.
-nlohmann::ordered_json ToolCallDeltas(const nlohmann::ordered_json& calls);
+// A piece of a streamed tool call, as OpenAI's chunks carry them: a call's
+// first piece has its id and name, the later ones more of its arguments.
+struct ToolCallPiece {
+  size_t index = 0;
+  std::string id, name;
+  std::string arguments;
+};
+
+// Whole calls (ParseToolCalls') as pieces, the first numbered `first_index`.
+std::vector<ToolCallPiece> WholeCallPieces(const nlohmann::ordered_json& calls, size_t first_index = 0);
+
+// The JSON of `pieces` for a chunk's `tool_calls`: each with its `index`
+// first, as OpenAI's and vLLM's chunks carry them.
+nlohmann::ordered_json ToolCallPiecesJson(const std::vector<ToolCallPiece>& pieces);
+
+// A streamed answer when tools were offered (tool_choice auto). The text
+// that can no longer be part of a call goes out as it comes; from the first
+// `<tool_call>` or `<function=`, or a reply whose first non-blank character
+// is `{` (a Llama 3.x call), the text is held, and the calls found there go
+// out as they are generated: each call's id and name once its name is
+// whole (a JSON call's once its arguments have begun), then its arguments
+// piece by piece (JSON: as written, blanks between tokens left out; XML: a
+// parameter at a time, typed). The end of the text that may begin a call is
+// held until the next piece tells, and so are blanks that a call right
+// after them would trim. Text after the calls is held until the end.
+class ToolCallStream {
+ public:
+  struct Out {
+    std::string content;
+    std::vector<ToolCallPiece> calls;
+  };
+
+  explicit ToolCallStream(std::function<std::string()> new_id,
+                          nlohmann::ordered_json tool_properties = nullptr)
+      : new_id_(std::move(new_id)), tool_properties_(std::move(tool_properties)) {}
+
+  // Takes the answer's next piece; returns what may go out now.
+  Out Add(std::string_view piece);
+  // At the answer's end, given `calls` (ParseToolCalls' of the whole
+  // answer): what of them has not gone out. A call that went out in part
+  // gets the rest of its arguments; if a call's streamed arguments do not
+  // begin its final ones (a reply that was not the call it began as), what
+  // went out stands and nothing is added to it.
+  std::vector<ToolCallPiece> Finish(const nlohmann::ordered_json& calls) const;
+
+  // What went out as content so far, and the text held.
+  std::string_view released() const { return std::string_view(text_).substr(0, released_); }
+  std::string_view held() const { return std::string_view(text_).substr(released_); }
+  // The calls that went out (in part), in order.
+  struct Begun {
+    std::string id, name, arguments;
+  };
+  const std::vector<Begun>& begun() const { return begun_; }
+
+ private:
+  enum class Expect { kText, kCall, kJson, kXml, kNone };
+  void ReadCalls(Out* out);
+  bool ReadXml(Out* out);  // false: waits for more text
+  void Begin(Out* out, const std::string& name);
+  // The call being read has `arguments` so far: what is new goes out.
+  void Emit(Out* out, const std::string& arguments);
+
+  std::function<std::string()> new_id_;
+  nlohmann::ordered_json tool_properties_;
+  std::string text_;  // the answer so far
+  size_t released_ = 0;
+  Expect expect_ = Expect::kText;
+  size_t scan_ = 0;  // where the calls are read up to
+  JsonCallScanner json_;
+  size_t call_begin_ = 0;
+  std::string xml_name_, xml_args_;  // the XML call being read
+  bool xml_named_ = false;
+  std::vector<Begun> begun_;
+  bool call_open_ = false;  // the last of begun_ is still being read
+};
 
 }  // namespace tandem
 

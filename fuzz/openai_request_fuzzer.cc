@@ -6,11 +6,13 @@
 // input may throw (libFuzzer reports an uncaught exception as a crash),
 // crash, overflow the stack or leak; an answer is an error, a reply, or a
 // request.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "decode_worker/openai_request.h"
 #include "decode_worker/tool_calls.h"
@@ -56,16 +58,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto kProperties = nlohmann::ordered_json::parse(
       R"({"f": {"n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"},
                 "o": {"type": "object"}, "s": {"type": "string"}, "t": {"type": ["string", "null"]}}})");
-  (void)tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); }, kProperties);
+  const nlohmann::ordered_json calls =
+      tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); }, kProperties);
   // The reply streamed in pieces of the first byte's size: what goes out and
-  // what is held make the reply, and nothing from a call's opening on goes out.
-  tandem::ToolCallStream stream;
+  // what is held make the reply, nothing from a call's opening on goes out as
+  // text, the calls' pieces come in order (a call's first names it), and
+  // with the end's pieces every call of the whole reply's parse has gone
+  // out whole under some index.
+  tandem::ToolCallStream stream([] { return std::string("call_1"); }, kProperties);
   const size_t piece = 1 + data[0] % 13;
   std::string out;
-  for (size_t at = 0; at < body.size(); at += piece) out += stream.Add(body.substr(at, piece));
+  std::vector<tandem::ToolCallPiece> streamed;
+  auto apply = [&streamed](const std::vector<tandem::ToolCallPiece>& pieces) {
+    for (const tandem::ToolCallPiece& p : pieces) {
+      if (!p.id.empty()) {
+        if (p.index != streamed.size()) __builtin_trap();
+        streamed.push_back(p);
+      } else {
+        if (p.index >= streamed.size()) __builtin_trap();
+        streamed[p.index].arguments += p.arguments;
+      }
+    }
+  };
+  for (size_t at = 0; at < body.size(); at += piece) {
+    tandem::ToolCallStream::Out o = stream.Add(body.substr(at, piece));
+    out += o.content;
+    apply(o.calls);
+  }
   if (out != stream.released() || out + std::string(stream.held()) != body) __builtin_trap();
   if (out.find("<tool_call>") != std::string::npos || out.find("<function=") != std::string::npos) {
     __builtin_trap();
+  }
+  apply(stream.Finish(calls));
+  for (const auto& call : calls) {
+    const auto same = [&call](const tandem::ToolCallPiece& p) {
+      return p.name == call["function"]["name"] && p.arguments == call["function"]["arguments"];
+    };
+    if (std::none_of(streamed.begin(), streamed.end(), same)) __builtin_trap();
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -53,36 +54,36 @@ TEST(ToolCallsTest, TextThatIsNotACallStaysText) {
   }
 }
 
-// What a ToolCallStream lets out of `pieces`, piece by piece.
+// What a ToolCallStream lets out of `pieces` as content, piece by piece.
 std::vector<std::string> Released(const std::vector<std::string>& pieces, ToolCallStream* s) {
   std::vector<std::string> out;
-  for (const std::string& p : pieces) out.push_back(s->Add(p));
+  for (const std::string& p : pieces) out.push_back(s->Add(p).content);
   return out;
 }
 
 TEST(ToolCallStreamTest, AnAnswerWithoutACallGoesOutAsItComes) {
-  ToolCallStream s;
+  ToolCallStream s(Ids());
   EXPECT_EQ(Released({"Hello", " wor", "ld", "!"}, &s),
             (std::vector<std::string>{"Hello", " wor", "ld", "!"}));
   EXPECT_EQ(s.held(), "");
-  ToolCallStream blanks;  // a blank end waits for what follows it
+  ToolCallStream blanks(Ids());  // a blank end waits for what follows it
   EXPECT_EQ(Released({"Hi ", "there", "\n"}, &blanks),
             (std::vector<std::string>{"Hi", " there", ""}));
   EXPECT_EQ(blanks.held(), "\n");
-  ToolCallStream angle;  // a '<' that begins no call goes out once that is clear
+  ToolCallStream angle(Ids());  // a '<' that begins no call goes out once that is clear
   EXPECT_EQ(Released({"x <", "= y", " if a<b"}, &angle),
             (std::vector<std::string>{"x", " <= y", " if a<b"}));
-  ToolCallStream brace;  // braces inside a sentence are text
+  ToolCallStream brace(Ids());  // braces inside a sentence are text
   EXPECT_EQ(Released({"Use {x}", "."}, &brace), (std::vector<std::string>{"Use {x}", "."}));
 }
 
 TEST(ToolCallStreamTest, FromWhereACallMayBeginTheRestIsHeld) {
-  ToolCallStream s;
+  ToolCallStream s(Ids());
   EXPECT_EQ(Released({"Sure <tool", "_call>{\"name\": \"f\"}", "</tool_call> done"}, &s),
             (std::vector<std::string>{"Sure", "", ""}));
   EXPECT_EQ(s.released(), "Sure");
   EXPECT_EQ(s.held(), " <tool_call>{\"name\": \"f\"}</tool_call> done");
-  ToolCallStream llama;  // a reply that begins with '{' may be one bare JSON call
+  ToolCallStream llama(Ids());  // a reply that begins with '{' may be one bare JSON call
   EXPECT_EQ(Released({" ", "{\"name\"", ": \"f\"}"}, &llama), (std::vector<std::string>{"", "", ""}));
   EXPECT_EQ(llama.held(), " {\"name\": \"f\"}");
 }
@@ -92,16 +93,16 @@ TEST(ToolCallStreamTest, FromWhereACallMayBeginTheRestIsHeld) {
 // holds at most its blank or tag-like end.
 TEST(ToolCallStreamTest, AnyCutGivesTheSameSplit) {
   std::mt19937 rng(5);
-  for (const std::string text :
+  for (const std::string& text :
        {std::string("The capital of France is Paris. <tool_call>{\"name\": \"f\"}</tool_call>"),
         std::string("No call here, just a < b and {braces}.  \n"),
         std::string("  {\"name\": \"search\", \"parameters\": {}}")}) {
     for (int trial = 0; trial < 50; ++trial) {
-      ToolCallStream s;
+      ToolCallStream s(Ids());
       std::string out;
       for (size_t at = 0; at < text.size();) {
         const size_t n = std::min<size_t>(text.size() - at, 1 + rng() % 7);
-        out += s.Add(text.substr(at, n));
+        out += s.Add(text.substr(at, n)).content;
         at += n;
       }
       ASSERT_EQ(out, s.released());
@@ -119,7 +120,7 @@ TEST(ToolCallsTest, DeltasCarryTheirIndexFirst) {
   const Json calls = ParseToolCalls(
       "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>"
       "<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>", &rest, Ids());
-  const Json deltas = ToolCallDeltas(calls);
+  const Json deltas = ToolCallPiecesJson(WholeCallPieces(calls));
   ASSERT_EQ(deltas.size(), 2u);
   EXPECT_EQ(deltas[1].begin().key(), "index");
   EXPECT_EQ(deltas[1]["index"], 1);
@@ -181,10 +182,191 @@ TEST(ToolCallsTest, Qwen3CoderCallsWithoutTheirBlockOrLeftOpen) {
 }
 
 TEST(ToolCallStreamTest, AQwen3CoderFunctionIsHeldToo) {
-  ToolCallStream s;
+  ToolCallStream s(Ids());
   EXPECT_EQ(Released({"Running it. <func", "tion=run>", "<parameter=cmd>ls"}, &s),
             (std::vector<std::string>{"Running it.", "", ""}));
   EXPECT_EQ(s.held(), " <function=run><parameter=cmd>ls");
+}
+
+// Llama 3.x writes several calls as bare JSON objects joined by ';' (vLLM's
+// llama3_json parser splits them); a reply with other text after its JSON
+// is an answer.
+TEST(ToolCallsTest, LlamaCallsJoinedBySemicolons) {
+  std::string rest;
+  Json calls = ParseToolCalls(
+      "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"arguments\": {}} ;", &rest, Ids());
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["function"]["name"], "a");
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"x\":1}");
+  EXPECT_EQ(calls[1]["function"]["name"], "b");
+  EXPECT_EQ(calls[1]["id"], "call_1");
+  EXPECT_EQ(rest, "");
+  for (const char* text : {"{\"name\": \"a\", \"parameters\": {}} and then some text",
+                           "{\"name\": \"a\", \"parameters\": {}}; {\"answer\": 1}",
+                           "{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\""}) {
+    EXPECT_TRUE(ParseToolCalls(text, &rest, Ids()).empty()) << text;
+    EXPECT_EQ(rest, text);
+  }
+}
+
+// A JSON call's arguments are the model's own JSON text with the blanks
+// between its tokens left out: numbers and escapes as written, so that the
+// streamed arguments and the whole call's are the same bytes.
+TEST(ToolCallsTest, JsonArgumentsAreTheModelsTextWithoutBlanks) {
+  std::string rest;
+  const Json calls = ParseToolCalls(
+      "<tool_call>\n{\"arguments\": {\"n\": 1.50, \"s\": \"caf\\u00e9 \\\"a b\\\"\",\n"
+      "  \"list\": [1, {\"k\": null}]}, \"name\": \"f\"}\n</tool_call>",
+      &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "f");
+  EXPECT_EQ(calls[0]["function"]["arguments"],
+            "{\"n\":1.50,\"s\":\"caf\\u00e9 \\\"a b\\\"\",\"list\":[1,{\"k\":null}]}");
+}
+
+TEST(JsonCallScannerTest, ReadsTheCallAsItArrives) {
+  const std::string text = " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par} is\"}} tail";
+  JsonCallScanner scanner;
+  scanner.Scan(std::string_view(text).substr(0, 12));  // inside the name
+  EXPECT_FALSE(scanner.name().has_value());
+  scanner.Scan(std::string_view(text).substr(0, 42));
+  ASSERT_TRUE(scanner.name().has_value());
+  EXPECT_EQ(*scanner.name(), "get_weather");
+  EXPECT_TRUE(scanner.has_arguments());
+  EXPECT_EQ(scanner.arguments(), "{\"ci");
+  EXPECT_FALSE(scanner.done());
+  scanner.Scan(text);
+  EXPECT_TRUE(scanner.done());
+  EXPECT_FALSE(scanner.failed());
+  EXPECT_EQ(scanner.arguments(), "{\"city\":\"Par} is\"}");
+  EXPECT_EQ(text.substr(scanner.end()), " tail");
+  for (const char* bad : {"[1]", "{\"a\" 1}", "{\"a\": 1 2}", "{\"a\": }", "x"}) {
+    JsonCallScanner s;
+    s.Scan(bad);
+    EXPECT_TRUE(s.failed()) << bad;
+  }
+  JsonCallScanner primitive;  // values of every kind, arguments under "parameters"
+  primitive.Scan("{\"n\": -1.5e3, \"t\": true, \"x\": [\"]\"], \"name\": \"f\", \"parameters\": {}}");
+  EXPECT_TRUE(primitive.done());
+  EXPECT_EQ(*primitive.name(), "f");
+  EXPECT_EQ(primitive.arguments(), "{}");
+}
+
+std::string Trim(const std::string& s) { return std::string(absl::StripAsciiWhitespace(s)); }
+
+// A streamed answer, cut into pieces: its content, and each call's pieces
+// put together (a call's first piece carries its id and name).
+struct Streamed {
+  std::string content;
+  std::vector<ToolCallPiece> calls;  // whole, by index
+  size_t pieces_before_end = 0;      // call pieces that went out before the answer was whole
+};
+
+void Apply(const std::vector<ToolCallPiece>& pieces, Streamed* out) {
+  for (const ToolCallPiece& p : pieces) {
+    if (!p.id.empty()) {
+      ASSERT_EQ(p.index, out->calls.size());
+      out->calls.push_back(p);
+      continue;
+    }
+    ASSERT_LT(p.index, out->calls.size());
+    out->calls[p.index].arguments += p.arguments;
+  }
+}
+
+Streamed Stream(const std::string& text, std::mt19937* rng, const Json& properties) {
+  ToolCallStream s(Ids(), properties);
+  Streamed out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t n = std::min<size_t>(text.size() - at, 1 + (*rng)() % 9);
+    ToolCallStream::Out o = s.Add(text.substr(at, n));
+    at += n;
+    out.content += o.content;
+    out.pieces_before_end += o.calls.size();
+    Apply(o.calls, &out);
+  }
+  std::string rest;
+  Apply(s.Finish(ParseToolCalls(text, &rest, Ids(), properties)), &out);
+  return out;
+}
+
+// However a reply of calls is cut, the calls go out as they are generated
+// and, put together, are the whole reply's calls byte for byte.
+TEST(ToolCallStreamTest, CallsStreamAsGeneratedAndMakeTheWholeCalls) {
+  const Json properties = Json::parse(R"({"edit": {"line": {"type": "integer"}, "path": {"type": "string"}}})");
+  std::mt19937 rng(11);
+  for (const std::string& text : {
+           std::string("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                       "{\"city\": \"Paris\", \"days\": [1, 2], \"note\": \"a \\\"quoted\\\" }\"}}\n</tool_call>\n"
+                       "<tool_call>{\"arguments\": {}, \"name\": \"get_time\"}</tool_call>"),
+           std::string("{\"name\": \"a\", \"parameters\": {\"q\": \"x y\"}}; {\"name\": \"b\", \"parameters\": "
+                       "{\"n\": 2}}"),
+           std::string("I'll edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a <b>.py\n"
+                       "</parameter>\n<parameter=line>\n12\n</parameter>\n</function>\n</tool_call>"),
+           std::string("Sure.\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n</function>"),
+           std::string("<tool_call><function=edit><parameter=line>3<parameter=path>x</function></tool_call>"),
+       }) {
+    std::string rest;
+    const Json whole = ParseToolCalls(text, &rest, Ids(), properties);
+    ASSERT_FALSE(whole.empty()) << text;
+    for (int trial = 0; trial < 40; ++trial) {
+      const Streamed streamed = Stream(text, &rng, properties);
+      ASSERT_EQ(streamed.calls.size(), whole.size()) << text;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        EXPECT_EQ(streamed.calls[i].name, whole[i]["function"]["name"]) << text;
+        EXPECT_EQ(streamed.calls[i].arguments, whole[i]["function"]["arguments"]) << text;
+      }
+      EXPECT_GT(streamed.pieces_before_end, 0u) << text;
+      EXPECT_EQ(Trim(streamed.content), Trim(rest).substr(0, Trim(streamed.content).size())) << text;
+    }
+  }
+}
+
+TEST(ToolCallStreamTest, ACallGoesOutOnceItsNameAndArgumentsBegin) {
+  ToolCallStream s(Ids());
+  EXPECT_TRUE(s.Add("<tool_call>{\"name\": \"get_").calls.empty());
+  EXPECT_TRUE(s.Add("weather\", ").calls.empty());  // a JSON answer may have a "name" too
+  ToolCallStream::Out out = s.Add("\"arguments\": {\"ci");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].index, 0u);
+  EXPECT_EQ(out.calls[0].id, "call_0");
+  EXPECT_EQ(out.calls[0].name, "get_weather");
+  EXPECT_EQ(out.calls[0].arguments, "{\"ci");
+  out = s.Add("ty\": \"Paris\"}}</tool_call>");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].id, "");
+  EXPECT_EQ(out.calls[0].arguments, "ty\":\"Paris\"}");
+  EXPECT_EQ(ToolCallPiecesJson(out.calls)[0].dump(),
+            "{\"index\":0,\"function\":{\"arguments\":\"ty\\\":\\\"Paris\\\"}\"}}");
+  // An XML call goes out with its name, then a parameter at a time.
+  ToolCallStream xml(Ids());
+  out = xml.Add("<function=run>\n<parameter=cmd>\nls");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].name, "run");
+  EXPECT_EQ(out.calls[0].arguments, "");
+  out = xml.Add("\n</parameter>\n");
+  ASSERT_EQ(out.calls.size(), 1u);
+  EXPECT_EQ(out.calls[0].arguments, "{\"cmd\":\"ls\"");
+  EXPECT_EQ(xml.Add("</function>").calls[0].arguments, "}");
+}
+
+// A reply that began as a call and was not the call the whole reply's parse
+// finds there: what went out stands, and the whole reply's call goes out
+// whole under a new index, so none is lost.
+TEST(ToolCallStreamTest, ACallThatWasNotWhatItBeganAsGoesOutAgainWhole) {
+  ToolCallStream s(Ids());
+  const std::string text = "<function=a><parameter=x>1</parameter></function>"
+                           "<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+  s.Add(text);
+  ASSERT_EQ(s.begun().size(), 2u);
+  std::string rest;
+  const Json calls = ParseToolCalls(text, &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);  // with a block, the calls are in blocks only
+  const std::vector<ToolCallPiece> pieces = s.Finish(calls);
+  ASSERT_EQ(pieces.size(), 1u);
+  EXPECT_EQ(pieces[0].index, 2u);
+  EXPECT_EQ(pieces[0].name, "b");
+  EXPECT_EQ(pieces[0].arguments, "{}");
 }
 
 }  // namespace
