@@ -196,7 +196,8 @@ class Completion {
   // What one choice has produced so far.
   struct Choice {
     explicit Choice(const Spec& spec)
-        : splitter(spec.reasoning, spec.thinking), answer(NewCallId, spec.tool_properties) {}
+        : splitter(spec.reasoning, spec.thinking),
+          answer(NewCallId, spec.tool_properties, spec.tool_choice_required) {}
     ReasoningSplitter splitter;  // a streamed reply's reasoning and answer
     ToolCallStream answer;       // with tools offered: the answer, its calls as they come
     std::string call_id;         // a forced named call's, once its first chunk is out
@@ -262,7 +263,7 @@ class Completion {
         AddLogprobs(&c, m.token_ids(i), i < m.logprobs_size() ? &m.logprobs(i) : &none);
       }
     }
-    if (!spec_.stream || holding()) return;
+    if (!spec_.stream) return;
     EnsureStarted();
     if (!c.seen) {
       c.seen = true;
@@ -282,20 +283,25 @@ class Completion {
       if (spec_.return_token_ids || m.text().empty()) ids.assign(m.token_ids().begin(), m.token_ids().end());
       ReasoningSplitter::Parts parts = c.splitter.Add(m.text());
       ToolCallStream::Out answer;
-      if (spec_.tools && !ForcedCall()) {
+      if (!spec_.forced_function.empty()) {
+        // A forced named call: the answer is its arguments, as they come.
+        answer.calls.push_back({0, c.call_id.empty() ? c.call_id = NewCallId() : "", spec_.forced_function,
+                                std::move(parts.content)});
+        parts.content.clear();
+      } else if (spec_.tools) {
         answer = c.answer.Add(parts.content);
         parts.content = std::move(answer.content);
       }
       if (spec_.responses) {
-        if (ForcedCall()) return;  // its items come whole at the end
         StreamText(index, "reasoning", parts.reasoning);
         StreamText(index, "message", parts.content);
         return StreamCalls(index, answer.calls);
       }
       if (!spec_.forced_function.empty()) {
         if (!parts.reasoning.empty()) WriteDelta(index, "", {}, nullptr, parts.reasoning);
-        return WriteArguments(index, parts.content, ids,
-                              LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()));
+        // Every message has its chunk, an empty piece of arguments too.
+        return WriteChunk(index, "delta", {{"tool_calls", ToolCallPiecesJson(answer.calls)}},
+                          LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()), ids);
       }
       WriteDelta(index, parts.content, ids,
                  LogprobsJson(c, c.logprobs.size() - m.token_ids_size(), c.logprobs.size()),
@@ -342,12 +348,6 @@ class Completion {
             {"model", spec_.model}};
   }
 
-  // Streams hold back nothing but the calls of tool_choice "required" (a
-  // list of them), sent whole at the end; a forced named call streams its
-  // arguments; with tools offered otherwise the answer streams through
-  // Choice::answer, held from where a call may begin.
-  bool holding() const { return spec_.stream && spec_.tool_choice_required; }
-
   // The SSE response's start and, for chat, each choice's role (as vLLM
   // sends them, all at once).
   void EnsureStarted() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -360,7 +360,7 @@ class Completion {
       Event("response.in_progress", {{"response", response}});
       return;
     }
-    if (!spec_.chat || holding()) return;
+    if (!spec_.chat) return;
     for (size_t i = 0; i < choices_.size(); ++i) {
       Json first = Envelope(true);
       first["choices"] = Json::array({{{"index", i},
@@ -492,24 +492,6 @@ class Completion {
     http_->Write(Sse(chunk));
   }
 
-  // A forced named call's arguments, streamed as vLLM streams them: the
-  // first chunk names the call (id, type, name), the rest add arguments.
-  void WriteArguments(size_t index, const std::string& arguments, const std::vector<int32_t>& ids,
-                      Json logprobs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Choice& c = choices_[index];
-    Json call = {{"index", 0}};
-    if (c.call_id.empty()) {
-      c.call_id = NewCallId();
-      call["id"] = c.call_id;
-      call["type"] = "function";
-      call["function"] = {{"name", spec_.forced_function}, {"arguments", arguments}};
-    } else {
-      call["function"] = {{"arguments", arguments}};
-    }
-    WriteChunk(index, "delta", {{"tool_calls", Json::array({std::move(call)})}}, std::move(logprobs),
-               ids);
-  }
-
   // Usage over every choice, each prompt counted once.
   Json Usage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t prompt = 0, completion = 0;
@@ -535,27 +517,14 @@ class Completion {
     Json message = {{"role", "assistant"}};
     const ReasoningSplitter::Parts parts = ReasoningSplitter::Split(spec_.reasoning, spec_.thinking, c.text);
     SetReasoning(&message, parts.reasoning);
-    auto call = [](const std::string& name, const std::string& arguments) {
-      return Json{{"id", NewCallId()},
-                  {"type", "function"},
-                  {"function", {{"name", name}, {"arguments", arguments}}}};
-    };
     if (!spec_.forced_function.empty() || spec_.tool_choice_required) {
       // A forced call (vLLM's named and required tool_choice): the reply was
       // held to the tools' schemas; content "", finish_reason unchanged.
-      Json calls = Json::array();
-      if (!spec_.forced_function.empty()) {
-        calls.push_back(call(spec_.forced_function, parts.content));
-      } else {
-        const Json list = ParseJsonBounded(parts.content);
-        if (list.is_array()) {
-          for (const Json& c : list) {
-            if (c.is_object() && c.contains("name") && c["name"].is_string() && c.contains("parameters")) {
-              calls.push_back(call(c["name"].get<std::string>(), c["parameters"].dump()));
-            }
-          }
-        }
-      }
+      const Json calls =
+          spec_.forced_function.empty()
+              ? ParseToolCallList(parts.content, NewCallId)
+              : Json::array({{{"id", NewCallId()}, {"type", "function"},
+                              {"function", {{"name", spec_.forced_function}, {"arguments", parts.content}}}}});
       if (!calls.empty()) {
         message["content"] = "";
         message["tool_calls"] = calls;
@@ -630,16 +599,10 @@ class Completion {
     if (spec_.responses) return FinishResponseItems(index);
     Choice& c = choices_[index];
     std::string finish = c.finish;
-    if (!holding()) {
-      // Reasoning held back in case it ended in a tag.
-      const ReasoningSplitter::Parts rest = c.splitter.Finish();
-      if (!rest.reasoning.empty()) WriteDelta(index, "", {}, nullptr, rest.reasoning);
-      if (spec_.tools && spec_.chat && spec_.forced_function.empty()) FinishAnswer(index, &finish);
-    } else {
-      Json delta = Message(c, &finish);
-      if (delta.contains("tool_calls")) delta["tool_calls"] = ToolCallPiecesJson(WholeCallPieces(delta["tool_calls"]));
-      WriteChunk(index, "delta", std::move(delta), LogprobsJson(c, 0, c.logprobs.size()));
-    }
+    // Reasoning held back in case it ended in a tag.
+    const ReasoningSplitter::Parts rest = c.splitter.Finish();
+    if (!rest.reasoning.empty()) WriteDelta(index, "", {}, nullptr, rest.reasoning);
+    if (spec_.tools && spec_.chat && spec_.forced_function.empty()) FinishAnswer(index, &finish);
     Json last = Envelope(true);
     Json choice = {{"index", index}};
     if (spec_.chat) {
@@ -683,10 +646,7 @@ class Completion {
     return "";
   }
 
-  // The Responses API (a request on /v1/responses, one choice). A forced
-  // call's items come whole at the end.
-  bool ForcedCall() const { return !spec_.forced_function.empty() || spec_.tool_choice_required; }
-
+  // The Responses API (a request on /v1/responses, one choice).
   static std::string NewItemId(const char* prefix) { return prefix + RandomHex(24); }
 
   // An output item of text: reasoning (its reasoning_text) or the
@@ -799,15 +759,12 @@ class Completion {
   void FinishResponseItems(size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Choice& c = choices_[index];
     std::string finish = c.finish;
-    if (ForcedCall()) {  // nothing went out yet
-      const Json message = Message(c, &finish);
-      if (message.contains("reasoning")) StreamText(index, "reasoning", message["reasoning"].get<std::string>());
-      if (message["content"].is_string()) StreamText(index, "message", message["content"].get<std::string>());
+    StreamText(index, "reasoning", c.splitter.Finish().reasoning);
+    if (!spec_.forced_function.empty()) {  // its arguments went out as they came
+      if (c.call_id.empty()) StreamCalls(index, WholeCallPieces(Message(c, &finish)["tool_calls"]));
       CloseText(index);
-      if (message.contains("tool_calls")) StreamCalls(index, WholeCallPieces(message["tool_calls"]));
       return CloseCalls(index);
     }
-    StreamText(index, "reasoning", c.splitter.Finish().reasoning);
     if (spec_.tools) {
       const Json message = Message(c, &finish);
       const bool calls = message.contains("tool_calls");

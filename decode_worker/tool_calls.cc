@@ -156,29 +156,44 @@ size_t AddJsonCall(std::string_view text, const std::function<bool(const Json&)>
   if (!scanner.done()) return std::string_view::npos;
   Json call = ParseJsonBounded(std::string(text.substr(0, scanner.end())));
   if (call.is_discarded() || !call.is_object()) return std::string_view::npos;
-  if (scanner.has_arguments()) {
-    call.erase("parameters");
-    call["arguments"] = scanner.arguments();
-  }
+  if (scanner.has_arguments()) call["arguments"] = scanner.arguments();
   return add(call) ? scanner.end() : std::string_view::npos;
 }
 
+// Adds `call` ({"name", "arguments" or "parameters"}) to `calls` in
+// OpenAI's shape; false when it has no name.
+bool AddCall(const Json& call, const std::function<std::string()>& new_id, Json* calls) {
+  if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return false;
+  Json args = call.contains("arguments") ? call["arguments"]
+              : call.contains("parameters") ? call["parameters"] : Json::object();
+  calls->push_back({{"id", new_id()},
+                    {"type", "function"},
+                    {"function", {{"name", call["name"]},
+                                  {"arguments", args.is_string() ? args.get<std::string>() : DumpJson(args)}}}});
+  return true;
+}
+
 }  // namespace
+
+nlohmann::ordered_json ParseToolCallList(const std::string& text, const std::function<std::string()>& new_id) {
+  Json calls = Json::array();
+  if (!ParseJsonBounded(text).is_array()) return calls;
+  auto add = [&](const Json& call) { return call.contains("parameters") && AddCall(call, new_id, &calls); };
+  const std::string_view list(text);
+  for (size_t at = list.find('[') + 1; at < list.size(); ++at) {  // at: past '[' or ','
+    const size_t length = AddJsonCall(list.substr(at), add);
+    if (length == std::string_view::npos) break;
+    at = list.find_first_of(",]", at + length);
+    if (at == std::string_view::npos || list[at] == ']') break;
+  }
+  return calls;
+}
 
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
                                       const std::function<std::string()>& new_id,
                                       const nlohmann::ordered_json& tool_properties) {
   Json calls = Json::array();
-  auto add = [&](const Json& call) {
-    if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return false;
-    Json args = call.contains("arguments") ? call["arguments"]
-                : call.contains("parameters") ? call["parameters"] : Json::object();
-    calls.push_back({{"id", new_id()},
-                     {"type", "function"},
-                     {"function", {{"name", call["name"]},
-                                   {"arguments", args.is_string() ? args.get<std::string>() : DumpJson(args)}}}});
-    return true;
-  };
+  auto add = [&](const Json& call) { return AddCall(call, new_id, &calls); };
   *rest = text;
   if (text.find(kBlock) != std::string::npos) {
     std::string outside;
@@ -364,7 +379,7 @@ ToolCallStream::Out ToolCallStream::Add(std::string_view piece) {
     if (first == std::string::npos) return out;  // blanks alone: not yet told
     // From where a call opens, or may open with the next piece.
     size_t end = text_.size();
-    if (text_[first] == '{') {  // a Llama 3.x reply of calls
+    if (text_[first] == '{' || list_) {  // a Llama 3.x reply of calls, or a list of them
       expect_ = Expect::kCall;
       end = first;
     }
@@ -417,8 +432,8 @@ void ToolCallStream::ReadCalls(Out* out) {
         if (rest.empty()) return;
         if (StartsWith(rest, kBlock) || StartsWith(rest, kBlockEnd)) {
           scan_ += StartsWith(rest, kBlock) ? kBlock.size() : kBlockEnd.size();
-        } else if (rest[0] == ';') {  // between Llama 3.x calls
-          ++scan_;
+        } else if (rest[0] == ';' || (list_ && (rest[0] == '[' || rest[0] == ',' || rest[0] == ']'))) {
+          ++scan_;  // between Llama 3.x calls, or a list's
         } else if (StartsWith(rest, kFunction)) {
           expect_ = Expect::kXml;
           xml_named_ = false;

@@ -30,6 +30,12 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
                                       const std::function<std::string()>& new_id,
                                       const nlohmann::ordered_json& tool_properties = nullptr);
 
+// The calls of tool_choice "required": a reply held to a JSON list of
+// {"name", "parameters"}, in ParseToolCalls' shape, arguments as a JSON
+// call's; those before the first element that is not a call (none when the
+// text is not a list).
+nlohmann::ordered_json ParseToolCallList(const std::string& text, const std::function<std::string()>& new_id);
+
 // Reads one JSON call, {"name": ..., "arguments" or "parameters": {...}}, as
 // its text arrives: its name once whole, its arguments object as far as it
 // has come (compact: blanks outside strings left out), and where it ends.
@@ -94,14 +100,16 @@ class ToolCallStream {
     std::vector<ToolCallPiece> calls;
   };
 
+  // `list`: the reply is tool_choice "required"'s list of calls
+  // (ParseToolCallList): none of it is content.
   explicit ToolCallStream(std::function<std::string()> new_id,
-                          nlohmann::ordered_json tool_properties = nullptr)
-      : new_id_(std::move(new_id)), tool_properties_(std::move(tool_properties)) {}
+                          nlohmann::ordered_json tool_properties = nullptr, bool list = false)
+      : new_id_(std::move(new_id)), tool_properties_(std::move(tool_properties)), list_(list) {}
 
   // Takes the answer's next piece; returns what may go out now.
   Out Add(std::string_view piece);
-  // At the answer's end, given `calls` (ParseToolCalls' of the whole
-  // answer): what of them has not gone out. A call that went out in part
+  // At the answer's end, given `calls` (ParseToolCalls' or
+  // ParseToolCallList's of the whole answer): what of them has not gone out. A call that went out in part
   // gets the rest of its arguments; if a call's streamed arguments do not
   // begin its final ones (a reply that was not the call it began as), what
   // went out stands and nothing is added to it.
@@ -126,6 +134,7 @@ class ToolCallStream {
 
   std::function<std::string()> new_id_;
   nlohmann::ordered_json tool_properties_;
+  bool list_;
   std::string text_;  // the answer so far
   size_t released_ = 0;
   Expect expect_ = Expect::kText;

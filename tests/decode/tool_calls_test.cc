@@ -274,8 +274,8 @@ void Apply(const std::vector<ToolCallPiece>& pieces, Streamed* out) {
   }
 }
 
-Streamed Stream(const std::string& text, std::mt19937* rng, const Json& properties) {
-  ToolCallStream s(Ids(), properties);
+Streamed Stream(const std::string& text, std::mt19937* rng, const Json& properties, bool list = false) {
+  ToolCallStream s(Ids(), properties, list);
   Streamed out;
   for (size_t at = 0; at < text.size();) {
     const size_t n = std::min<size_t>(text.size() - at, 1 + (*rng)() % 9);
@@ -286,7 +286,7 @@ Streamed Stream(const std::string& text, std::mt19937* rng, const Json& properti
     Apply(o.calls, &out);
   }
   std::string rest;
-  Apply(s.Finish(ParseToolCalls(text, &rest, Ids(), properties)), &out);
+  Apply(s.Finish(list ? ParseToolCallList(text, Ids()) : ParseToolCalls(text, &rest, Ids(), properties)), &out);
   return out;
 }
 
@@ -319,6 +319,28 @@ TEST(ToolCallStreamTest, CallsStreamAsGeneratedAndMakeTheWholeCalls) {
       EXPECT_GT(streamed.pieces_before_end, 0u) << text;
       EXPECT_EQ(Trim(streamed.content), Trim(rest).substr(0, Trim(streamed.content).size())) << text;
     }
+  }
+}
+
+// tool_choice "required": the reply is a list of calls (held to it by a
+// schema); none of it is content, and its calls stream as the others do.
+TEST(ToolCallStreamTest, ARequiredListOfCallsStreams) {
+  const std::string text = "[{\"name\": \"a\", \"parameters\": {\"q\": \"x, ] y\"}},\n"
+                           " {\"parameters\": {}, \"name\": \"b\"}]";
+  const Json whole = ParseToolCallList(text, Ids());
+  ASSERT_EQ(whole.size(), 2u);
+  EXPECT_EQ(whole[0]["function"]["arguments"], "{\"q\":\"x, ] y\"}");
+  EXPECT_EQ(whole[1]["function"]["name"], "b");
+  EXPECT_TRUE(ParseToolCallList("{\"name\": \"a\", \"parameters\": {}}", Ids()).empty());
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 40; ++trial) {
+    const Streamed streamed = Stream(text, &rng, nullptr, /*list=*/true);
+    EXPECT_EQ(streamed.content, "");
+    ASSERT_EQ(streamed.calls.size(), 2u);
+    EXPECT_EQ(streamed.calls[0].arguments, whole[0]["function"]["arguments"]);
+    EXPECT_EQ(streamed.calls[1].name, "b");
+    EXPECT_EQ(streamed.calls[1].arguments, "{}");
+    EXPECT_GT(streamed.pieces_before_end, 0u);
   }
 }
 

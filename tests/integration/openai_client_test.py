@@ -314,6 +314,15 @@ def main():
         assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls), required
         for c in calls:
             assert isinstance(json.loads(c.function.arguments), dict), required
+        # Streamed, the required calls go out as they are generated too.
+        pieces = [t for c in client.chat.completions.create(
+            model="smollm2", messages=where, tools=weather, temperature=0, max_tokens=120, stream=True,
+            tool_choice="required") for t in (c.choices[0].delta.tool_calls or [] if c.choices else [])]
+        assert len(pieces) > len(calls), pieces
+        assert [(t.index, t.function.name) for t in pieces if t.id] == [
+            (i, c.function.name) for i, c in enumerate(calls)], (pieces, required)
+        for i, c in enumerate(calls):
+            assert "".join(t.function.arguments for t in pieces if t.index == i) == c.function.arguments, pieces
         streamed = [d for c in client.chat.completions.create(
             model="smollm2", messages=where, tools=weather, temperature=0, max_tokens=60, stream=True,
             tool_choice={"type": "function", "function": {"name": "get_weather"}})
@@ -339,6 +348,8 @@ def main():
                                               tool_choice={"type": "function", "name": "get_weather"}))
         done = [e for e in events if e.type == "response.function_call_arguments.done"]
         assert len(done) == 1 and done[0].arguments == fc[0].arguments, events
+        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+        assert len(deltas) > 1 and "".join(deltas) == fc[0].arguments, deltas
         assert events[-1].type == "response.completed", events
         turn = client.responses.create(model="smollm2", tools=flat, temperature=0, max_output_tokens=16,
                                        input=[{"role": "user", "content": where[0]["content"]},
