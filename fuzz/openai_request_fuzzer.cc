@@ -58,14 +58,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto kProperties = nlohmann::ordered_json::parse(
       R"({"f": {"n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"},
                 "o": {"type": "object"}, "s": {"type": "string"}, "t": {"type": ["string", "null"]}}})");
+  // The first byte's top bit reads the reply as tool_choice "required"'s list.
+  const bool list = (data[0] & 0x80) != 0;
+  const auto id = [] { return std::string("call_0"); };
   const nlohmann::ordered_json calls =
-      tandem::ParseToolCalls(body, &rest, [] { return std::string("call_0"); }, kProperties);
+      list ? tandem::ParseToolCallList(body, id) : tandem::ParseToolCalls(body, &rest, id, kProperties);
   // The reply streamed in pieces of the first byte's size: what goes out and
   // what is held make the reply, nothing from a call's opening on goes out as
   // text, the calls' pieces come in order (a call's first names it), and
   // with the end's pieces every call of the whole reply's parse has gone
   // out whole under some index.
-  tandem::ToolCallStream stream([] { return std::string("call_1"); }, kProperties);
+  tandem::ToolCallStream stream([] { return std::string("call_1"); }, kProperties, list);
   const size_t piece = 1 + data[0] % 13;
   std::string out;
   std::vector<tandem::ToolCallPiece> streamed;
@@ -86,6 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     apply(o.calls);
   }
   if (out != stream.released() || out + std::string(stream.held()) != body) __builtin_trap();
+  if (list && !out.empty()) __builtin_trap();
   if (out.find("<tool_call>") != std::string::npos || out.find("<function=") != std::string::npos) {
     __builtin_trap();
   }
