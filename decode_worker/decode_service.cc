@@ -179,6 +179,7 @@ void DecodeServiceImpl::Finish(const std::shared_ptr<GenerateCall>& call,
   msg.set_finish_reason(reason);
   msg.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(call->prompt.size()));
   msg.mutable_usage()->set_completion_tokens(static_cast<uint32_t>(call->generated.size()));
+  msg.mutable_usage()->set_cached_tokens(static_cast<uint32_t>(std::max(call->cached_tokens, 0)));
   metrics_->EndToEndLatency(absl::ToDoubleSeconds(absl::Now() - call->queued_at));
   // The id is free before the client can see the end, so it may reuse it at once.
   client_.load()->Cancel(call->id);  // still running after a stop string; else a no-op
@@ -312,6 +313,7 @@ void DecodeServiceImpl::OnOutput(const std::shared_ptr<GenerateCall>& call,
                                  const RequestOutput& o) {
   if (call->done.load()) return;
   if (!o.status.ok()) return Fail(call, ToGrpcStatus(o.status));
+  if (call->cached_tokens < 0 && (o.kv_needed || !o.new_tokens.empty())) call->cached_tokens = o.cached_tokens;
   if (o.kv_needed) {
     if (call->prefills > 0) {
       TANDEM_LOG(INFO) << "request " << call->id << " preempted after " << call->generated.size()

@@ -50,6 +50,7 @@ struct GenerateCall {
   std::unique_ptr<TextOutput> text;    // null without a tokenizer
   absl::Time last_token;
   int prefills = 0;                    // remote prefills started (1 + re-prefills)
+  int cached_tokens = -1;              // from the prefix cache at the first admission (-1: not yet)
   // Prompt logprobs computed so far, sent with the first token.
   std::vector<TokenLogprobs> prompt_logprobs;
 

@@ -217,7 +217,7 @@ class Completion {
     Json prompt_logprobs = nullptr;  // vLLM's form, when asked
     size_t text_offset = 0;
     std::string finish = "stop";
-    uint32_t prompt_tokens = 0, completion_tokens = 0;
+    uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   };
 
   Completion(Spec spec, std::shared_ptr<HttpServer::Stream> http)
@@ -251,6 +251,7 @@ class Completion {
     if (m.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       c.finish = m.finish_reason() == v1::FINISH_REASON_LENGTH ? "length" : "stop";
       c.prompt_tokens = m.usage().prompt_tokens();
+      c.cached_tokens = m.usage().cached_tokens();
       c.completion_tokens = m.usage().completion_tokens();
     }
     c.text += m.text();
@@ -493,14 +494,19 @@ class Completion {
   }
 
   // Usage over every choice, each prompt counted once.
+  // OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the
+  // prefix cache served (vLLM's, with --enable-prompt-tokens-details).
   Json Usage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    uint64_t prompt = 0, completion = 0;
+    uint64_t prompt = 0, completion = 0, cached = 0;
     for (const Choice& c : choices_) {
-      if (c.counts_prompt) prompt += c.prompt_tokens;
+      if (c.counts_prompt) {
+        prompt += c.prompt_tokens;
+        cached += c.cached_tokens;
+      }
       completion += c.completion_tokens;
     }
     return {{"prompt_tokens", prompt}, {"completion_tokens", completion},
-            {"total_tokens", prompt + completion}};
+            {"total_tokens", prompt + completion}, {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
   // vLLM's `reasoning`, and `reasoning_content` (its earlier name, which
@@ -693,7 +699,7 @@ class Completion {
             {"tool_choice", "auto"},
             {"tools", Json::array()},
             {"usage", done ? Json{{"input_tokens", usage["prompt_tokens"]},
-                                  {"input_tokens_details", {{"cached_tokens", 0}}},
+                                  {"input_tokens_details", usage["prompt_tokens_details"]},
                                   {"output_tokens", usage["completion_tokens"]},
                                   {"output_tokens_details", {{"reasoning_tokens", 0}}},
                                   {"total_tokens", usage["total_tokens"]}}

@@ -122,6 +122,8 @@ def main():
                 finish = choice.finish_reason or finish
         assert "".join(parts) == answer and finish == "stop", (parts, finish)
         assert usage.total_tokens == 45, usage
+        # The same prompt again: its full blocks came from the prefix cache.
+        assert 0 < usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens, usage
         passed += 1
 
         # The Responses API: the same answer as a response object, whole and
