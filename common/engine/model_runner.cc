@@ -48,10 +48,11 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
   if (r->config_.max_model_len <= 0) {
     r->config_.max_model_len = mc.DefaultMaxModelLen();
   }
-  if (r->config_.max_model_len > mc.max_position_embeddings) {
+  if (r->config_.max_model_len > mc.MaxContext()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_model_len ", r->config_.max_model_len, " exceeds the model's max_position_embeddings ",
-        mc.max_position_embeddings));
+        "max_model_len ", r->config_.max_model_len, " exceeds the model's context of ", mc.MaxContext(),
+        " positions (max_position_embeddings ", mc.max_position_embeddings,
+        mc.rope_scaling.type.empty() ? "" : absl::StrCat(", rope scaling ", mc.rope_scaling.type), ")"));
   }
   if (config.max_num_batched_tokens < 1 || config.max_num_seqs < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -43,7 +43,7 @@ namespace tandem {
 struct RunnerConfig {
   int max_num_batched_tokens = 2048;
   int max_num_seqs = 256;
-  int max_model_len = 0;  // 0: min(max_position_embeddings, 8192)
+  int max_model_len = 0;  // 0: the model's context (LlamaConfig::MaxContext), at most 8192
   // Requested mode, capture sizes and q; resolved once in Create().
   GraphPolicyConfig graph;
   bool check_input_addresses = false;     // debug: verify fixed input addresses

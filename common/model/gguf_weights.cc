@@ -148,12 +148,34 @@ absl::StatusOr<LlamaConfig> LlamaConfigFromGguf(const GgufFile& f) {
   if (f.Find(key("rope.freq_base"))) {
     ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat(key("rope.freq_base")));
   }
-  if (const GgufValue* v = f.Find(key("rope.scaling.type"));
-      v && v->s != "none" && !(v->s == "linear" && f.Find(key("rope.scaling.factor")) &&
-                               f.Find(key("rope.scaling.factor"))->f == 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", key("rope.scaling.type"), " '", v->s,
-        "' is not implemented (none, or llama3 scaling through rope_freqs.weight)"));
+  // Rope scaling as llama.cpp's converter writes it: linear and yarn as
+  // keys (llama3's as rope_freqs.weight, read with the weights).
+  if (const GgufValue* v = f.Find(key("rope.scaling.type")); v && v->s != "none") {
+    if (v->s != "linear" && v->s != "yarn") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", key("rope.scaling.type"), " '", v->s,
+          "' is not implemented (none, linear, yarn, or llama3 scaling through rope_freqs.weight)"));
+    }
+    RopeScaling& s = c.rope_scaling;
+    s.type = v->s;
+    ASSIGN_OR_RETURN(s.factor, f.GetFloat(key("rope.scaling.factor")));
+    if (s.type == "yarn") {
+      ASSIGN_OR_RETURN(s.original_max_position_embeddings, f.GetInt(key("rope.scaling.original_context_length")));
+      for (auto [name, dst] : {std::pair<const char*, double*>{"rope.scaling.yarn_beta_fast", &s.beta_fast},
+                               {"rope.scaling.yarn_beta_slow", &s.beta_slow},
+                               {"rope.scaling.yarn_attn_factor", &s.attention_factor}}) {
+        if (f.Find(key(name))) {
+          ASSIGN_OR_RETURN(*dst, f.GetFloat(key(name)));
+        }
+      }
+      for (const char* name : {"rope.scaling.yarn_ext_factor", "rope.scaling.yarn_log_multiplier"}) {
+        if (const GgufValue* x = f.Find(key(name)); x != nullptr && x->f != (absl::EndsWith(name, "ext_factor") ? 1.0 : 0.0)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": ", key(name), " ", x->f, " is not implemented"));
+        }
+      }
+    }
+    if (s.type == "linear" && s.factor == 1.0) s.type.clear();
   }
   if (has_experts) {
     RETURN_IF_ERROR(get_int("expert_count", &c.num_experts));

@@ -104,6 +104,11 @@ uint64_t LlamaConfig::Fingerprint() const {
       family->hf_architecture, "|", name, "|", vocab_size, "|", hidden_size, "|", intermediate_size, "|", num_hidden_layers,
       "|", num_attention_heads, "|", num_key_value_heads, "|", head_dim, "|", rms_norm_eps,
       "|", rope_theta, "|", rope_scaling.type, "|", rope_scaling.factor, "|",
+      // yarn's own fields (absent otherwise, so earlier fingerprints hold)
+      rope_scaling.type == "yarn"
+          ? absl::StrCat(rope_scaling.original_max_position_embeddings, "|", rope_scaling.beta_fast, "|",
+                         rope_scaling.beta_slow, "|", RopeScoreFactor(), "|", rope_scaling.truncate, "|")
+          : std::string(),
       max_position_embeddings, "|", tie_word_embeddings, "|", num_experts, "|",
       num_experts_per_tok, "|", moe_intermediate_size, "|", shared_expert_intermediate_size,
       "|", norm_topk_prob, "|",
@@ -166,12 +171,55 @@ absl::Status LlamaConfig::Validate() const {
           shared_expert_intermediate_size));
     }
   }
-  if (!rope_scaling.type.empty() && rope_scaling.type != "llama3" &&
-      rope_scaling.type != "default") {
+  const RopeScaling& s = rope_scaling;
+  if (!s.type.empty() && s.type != "llama3" && s.type != "linear" && s.type != "yarn") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "config: rope_scaling type '", rope_scaling.type, "' is not supported (llama3 is)"));
+        "config: rope_scaling type '", s.type, "' is not supported (llama3, linear and yarn are)"));
+  }
+  if (!s.type.empty() && !(s.factor > 0 && std::isfinite(s.factor))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: rope_scaling factor must be > 0, got ", s.factor));
+  }
+  if (s.type == "yarn" && !(s.beta_fast > 0 && s.beta_slow > 0 && std::isfinite(s.beta_fast) &&
+                            std::isfinite(s.beta_slow) && s.attention_factor >= 0 &&
+                            std::isfinite(s.attention_factor))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: rope_scaling beta_fast and beta_slow must be > 0 and attention_factor >= 0, got ",
+        s.beta_fast, ", ", s.beta_slow, " and ", s.attention_factor));
+  }
+  if (MaxContext() > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: the context with rope scaling is ", MaxContext(), " positions; at most ", INT32_MAX));
   }
   return absl::OkStatus();
+}
+
+int64_t LlamaConfig::MaxContext() const {
+  if (rope_scaling.type == "linear") {
+    return static_cast<int64_t>(static_cast<double>(max_position_embeddings) * rope_scaling.factor);
+  }
+  if (rope_scaling.type == "yarn") {
+    return static_cast<int64_t>(static_cast<double>(rope_scaling.original_max_position_embeddings) *
+                                rope_scaling.factor);
+  }
+  return max_position_embeddings;
+}
+
+double LlamaConfig::RopeScoreFactor() const {
+  const RopeScaling& s = rope_scaling;
+  if (s.type != "yarn") return 1.0;
+  double attention = s.attention_factor;
+  if (attention == 0) {
+    auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
+    attention = s.mscale != 0 && s.mscale_all_dim != 0 ? mscale(s.mscale) / mscale(s.mscale_all_dim)
+                                                       : mscale(1.0);
+  }
+  return attention * attention;
+}
+
+float LlamaConfig::AttentionScale() const {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return rope_scaling.type == "yarn" ? static_cast<float>(scale * RopeScoreFactor()) : scale;
 }
 
 namespace {
@@ -358,10 +406,22 @@ absl::StatusOr<LlamaConfig> ParseConfigJson(absl::string_view json_text,
   if (scaling != nullptr) {
     std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
     if (type != "default") c.rope_scaling.type = type;
-    c.rope_scaling.factor = scaling->value("factor", 1.0);
-    c.rope_scaling.low_freq_factor = scaling->value("low_freq_factor", 1.0);
-    c.rope_scaling.high_freq_factor = scaling->value("high_freq_factor", 4.0);
-    const double original = scaling->value("original_max_position_embeddings", 8192.0);
+    RopeScaling& s = c.rope_scaling;
+    // null is "not given" (transformers' `or` defaults).
+    auto number = [&](const char* key, double otherwise) {
+      return scaling->contains(key) && (*scaling)[key].is_number() ? (*scaling)[key].get<double>() : otherwise;
+    };
+    s.factor = number("factor", 1.0);
+    s.low_freq_factor = number("low_freq_factor", 1.0);
+    s.high_freq_factor = number("high_freq_factor", 4.0);
+    s.beta_fast = number("beta_fast", 32.0);
+    s.beta_slow = number("beta_slow", 1.0);
+    s.attention_factor = number("attention_factor", 0.0);
+    s.mscale = number("mscale", 0.0);
+    s.mscale_all_dim = number("mscale_all_dim", 0.0);
+    s.truncate = scaling->value("truncate", true);
+    const double original = number("original_max_position_embeddings",
+                                   type == "yarn" ? static_cast<double>(c.max_position_embeddings) : 8192.0);
     if (!(original >= 1 && original <= INT32_MAX)) {
       return absl::InvalidArgumentError(absl::StrCat(
           source_name, ": rope original_max_position_embeddings is ", original,
@@ -412,6 +472,35 @@ std::vector<float> RopeInverseFrequencies(const LlamaConfig& config) {
     // As transformers: base ** (arange(0, dim, 2).float() / dim), in float32.
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(config.head_dim);
     inv[i] = 1.0f / std::pow(static_cast<float>(config.rope_theta), exponent);
+  }
+  if (config.rope_scaling.type == "linear") {
+    for (float& f : inv) f = static_cast<float>(f / config.rope_scaling.factor);
+  }
+  if (config.rope_scaling.type == "yarn") {
+    // transformers' _compute_yarn_parameters, in its float32 steps.
+    const RopeScaling& s = config.rope_scaling;
+    const double dim = config.head_dim;
+    auto correction_dim = [&](double rotations) {
+      return dim * std::log(static_cast<double>(s.original_max_position_embeddings) / (rotations * 2 * M_PI)) /
+             (2 * std::log(config.rope_theta));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; ++i) {
+      const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(low)) /
+                                        static_cast<float>(high - low), 0.0f, 1.0f);
+      const float extrapolation = 1.0f - ramp;
+      const float exponent = static_cast<float>(2 * i) / static_cast<float>(config.head_dim);
+      const float pos_freq = std::pow(static_cast<float>(config.rope_theta), exponent);
+      const float interpolated = 1.0f / (static_cast<float>(s.factor) * pos_freq);
+      inv[i] = interpolated * (1.0f - extrapolation) + inv[i] * extrapolation;
+    }
   }
   if (config.rope_scaling.type == "llama3") {
     const RopeScaling& s = config.rope_scaling;

@@ -12,12 +12,25 @@
 
 namespace tandem {
 
+// Rotary embeddings' scaling for a longer context than the model was
+// trained on, as transformers computes it: "llama3" (Llama 3.1+), "linear"
+// (positions divided by `factor`) or "yarn" (Qwen2.5/Qwen3's long-context
+// setting: each frequency between its interpolated and original value by
+// the beta_fast / beta_slow ramp, and the attention scores scaled by
+// attention_factor squared, which is transformers' cos and sin times
+// attention_factor).
 struct RopeScaling {
-  std::string type;  // "" (none) or "llama3"
+  std::string type;  // "" (none), "llama3", "linear" or "yarn"
   double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3, yarn
+  double beta_fast = 32.0, beta_slow = 1.0;         // yarn
+  // yarn: 0 = from factor (0.1 ln(factor) + 1, or with mscale and
+  // mscale_all_dim their ratio, as transformers).
+  double attention_factor = 0.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;
+  bool truncate = true;  // yarn: the ramp's ends rounded outwards
 };
 
 // How a family with experts names them in a Hugging Face checkpoint
@@ -117,8 +130,17 @@ struct LlamaConfig {
   // (vLLM takes the model's; the cap keeps a CPU cache of a long-context
   // model within reason).
   int DefaultMaxModelLen() const {
-    return static_cast<int>(max_position_embeddings < 8192 ? max_position_embeddings : 8192);
+    const int64_t context = MaxContext();
+    return static_cast<int>(context < 8192 ? context : 8192);
   }
+  // The longest sequence the model serves: max_position_embeddings, or with
+  // linear scaling that times the factor and with yarn the original context
+  // times the factor (as vLLM derives max_model_len).
+  int64_t MaxContext() const;
+  // Rotary scaling's factor on the attention scores' scale (yarn's
+  // attention_factor squared; 1 otherwise), and the scores' scale.
+  double RopeScoreFactor() const;
+  float AttentionScale() const;
 };
 
 // Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer

@@ -109,7 +109,7 @@ absl::StatusOr<LlamaConfig> SyntheticConfig(const std::string& spec) {
 
 AttentionShape LlamaModel::attention_shape() const {
   return {config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim,
-          1.0f / std::sqrt(static_cast<float>(config_.head_dim))};
+          config_.AttentionScale()};
 }
 
 std::vector<Tensor> LlamaModel::StreamedWeights() const {

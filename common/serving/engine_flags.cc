@@ -23,7 +23,8 @@ void EngineFlags::Register(FlagSet* f) {
   f->Add("max-num-batched-tokens", &max_num_batched_tokens, "token budget of one step");
   f->Add("max-num-seqs", &max_num_seqs, "most requests in one step");
   f->Add("max-model-len", &max_model_len,
-         "longest sequence (prompt + output); 0 = min(max_position_embeddings, 8192)");
+         "longest sequence (prompt + output); 0 = the model's context (with rope scaling, as "
+         "vLLM derives it), at most 8192");
   f->Add("block-size", &block_size, "tokens per KV cache block");
   f->Add("num-kv-blocks", &num_kv_blocks, "KV cache blocks; 0 = fit --kv-cache-mb");
   f->Add("kv-cache-mb", &kv_cache_mb, "KV cache memory when --num-kv-blocks=0");

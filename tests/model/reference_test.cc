@@ -354,8 +354,9 @@ INSTANTIATE_TEST_SUITE_P(AllModes, ReferenceTest, kAllModes);
 // Qwen2 (q/k/v biases, tied embeddings), Qwen3 (per-head q/k RMSNorm,
 // separate head), Qwen2-MoE (Qwen2's attention, 8 experts a layer, 2 routed
 // to, and a gated shared expert), Qwen3-MoE (Qwen3's attention, 8 experts,
-// 2 routed to, scores renormalized) and Mixtral (Mistral's attention, a
-// "llama" GGUF with experts): tiny random models of transformers
+// 2 routed to, scores renormalized), Mixtral (Mistral's attention, a
+// "llama" GGUF with experts) and Qwen3 with YaRN rope scaling (factor 4 over
+// a trained context of 64; the GGUF's rope.scaling.* keys): tiny random models of transformers
 // (tests/fixtures/make_family_reference.py), from safetensors and from the
 // GGUF llama.cpp's converter made of them, in every graph mode: logits within
 // 1e-4 of transformers' and its greedy tokens.
@@ -370,7 +371,8 @@ TEST_P(FamilyReferenceTest, LogitsAndGreedyTokensMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllModes, FamilyReferenceTest,
-    ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"),
+    ::testing::Combine(::testing::Values("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral",
+                                         "qwen3_yarn"),
                        ::testing::Values("", "model-f32.gguf"), kAllModes),
     [](const ::testing::TestParamInfo<FamilyParam>& info) {
       const std::string& file = std::get<1>(info.param);
@@ -387,14 +389,15 @@ INSTANTIATE_TEST_SUITE_P(
 // is 1.96 from transformers (0.0036 on the f32 one); Tandem measured 1.89.
 // The Qwen2-MoE fixture routes no token elsewhere here (llama.cpp 0.25,
 // Tandem 0.21); its bound leaves room for one flip on another CPU. Mixtral's
-// (wider experts, 128): llama.cpp 0.57, Tandem 0.54.
+// (wider experts, 128): llama.cpp 0.57, Tandem 0.54. Qwen3 with YaRN: Tandem
+// 0.26 (its scores 1.3x the unscaled ones: yarn's attention factor squared).
 // The f32 tests above pin the routing exactly, GgufWeightsTest the experts'
 // block slices; this one runs the kept blocks end to end.
 TEST(FamilyReferenceTest, Q8GgufTracksTransformersWithinQuantizationError) {
   for (const auto& [family, tolerance] :
        std::vector<std::pair<std::string, double>>{{"qwen2", 0.25}, {"qwen3", 0.25},
                                                    {"qwen2_moe", 0.5}, {"qwen3_moe", 2.5},
-                                                   {"mixtral", 1.0}}) {
+                                                   {"mixtral", 1.0}, {"qwen3_yarn", 0.5}}) {
     SCOPED_TRACE(family);
     const std::string fixture = kFixtures + "tiny_" + family;
     CheckAgainstReference(fixture, fixture + "/model-q8_0.gguf", CudaGraphMode::kFullAndPiecewise,

@@ -1,5 +1,6 @@
 #include "common/model/safetensors.h"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +144,44 @@ TEST(LlamaConfigTest, ParsesLegacyRopeScaling) {
   EXPECT_NE(bad.status().message().find("hidden_size"), std::string::npos);
 }
 
+// Qwen's long-context setting (YaRN over 32768 trained positions, factor
+// 4) and linear scaling: the frequencies and attention factor of
+// transformers 5.24's ROPE_INIT_FUNCTIONS for the same configs, and the
+// context vLLM derives (yarn: the original context times the factor).
+TEST(LlamaConfigTest, YarnAndLinearRopeScalingAsTransformers) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 1024, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 8, "head_dim": 128, "model_type": "qwen3",
+      "max_position_embeddings": 40960, )";
+  auto yarn = ParseLlamaConfig("{" + base + R"("rope_parameters": {"rope_type": "yarn",
+      "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 32768}})",
+                               "config.json");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope_scaling.type, "yarn");
+  EXPECT_EQ(yarn->MaxContext(), 131072);
+  EXPECT_EQ(yarn->DefaultMaxModelLen(), 8192);
+  EXPECT_NEAR(yarn->RopeScoreFactor(), 1.138629436111989 * 1.138629436111989, 1e-12);
+  EXPECT_FLOAT_EQ(yarn->AttentionScale(), static_cast<float>(1.138629436111989 * 1.138629436111989 / std::sqrt(128.0)));
+  const std::vector<float> inv = RopeInverseFrequencies(*yarn);
+  const std::pair<int, float> want[] = {{0, 1.0f},          {10, 0.115478203f},   {20, 0.0133352149f},
+                                        {25, 0.0041317381f}, {30, 0.00106436096f}, {40, 4.44569851e-05f},
+                                        {63, 3.10234441e-07f}};
+  for (const auto& [i, f] : want) EXPECT_NEAR(inv[i], f, 2e-7f * f) << i;
+  auto linear = ParseLlamaConfig("{" + base + R"("rope_scaling": {"type": "linear", "factor": 2.0},
+      "rope_theta": 1000000.0})", "config.json");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->MaxContext(), 81920);
+  EXPECT_EQ(linear->RopeScoreFactor(), 1.0);
+  EXPECT_EQ(linear->AttentionScale(), 1.0f / std::sqrt(128.0f));
+  const std::vector<float> half = RopeInverseFrequencies(*linear);
+  EXPECT_FLOAT_EQ(half[0], 0.5f);
+  EXPECT_FLOAT_EQ(half[10], 0.0577391014f);
+  EXPECT_FLOAT_EQ(half[63], 6.20468882e-07f);
+  // The KV of a yarn model is not another's: the fingerprint says so.
+  auto plain = ParseLlamaConfig("{" + base + R"("rope_theta": 1000000.0})", "config.json");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(plain->Fingerprint(), yarn->Fingerprint());
+}
+
 TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
   const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
@@ -191,7 +230,9 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
       {R"("attention_bias": true)", "attention_bias"},
       {R"("mlp_bias": true)", "mlp_bias"},
       {R"("partial_rotary_factor": 0.5)", "partial_rotary_factor"},
-      {R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})", "yarn"},
+      {R"("rope_scaling": {"rope_type": "longrope", "factor": 4.0})", "'longrope' is not supported"},
+      {R"("rope_scaling": {"rope_type": "yarn", "factor": 0})", "factor must be > 0, got 0"},
+      {R"("rope_scaling": {"rope_type": "yarn", "factor": 2, "beta_fast": -1})", "beta_fast"},
   };
   for (const auto& [extra, field] : cases) {
     absl::Status s = parse(extra);
