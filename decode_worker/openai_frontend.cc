@@ -493,9 +493,9 @@ class Completion {
     http_->Write(Sse(chunk));
   }
 
-  // Usage over every choice, each prompt counted once.
-  // OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the
-  // prefix cache served (vLLM's, with --enable-prompt-tokens-details).
+  // Usage over every choice, each prompt counted once, with OpenAI's
+  // prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache
+  // served (vLLM's, with --enable-prompt-tokens-details).
   Json Usage() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint64_t prompt = 0, completion = 0, cached = 0;
     for (const Choice& c : choices_) {

@@ -173,19 +173,24 @@ bool AddCall(const Json& call, const std::function<std::string()>& new_id, Json*
   return true;
 }
 
+// The calls of `list`, a JSON list of them (checked by the caller), passed
+// to `add` in order until one is not a call; false then.
+bool AddListCalls(std::string_view list, const std::function<bool(const Json&)>& add) {
+  for (size_t at = list.find('[') + 1; at < list.size(); ++at) {  // at: past '[' or ','
+    const size_t length = AddJsonCall(list.substr(at), add);
+    if (length == std::string_view::npos) return list.find_first_not_of(kBlanks, at) == list.rfind(']');
+    at = list.find_first_of(",]", at + length);
+    if (at == std::string_view::npos || list[at] == ']') break;
+  }
+  return true;
+}
+
 }  // namespace
 
 nlohmann::ordered_json ParseToolCallList(const std::string& text, const std::function<std::string()>& new_id) {
   Json calls = Json::array();
   if (!ParseJsonBounded(text).is_array()) return calls;
-  auto add = [&](const Json& call) { return call.contains("parameters") && AddCall(call, new_id, &calls); };
-  const std::string_view list(text);
-  for (size_t at = list.find('[') + 1; at < list.size(); ++at) {  // at: past '[' or ','
-    const size_t length = AddJsonCall(list.substr(at), add);
-    if (length == std::string_view::npos) break;
-    at = list.find_first_of(",]", at + length);
-    if (at == std::string_view::npos || list[at] == ']') break;
-  }
+  AddListCalls(text, [&](const Json& call) { return call.contains("parameters") && AddCall(call, new_id, &calls); });
   return calls;
 }
 
@@ -227,14 +232,24 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
     *rest = text.substr(0, f);
     return calls;
   }
-  // Llama 3.x: the reply is one or more bare JSON calls, joined by ';' (as
-  // vLLM's llama3_json parser splits them).
   const std::string_view reply(text);
   size_t at = reply.find_first_not_of(kBlanks);
-  if (at == std::string_view::npos || reply[at] != '{') return Json::array();
+  if (at == std::string_view::npos) return Json::array();
   auto add_llama = [&](const Json& call) {
     return (call.contains("parameters") || call.contains("arguments")) && add(call);
   };
+  // Mistral: the reply is a JSON list of calls (after its [TOOL_CALLS]
+  // token, which skip_special_tokens leaves out of the text).
+  if (reply[at] == '[') {
+    if (!ParseJsonBounded(text).is_array() || !AddListCalls(reply, add_llama) || calls.empty()) {
+      return Json::array();
+    }
+    rest->clear();
+    return calls;
+  }
+  // Llama 3.x: the reply is one or more bare JSON calls, joined by ';' (as
+  // vLLM's llama3_json parser splits them).
+  if (reply[at] != '{') return Json::array();
   while (at < reply.size()) {
     const size_t length = AddJsonCall(reply.substr(at), add_llama);
     if (length == std::string_view::npos) return Json::array();
@@ -382,6 +397,13 @@ ToolCallStream::Out ToolCallStream::Add(std::string_view piece) {
     if (text_[first] == '{' || list_) {  // a Llama 3.x reply of calls, or a list of them
       expect_ = Expect::kCall;
       end = first;
+    } else if (text_[first] == '[') {  // a Mistral list of calls begins "[{"
+      const size_t second = text_.find_first_not_of(kBlanks, first + 1);
+      if (second == std::string::npos || text_[second] == '{') end = first;
+      if (second != std::string::npos && text_[second] == '{') {
+        expect_ = Expect::kCall;
+        list_ = true;
+      }
     }
     for (std::string_view open : kCallOpens) {
       const size_t at = text_.find(open, released_);
@@ -416,7 +438,7 @@ void ToolCallStream::Emit(Out* out, const std::string& arguments) {
   Begun& call = begun_.back();
   if (arguments.size() <= call.arguments.size()) return;
   const std::string more = arguments.substr(call.arguments.size());
-  call.arguments = arguments;
+  call.arguments += more;
   const size_t index = begun_.size() - 1;
   if (out->calls.empty() || out->calls.back().index != index) out->calls.push_back({index, "", "", ""});
   out->calls.back().arguments += more;

@@ -1,7 +1,8 @@
 // Tool calls in a generated reply, for the OpenAI API's `tool_calls`:
 // Hermes / Qwen style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
-// blocks, Qwen3-Coder's XML calls, or a reply made of bare JSON calls
-// (Llama 3.x style, "parameters" or "arguments", several joined by ';').
+// blocks, Qwen3-Coder's XML calls, a reply made of bare JSON calls (Llama
+// 3.x style, "parameters" or "arguments", several joined by ';'), or a reply
+// that is a JSON list of them (Mistral's, after its [TOOL_CALLS] token).
 #ifndef TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 #define TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 
@@ -23,7 +24,8 @@ namespace tandem {
 // before it), its values typed by `tool_properties` (tool name -> its
 // parameters' "properties"). A JSON call's arguments are the model's own
 // JSON text without the blanks between its tokens (JsonCallScanner), an XML
-// call's its typed values as a compact JSON object. No calls (an empty
+// call's its typed values as a compact JSON object. A reply that is a JSON
+// list of calls (Mistral's) is all calls. No calls (an empty
 // array, *rest = text) when the reply holds none, or a block that is not a
 // call (or nests deeper than kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
@@ -86,7 +88,7 @@ nlohmann::ordered_json ToolCallPiecesJson(const std::vector<ToolCallPiece>& piec
 // A streamed answer when tools were offered (tool_choice auto). The text
 // that can no longer be part of a call goes out as it comes; from the first
 // `<tool_call>` or `<function=`, or a reply whose first non-blank character
-// is `{` (a Llama 3.x call), the text is held, and the calls found there go
+// is `{` (a Llama 3.x call) or that begins `[{` (a Mistral list), the text is held, and the calls found there go
 // out as they are generated: each call's id and name once its name is
 // whole (a JSON call's once its arguments have begun), then its arguments
 // piece by piece (JSON: as written, blanks between tokens left out; XML: a
@@ -134,7 +136,7 @@ class ToolCallStream {
 
   std::function<std::string()> new_id_;
   nlohmann::ordered_json tool_properties_;
-  bool list_;
+  bool list_;  // calls are in a JSON list: '[', ',' and ']' come between them
   std::string text_;  // the answer so far
   size_t released_ = 0;
   Expect expect_ = Expect::kText;

@@ -209,6 +209,29 @@ TEST(ToolCallsTest, LlamaCallsJoinedBySemicolons) {
   }
 }
 
+// Mistral writes its calls as a JSON list after its [TOOL_CALLS] token
+// (left out of the text with the other special tokens); a list that is not
+// all calls, or has text after it, is an answer.
+TEST(ToolCallsTest, MistralListsOfCalls) {
+  std::string rest;
+  const Json calls = ParseToolCalls(
+      " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"get_time\", "
+      "\"arguments\": {}}]", &rest, Ids());
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+  EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+  EXPECT_EQ(rest, "");
+  for (const char* text : {"[1, 2]", "[]", "[{\"a\": 1}]", "[{\"name\": \"f\", \"arguments\": {}}, 3]",
+                           "[{\"name\": \"f\", \"arguments\": {}}] and more", "[1] First point."}) {
+    EXPECT_TRUE(ParseToolCalls(text, &rest, Ids()).empty()) << text;
+    EXPECT_EQ(rest, text);
+  }
+  ToolCallStream cite(Ids());  // "[" that does not begin "[{" is text
+  EXPECT_EQ(Released({" [", "1] First", " point."}, &cite), (std::vector<std::string>{"", " [1] First", " point."}));
+  ToolCallStream list(Ids());
+  EXPECT_EQ(Released({"[", " {\"name\""}, &list), (std::vector<std::string>{"", ""}));
+}
+
 // A JSON call's arguments are the model's own JSON text with the blanks
 // between its tokens left out: numbers and escapes as written, so that the
 // streamed arguments and the whole call's are the same bytes.
@@ -301,6 +324,8 @@ TEST(ToolCallStreamTest, CallsStreamAsGeneratedAndMakeTheWholeCalls) {
                        "<tool_call>{\"arguments\": {}, \"name\": \"get_time\"}</tool_call>"),
            std::string("{\"name\": \"a\", \"parameters\": {\"q\": \"x y\"}}; {\"name\": \"b\", \"parameters\": "
                        "{\"n\": 2}}"),
+           std::string(" [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris, ] FR\"}},\n"
+                       "  {\"arguments\": {\"tz\": [1, 2]}, \"name\": \"get_time\"}]"),
            std::string("I'll edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\nsrc/a <b>.py\n"
                        "</parameter>\n<parameter=line>\n12\n</parameter>\n</function>\n</tool_call>"),
            std::string("Sure.\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n</function>"),

@@ -372,23 +372,25 @@ def main():
         else:
             pieces = [d.content for d in deltas if d.content]
             assert len(pieces) > 1 and "".join(pieces) == whole.choices[0].message.content, (pieces, whole)
-        # A call the model makes (tool_choice auto; the reply held here to a
-        # Hermes block by a regex) streams as it is generated, as vLLM's
-        # parsers stream it: a first piece with its index, id and name, then
-        # pieces of arguments that make the whole reply's.
-        hermes = dict(offered, max_tokens=60, extra_body={"structured_outputs": {"regex": (
-            r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{1,11}"\}\}\n</tool_call>')}})
-        whole = client.chat.completions.create(**hermes)
-        assert whole.choices[0].finish_reason == "tool_calls", whole
-        call = whole.choices[0].message.tool_calls[0]
-        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"], whole
-        chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **hermes) if c.choices]
-        pieces = [t for c in chunks for t in (c.delta.tool_calls or [])]
-        assert len(pieces) > 2 and {t.index for t in pieces} == {0}, pieces
-        assert pieces[0].id and pieces[0].function.name == "get_weather", pieces
-        assert all(t.id is None and t.function.name is None for t in pieces[1:]), pieces
-        assert "".join(t.function.arguments for t in pieces) == call.function.arguments, (pieces, whole)
-        assert chunks[-1].finish_reason == "tool_calls", chunks[-1]
+        # A call the model makes (tool_choice auto; the reply held here by a
+        # regex to a Hermes block, then to a Mistral list) streams as it is
+        # generated, as vLLM's parsers stream it: a first piece with its
+        # index, id and name, then pieces of arguments that make the whole
+        # reply's.
+        for regex in (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{1,11}"\}\}\n</tool_call>',
+                      r'\[\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{1,11}"\}\}\]'):
+            held = dict(offered, max_tokens=60, extra_body={"structured_outputs": {"regex": regex}})
+            whole = client.chat.completions.create(**held)
+            assert whole.choices[0].finish_reason == "tool_calls", whole
+            call = whole.choices[0].message.tool_calls[0]
+            assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"], whole
+            chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **held) if c.choices]
+            pieces = [t for c in chunks for t in (c.delta.tool_calls or [])]
+            assert len(pieces) > 2 and {t.index for t in pieces} == {0}, pieces
+            assert pieces[0].id and pieces[0].function.name == "get_weather", pieces
+            assert all(t.id is None and t.function.name is None for t in pieces[1:]), pieces
+            assert "".join(t.function.arguments for t in pieces) == call.function.arguments, (pieces, whole)
+            assert chunks[-1].finish_reason == "tool_calls", chunks[-1]
         # The Responses API streams it as a function_call item's argument
         # deltas (the reply held here to a bare Llama-style JSON call).
         bare = {"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
