@@ -292,6 +292,7 @@ class Completion {
       } else if (spec_.tools) {
         answer = c.answer.Add(parts.content);
         parts.content = std::move(answer.content);
+        Allowed(&answer.calls);
       }
       if (spec_.responses) {
         StreamText(index, "reasoning", parts.reasoning);
@@ -493,6 +494,14 @@ class Completion {
     http_->Write(Sse(chunk));
   }
 
+  // parallel_tool_calls false: the pieces of a reply's first call only.
+  void Allowed(std::vector<ToolCallPiece>* pieces) const {
+    if (spec_.parallel_tool_calls) return;
+    pieces->erase(std::remove_if(pieces->begin(), pieces->end(),
+                                 [](const ToolCallPiece& p) { return p.index > 0; }),
+                  pieces->end());
+  }
+
   // Usage over every choice, each prompt counted once, with OpenAI's
   // prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache
   // served (vLLM's, with --enable-prompt-tokens-details).
@@ -526,12 +535,13 @@ class Completion {
     if (!spec_.forced_function.empty() || spec_.tool_choice_required) {
       // A forced call (vLLM's named and required tool_choice): the reply was
       // held to the tools' schemas; content "", finish_reason unchanged.
-      const Json calls =
+      Json calls =
           spec_.forced_function.empty()
               ? ParseToolCallList(parts.content, NewCallId)
               : Json::array({{{"id", NewCallId()}, {"type", "function"},
                               {"function", {{"name", spec_.forced_function}, {"arguments", parts.content}}}}});
       if (!calls.empty()) {
+        if (!spec_.parallel_tool_calls) calls.erase(calls.begin() + 1, calls.end());
         message["content"] = "";
         message["tool_calls"] = calls;
         return message;
@@ -541,6 +551,7 @@ class Completion {
     Json calls = spec_.tools ? ParseToolCalls(parts.content, &rest, NewCallId, spec_.tool_properties)
                              : Json::array();
     if (!calls.empty()) {
+      if (!spec_.parallel_tool_calls) calls.erase(calls.begin() + 1, calls.end());
       const std::string content = Trim(rest);
       message["content"] = content.empty() ? Json(nullptr) : Json(content);
       message["tool_calls"] = calls;
@@ -634,7 +645,8 @@ class Completion {
     }
     Json delta = Json::object();
     if (const std::string rest = UnsentOutsideCalls(c, message); !rest.empty()) delta["content"] = rest;
-    const std::vector<ToolCallPiece> pieces = c.answer.Finish(message["tool_calls"]);
+    std::vector<ToolCallPiece> pieces = c.answer.Finish(message["tool_calls"]);
+    Allowed(&pieces);
     if (!pieces.empty()) delta["tool_calls"] = ToolCallPiecesJson(pieces);
     if (!delta.empty()) WriteChunk(index, "delta", std::move(delta), nullptr);
   }
@@ -695,7 +707,7 @@ class Completion {
                                        : Json(nullptr)},
             {"instructions", nullptr},
             {"metadata", Json::object()},
-            {"parallel_tool_calls", true},
+            {"parallel_tool_calls", spec_.parallel_tool_calls},
             {"tool_choice", "auto"},
             {"tools", Json::array()},
             {"usage", done ? Json{{"input_tokens", usage["prompt_tokens"]},
@@ -774,7 +786,11 @@ class Completion {
     if (spec_.tools) {
       const Json message = Message(c, &finish);
       const bool calls = message.contains("tool_calls");
-      if (calls) StreamCalls(index, c.answer.Finish(message["tool_calls"]));
+      if (calls) {
+        std::vector<ToolCallPiece> pieces = c.answer.Finish(message["tool_calls"]);
+        Allowed(&pieces);
+        StreamCalls(index, pieces);
+      }
       CloseCalls(index);
       StreamText(index, "message", calls ? UnsentOutsideCalls(c, message) : std::string(c.answer.held()));
     }

@@ -541,7 +541,8 @@ std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
   const Fields f(body);
   *chat = Json::object();
   for (const char* key : {"model", "temperature", "top_p", "stream", "user", "seed", "top_k",
-                          "min_p", "repetition_penalty", "stop", "tools", "tool_choice"}) {
+                          "min_p", "repetition_penalty", "stop", "tools", "tool_choice",
+                          "parallel_tool_calls"}) {
     if (f.Has(key)) (*chat)[key] = body[key];
   }
   if (f.Has("previous_response_id")) {
@@ -855,6 +856,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   spec.thinking = thinking;
   spec.tools = chat && offered_tools;
   spec.tool_properties = std::move(tool_properties);
+  if (auto e = Fields(body).Bool("parallel_tool_calls", &spec.parallel_tool_calls)) return Error(*e);
   v1::GenerateRequest common;
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);

@@ -64,6 +64,9 @@ struct CompletionSpec {
   // arguments) or "required" (the reply is a list of {"name", "parameters"}).
   std::string forced_function;
   bool tool_choice_required = false;
+  // OpenAI's parallel_tool_calls: false keeps a reply's first call only (as
+  // vLLM: what the model generates is not cut short).
+  bool parallel_tool_calls = true;
 };
 
 // One choice of the reply: a Generate call of its own.

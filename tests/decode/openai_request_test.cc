@@ -262,6 +262,20 @@ TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
   GrammarMatcher m(*g);
   EXPECT_TRUE(m.Accept(R"([{"name": "now", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}])"));
   EXPECT_TRUE(m.CanEnd());
+  // parallel_tool_calls: true unless the request says false (then one call
+  // of a reply is kept), through the Responses API too.
+  EXPECT_TRUE(r.spec.parallel_tool_calls);
+  r = Parse(OpenAiRoute::kChatCompletions, "{" + base + R"(, "parallel_tool_calls": false})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_FALSE(r.spec.parallel_tool_calls);
+  r = Parse(OpenAiRoute::kResponses, R"({"input": "hi", "parallel_tool_calls": false,
+      "tools": [{"type": "function", "name": "now"}]})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_FALSE(r.spec.parallel_tool_calls);
+  r = Parse(OpenAiRoute::kChatCompletions, "{" + base + R"(, "parallel_tool_calls": "no"})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->param, "parallel_tool_calls");
+  EXPECT_EQ(r.error->message, "parallel_tool_calls must be true or false, got \"no\"");
 }
 
 // bad_words reach SamplingParams as strings; the worker encodes them as

@@ -391,6 +391,16 @@ def main():
             assert all(t.id is None and t.function.name is None for t in pieces[1:]), pieces
             assert "".join(t.function.arguments for t in pieces) == call.function.arguments, (pieces, whole)
             assert chunks[-1].finish_reason == "tool_calls", chunks[-1]
+        # parallel_tool_calls false keeps a reply's first call only (as
+        # vLLM's), whole and streamed.
+        two = dict(offered, max_tokens=200, parallel_tool_calls=False, extra_body={"structured_outputs": {
+            "regex": r'(<tool_call>\n\{"name": "get_(weather|time)", "arguments": \{\}\}\n</tool_call>\n){2}'}})
+        whole = client.chat.completions.create(**two)
+        assert whole.choices[0].message.tool_calls and len(whole.choices[0].message.tool_calls) == 1, whole
+        pieces = [t for c in client.chat.completions.create(stream=True, **two) if c.choices
+                  for t in (c.choices[0].delta.tool_calls or [])]
+        assert pieces and {t.index for t in pieces} == {0}, pieces
+        assert "".join(t.function.arguments for t in pieces) == "{}", pieces
         # The Responses API streams it as a function_call item's argument
         # deltas (the reply held here to a bare Llama-style JSON call).
         bare = {"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
