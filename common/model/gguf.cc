@@ -1,5 +1,7 @@
 #include "common/model/gguf.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -553,7 +555,10 @@ absl::Status GgufFile::Parse() {
     }
     tensors_.push_back(std::move(t));
   }
-  const uint64_t data_start = (c.pos() + alignment - 1) / alignment * alignment;
+  // A file without tensors (llama.cpp's vocab-only files) may end at its
+  // metadata, before the padding to the data section.
+  const uint64_t data_start =
+      std::min<uint64_t>((c.pos() + alignment - 1) / alignment * alignment, tensors_.empty() ? size_ : UINT64_MAX);
   if (data_start > size_) return c.Error("data section starts past the end of the file");
   data_ = map_ + data_start;
   const uint64_t data_size = size_ - data_start;

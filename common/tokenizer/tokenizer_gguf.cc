@@ -36,19 +36,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
       ASSIGN_OR_RETURN(split.regex, CompileRegex("\\p{N}", source));
       impl->pre.push_back(split);
       ASSIGN_OR_RETURN(byte_level.regex, CompileRegex(kGpt2Pattern, source));
-    } else if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
-      ASSIGN_OR_RETURN(split.regex,
-                       CompileRegex(pre == "qwen2" ? kQwen2Pattern : kLlama3Pattern, source));
+    } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3" || pre == "qwen2" ||
+               pre == "deepseek-r1-qwen") {
+      // DeepSeek-R1's Qwen distills keep Qwen2's pre-tokenizer (llama.cpp
+      // reads both names alike).
+      const bool qwen = pre == "qwen2" || pre == "deepseek-r1-qwen";
+      ASSIGN_OR_RETURN(split.regex, CompileRegex(qwen ? kQwen2Pattern : kLlama3Pattern, source));
       impl->pre.push_back(split);
-      bc.ignore_merges = pre != "qwen2";
+      bc.ignore_merges = !qwen;
       // Qwen's tokenizer.json normalizes to NFC first; a GGUF keeps no
       // normalizer (llama.cpp skips it), so it is restored here to encode as
       // transformers does.
-      if (pre == "qwen2") impl->normalizer.push_back({NormStep::kNfc, "", ""});
+      if (qwen) impl->normalizer.push_back({NormStep::kNfc, "", ""});
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": tokenizer.ggml.pre '", pre,
-          "' is not supported (default, gpt2, smollm, starcoder, llama-bpe, qwen2)"));
+          "' is not supported (default, gpt2, smollm, starcoder, llama-bpe, qwen2, deepseek-r1-qwen)"));
     }
     impl->pre.push_back(byte_level);
     impl->decoder.push_back({DecStep::kByteLevel});

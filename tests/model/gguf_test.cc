@@ -203,6 +203,20 @@ TEST(GgufTest, MalformedFilesAreCleanErrors) {
             absl::StatusCode::kNotFound);
 }
 
+// A file without tensors (llama.cpp's vocab-only ggml-vocab-*.gguf) may end
+// at its metadata, without the padding to a data section.
+TEST(GgufTest, AVocabOnlyFileMayEndAtItsMetadata) {
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  std::string vocab = w.Serialize();
+  while (!vocab.empty() && vocab.back() == '\0') vocab.pop_back();
+  ASSERT_NE(vocab.size() % 32, 0u);  // unpadded
+  auto f = ParseGgufBytes(reinterpret_cast<const uint8_t*>(vocab.data()), vocab.size(), "vocab.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->Find("tokenizer.ggml.model")->s, "gpt2");
+}
+
 // The block types quantize as GGML does: blocks its quantizer makes (the
 // largest magnitude at the end of the range), widened, come back as the same
 // bytes.
