@@ -48,10 +48,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufVocab(const GgufVo
       // normalizer (llama.cpp skips it), so it is restored here to encode as
       // transformers does.
       if (qwen) impl->normalizer.push_back({NormStep::kNfc, "", ""});
+    } else if (pre == "tekken") {  // Mistral Nemo, Small 3 (llama.cpp: ignore_merges too)
+      ASSIGN_OR_RETURN(split.regex, CompileRegex(kTekkenPattern, source));
+      impl->pre.push_back(split);
+      bc.ignore_merges = true;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": tokenizer.ggml.pre '", pre,
-          "' is not supported (default, gpt2, smollm, starcoder, llama-bpe, qwen2, deepseek-r1-qwen)"));
+          "' is not supported (default, gpt2, smollm, starcoder, llama-bpe, qwen2, deepseek-r1-qwen, "
+          "tekken)"));
     }
     impl->pre.push_back(byte_level);
     impl->decoder.push_back({DecStep::kByteLevel});

@@ -169,6 +169,41 @@ TEST(TokenizerTest, SmolLm2GgufMatchesTokenizers) {
   CheckIncremental(**tok, "smollm2");
 }
 
+// Mistral's Tekken shape (Nemo, Small 3: a split at case changes,
+// ignore_merges; tests/fixtures/make_tokenizer_fixtures.py tekken) from its
+// tokenizer.json and as a GGUF vocabulary (gpt2, pre-tokenizer "tekken", as
+// llama.cpp's converter writes Tekken models) against `tokenizers`.
+TEST(TokenizerTest, TekkenMatchesTokenizersFromBothFormats) {
+  const Json exp = Json::parse(ReadFile(kDir + "tekken_expected.json"))["tekken"];
+  auto json = FromJsonFile("tekken.json");
+  ASSERT_NE(json, nullptr);
+  CheckAgainstTokenizers(*json, "tekken", exp);
+  const Json t = Json::parse(ReadFile(kDir + "tekken.json"));
+  std::vector<std::string> tokens(t["model"]["vocab"].size());
+  for (const auto& [token, id] : t["model"]["vocab"].items()) tokens[id.get<size_t>()] = token;
+  std::vector<std::string> merges;
+  for (const Json& m : t["model"]["merges"]) merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  std::vector<int32_t> types(tokens.size(), 1);  // normal
+  for (int32_t id : {0, 1, 2}) types[id] = 3;    // <unk>, <s>, </s>: control
+  GgufWriter w;
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "tekken");
+  w.AddStringArray("tokenizer.ggml.tokens", tokens);
+  w.AddStringArray("tokenizer.ggml.merges", merges);
+  w.AddI32Array("tokenizer.ggml.token_type", types);
+  w.AddU32("tokenizer.ggml.bos_token_id", 1);
+  w.AddU32("tokenizer.ggml.eos_token_id", 2);
+  w.AddBool("tokenizer.ggml.add_bos_token", false);
+  const std::string bytes = w.Serialize();
+  auto file = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "tekken");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto vocab = ReadGgufVocab(**file);
+  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  auto gguf = Tokenizer::FromGgufVocab(*vocab, "tekken.gguf");
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  CheckAgainstTokenizers(**gguf, "tekken.gguf", exp);
+}
+
 // The tiny Qwen fixtures' tokenizer (byte-level BPE with Qwen2's split,
 // tests/fixtures/make_family_reference.py) from its tokenizer.json and from
 // the GGUF llama.cpp's converter made (pre-tokenizer qwen2, the vocabulary
