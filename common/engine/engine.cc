@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   e->config_ = config;
   ASSIGN_OR_RETURN(e->backend_, CreateBackend(config.backend));
   Ops* ops = e->backend_->ops.get();
-  ASSIGN_OR_RETURN(e->model_, LlamaModel::Load(config.model, ops));
+  ASSIGN_OR_RETURN(e->model_, LlamaModel::Load(config.model, ops, config.rope_scaling));
   const LlamaConfig& mc = e->model_->config();
   if (config.block_size < 1 || config.block_size > 1024) {
     return absl::InvalidArgumentError(

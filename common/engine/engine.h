@@ -36,6 +36,9 @@ struct EngineConfig {
   int num_kv_blocks = 0;  // 0: as many as fit kv_cache_bytes (capped at need)
   int64_t kv_cache_bytes = int64_t{512} << 20;
   bool enable_prefix_caching = true;
+  // vLLM's --rope-scaling: JSON replacing the model's rope scaling (empty:
+  // the model's own).
+  std::string rope_scaling;
   // How long a new request may wait for KV blocks before it fails.
   absl::Duration waiting_timeout = absl::InfiniteDuration();
   RunnerConfig runner;

@@ -224,6 +224,47 @@ float LlamaConfig::AttentionScale() const {
 
 namespace {
 
+// A rope_scaling / rope_parameters object (its type "default" is none) into
+// config->rope_scaling, replacing what was there.
+absl::Status ParseRopeScaling(const nlohmann::json& scaling, absl::string_view source_name,
+                              LlamaConfig* config) {
+  LlamaConfig& c = *config;
+  std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+  if (type == "default") type.clear();
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                          "attention_factor", "mscale", "mscale_all_dim", "original_max_position_embeddings"}) {
+    if (scaling.contains(key) && !scaling[key].is_null() && !scaling[key].is_number()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": rope ", key, " must be a number, got ",
+                                                     scaling[key].dump()));
+    }
+  }
+  RopeScaling& s = c.rope_scaling;
+  s = RopeScaling();
+  s.type = type;
+  // null is "not given" (transformers' `or` defaults).
+  auto number = [&](const char* key, double otherwise) {
+    return scaling.contains(key) && scaling[key].is_number() ? scaling[key].get<double>() : otherwise;
+  };
+  s.factor = number("factor", 1.0);
+  s.low_freq_factor = number("low_freq_factor", 1.0);
+  s.high_freq_factor = number("high_freq_factor", 4.0);
+  s.beta_fast = number("beta_fast", 32.0);
+  s.beta_slow = number("beta_slow", 1.0);
+  s.attention_factor = number("attention_factor", 0.0);
+  s.mscale = number("mscale", 0.0);
+  s.mscale_all_dim = number("mscale_all_dim", 0.0);
+  s.truncate = scaling.value("truncate", true);
+  const double original = number("original_max_position_embeddings",
+                                 type == "yarn" ? static_cast<double>(c.max_position_embeddings) : 8192.0);
+  if (!(original >= 1 && original <= INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": rope original_max_position_embeddings is ", original,
+        "; a positive integer in int32's range is expected"));
+  }
+  s.original_max_position_embeddings = static_cast<int64_t>(original);
+  return absl::OkStatus();
+}
+
 // eos_token_id: an id or a list of ids (null: none).
 absl::StatusOr<std::vector<int32_t>> EosIds(const nlohmann::json& e,
                                             absl::string_view source_name) {
@@ -403,32 +444,7 @@ absl::StatusOr<LlamaConfig> ParseConfigJson(absl::string_view json_text,
   } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     scaling = &j["rope_scaling"];
   }
-  if (scaling != nullptr) {
-    std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
-    if (type != "default") c.rope_scaling.type = type;
-    RopeScaling& s = c.rope_scaling;
-    // null is "not given" (transformers' `or` defaults).
-    auto number = [&](const char* key, double otherwise) {
-      return scaling->contains(key) && (*scaling)[key].is_number() ? (*scaling)[key].get<double>() : otherwise;
-    };
-    s.factor = number("factor", 1.0);
-    s.low_freq_factor = number("low_freq_factor", 1.0);
-    s.high_freq_factor = number("high_freq_factor", 4.0);
-    s.beta_fast = number("beta_fast", 32.0);
-    s.beta_slow = number("beta_slow", 1.0);
-    s.attention_factor = number("attention_factor", 0.0);
-    s.mscale = number("mscale", 0.0);
-    s.mscale_all_dim = number("mscale_all_dim", 0.0);
-    s.truncate = scaling->value("truncate", true);
-    const double original = number("original_max_position_embeddings",
-                                   type == "yarn" ? static_cast<double>(c.max_position_embeddings) : 8192.0);
-    if (!(original >= 1 && original <= INT32_MAX)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source_name, ": rope original_max_position_embeddings is ", original,
-          "; a positive integer in int32's range is expected"));
-    }
-    c.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(original);
-  }
+  if (scaling != nullptr) RETURN_IF_ERROR(ParseRopeScaling(*scaling, source_name, &c));
   if (j.contains("eos_token_id")) {
     const auto& e = j["eos_token_id"];
     ASSIGN_OR_RETURN(c.eos_token_ids, EosIds(e, source_name));
@@ -451,6 +467,24 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,
     return absl::InvalidArgumentError(
         absl::StrCat(source_name, ": a field has the wrong JSON type (", e.what(), ")"));
   }
+}
+
+absl::Status ApplyRopeScalingOverride(absl::string_view json_text, LlamaConfig* config) {
+  const nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rope-scaling must be a JSON object as config.json's "
+                                                   "rope_scaling, got '", json_text, "'"));
+  }
+  try {
+    RETURN_IF_ERROR(ParseRopeScaling(j, "--rope-scaling", config));
+    if (j.contains("rope_theta")) config->rope_theta = j["rope_theta"].get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--rope-scaling: a field has the wrong JSON type (", e.what(), ")"));
+  }
+  if (auto s = config->Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rope-scaling: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ApplyGenerationConfig(absl::string_view json_text, absl::string_view source_name,

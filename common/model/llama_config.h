@@ -143,6 +143,12 @@ struct LlamaConfig {
   float AttentionScale() const;
 };
 
+// vLLM's --rope-scaling (Qwen's model cards give it for contexts past the
+// trained one): a JSON object as config.json's rope_scaling (rope_type,
+// factor, original_max_position_embeddings, ...; rope_theta too) that
+// replaces the model's, from config.json or a GGUF alike.
+absl::Status ApplyRopeScalingOverride(absl::string_view json_text, LlamaConfig* config);
+
 // Parses a Hugging Face config.json (rope_theta / rope_scaling, or the newer
 // rope_parameters). INVALID_ARGUMENT names the file and the missing field, or
 // the field and value of anything the engine does not implement: an

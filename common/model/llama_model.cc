@@ -298,7 +298,8 @@ absl::Status LlamaModel::AllocateWeights(Device* device, const WeightSource* sou
   return PlaceWeights(arena_.get(), source);
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& spec, Ops* ops) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& spec, Ops* ops,
+                                                             const std::string& rope_scaling) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<LlamaModel> m(new LlamaModel());
   m->spec_ = spec;
@@ -331,6 +332,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     ASSIGN_OR_RETURN(auto ckpt, SafetensorsCheckpoint::Open(spec));
     checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
   }
+  if (!rope_scaling.empty()) RETURN_IF_ERROR(ApplyRopeScalingOverride(rope_scaling, &m->config_));
   const LlamaConfig& c = m->config_;
   if (c.num_experts > 0 && !ops->supports_experts()) {
     return absl::InvalidArgumentError(absl::StrCat(

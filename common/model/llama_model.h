@@ -65,7 +65,10 @@ class LlamaModel {
  public:
   // `spec`: a synthetic preset name or a directory with config.json and
   // safetensors. Errors name the file and the tensor at fault.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& spec, Ops* ops);
+  // `rope_scaling`: JSON replacing the model's rope scaling
+  // (ApplyRopeScalingOverride); empty: the model's own.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& spec, Ops* ops,
+                                                          const std::string& rope_scaling = "");
 
   const LlamaConfig& config() const { return config_; }
   const std::string& spec() const { return spec_; }

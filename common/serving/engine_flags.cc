@@ -44,6 +44,10 @@ void EngineFlags::Register(FlagSet* f) {
          "\"num_speculative_tokens\": k, \"prompt_lookup_min\": a, \"prompt_lookup_max\": b} "
          "(drafts copied from the context, verified in steps of 1 + k tokens per request; "
          "empty: off)");
+  f->Add("rope-scaling", &rope_scaling,
+         "rope scaling replacing the model's, JSON as config.json's rope_scaling (vLLM's), e.g. "
+         "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768} "
+         "for Qwen past its trained context; both workers of a pair need the same (empty: the model's)");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
   f->Add("debug-async-kv-reads", &debug_async_kv_reads,
@@ -74,6 +78,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   }
   c.runner.check_input_addresses = check_input_addresses;
   c.enable_prefix_caching = enable_prefix_caching;
+  c.rope_scaling = rope_scaling;
   ASSIGN_OR_RETURN(c.speculative, ParseSpeculativeConfig(speculative_config));
   return c;
 }

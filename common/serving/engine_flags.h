@@ -34,6 +34,7 @@ struct EngineFlags {
   bool check_input_addresses = false;
   bool debug_async_kv_reads = false;
   std::string speculative_config;  // JSON, as vLLM's --speculative-config
+  std::string rope_scaling;        // JSON, as vLLM's --rope-scaling
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}
   void Register(FlagSet* flags);

@@ -24,6 +24,7 @@ struct Expect {
   double tolerance = 1e-4;  // absolute, on every logit
   bool greedy = true;       // the fixture's greedy continuations, where it has them
   bool keep_file_blocks = false;
+  std::string rope_scaling;  // --rope-scaling's JSON, replacing the model's
 };
 
 // Prefills each reference prompt of `fixture`, then teacher-forces its
@@ -38,7 +39,7 @@ void CheckAgainstReference(const std::string& fixture, const std::string& spec,
 
   auto device = CreateCpuDevice();
   auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, expect.keep_file_blocks).value();
-  auto model = LlamaModel::Load(spec, ops.get());
+  auto model = LlamaModel::Load(spec, ops.get(), expect.rope_scaling);
   ASSERT_TRUE(model.ok()) << model.status();
   const LlamaConfig& config = (*model)->config();
   auto kv = KvCache::Create(device.get(), DType::kF32, config.num_hidden_layers, 64,
@@ -379,6 +380,31 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + (file.empty() ? "_safetensors" : "_gguf") + "_" +
              std::to_string(static_cast<int>(std::get<2>(info.param)));
     });
+
+// --rope-scaling (vLLM's; Qwen's model cards give it to serve past the
+// trained context): the YaRN fixture with its config.json's rope scaling
+// taken out serves transformers' logits again once the flag puts it back.
+TEST(FamilyReferenceTest, RopeScalingFlagReplacesTheModels) {
+  const std::string fixture = kFixtures + "tiny_qwen3_yarn";
+  const auto dir = std::filesystem::temp_directory_path() / ("tiny_qwen3_plain_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(fixture + "/model.safetensors", dir / "model.safetensors");
+  std::ifstream in(fixture + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  std::ofstream(dir / "config.json") << config.dump();
+  CheckAgainstReference(fixture, dir.string(), CudaGraphMode::kFullAndPiecewise,
+                        {.rope_scaling = R"({"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 64})"});
+  auto device = CreateCpuDevice();
+  auto ops = CreateCpuOps(device.get(), 1, DType::kF32, DType::kF32, false).value();
+  for (const char* bad : {"yarn", R"({"rope_type": "longrope", "factor": 2})", R"({"rope_type": "yarn", "factor": "4"})"}) {
+    auto model = LlamaModel::Load(dir.string(), ops.get(), bad);
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(model.status().message().find("--rope-scaling"), std::string::npos) << model.status();
+  }
+  std::filesystem::remove_all(dir);
+}
 
 // Q8_0 GGUF from llama.cpp's converter, its blocks kept as stored: logits
 // track transformers' f32 ones within the 8-bit weights' and activations'
