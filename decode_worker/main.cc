@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
             "HOST:PORT of the OpenAI-compatible HTTP API (/v1/chat/completions, "
             "/v1/completions, /v1/responses, /v1/models, /health); empty: off");
   flags.Add("served-model-name", &openai.served_model_name,
-            "the model's name in the OpenAI API (default: the --model file or directory name)");
+            "the model's name in the OpenAI API (default: the --model file or directory name); "
+            "NAME,ALIAS,... also accepts the aliases in requests and lists them (the first is the "
+            "name in metrics and gRPC's ModelInfo)");
   flags.Add("chat-template", &chat_template_path,
             "a Jinja2 chat template file, instead of the model's own");
   std::string reasoning_parser;
@@ -145,6 +147,11 @@ int main(int argc, char** argv) {
     if (const char* env = std::getenv("TANDEM_API_KEY"); env != nullptr) api_key = env;
   }
   openai.api_keys = absl::StrSplit(api_key, ',', absl::SkipWhitespace());
+  if (const std::vector<std::string> names = absl::StrSplit(openai.served_model_name, ',', absl::SkipWhitespace());
+      names.size() > 1) {
+    openai.served_model_name = names[0];
+    openai.model_aliases.assign(names.begin() + 1, names.end());
+  }
   if (openai.served_model_name.empty()) {
     std::string name = config.model;
     while (name.size() > 1 && name.back() == '/') name.pop_back();

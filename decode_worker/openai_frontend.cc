@@ -109,7 +109,6 @@ class Completion {
   // The request's CompletionSpec and what the server adds.
   struct Spec : CompletionSpec {
     std::string id;  // the response's id
-    std::string model;
     int64_t created = 0;
     std::string prefiller;  // the gateway's x-prefiller-host-port, passed on
     const Tokenizer* tokenizer = nullptr;  // a token's text in logprobs
@@ -946,10 +945,16 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   if (path == "/v1/models") {
     if (!only("GET")) return;
     if (max_model_len_.load() == 0) return SendError(*stream, {503, "the model is still loading", ""});
-    Json model = {{"id", options_.served_model_name}, {"object", "model"}, {"created", created_},
-                  {"owned_by", "tandem"}, {"root", options_.served_model_name},
-                  {"max_model_len", max_model_len_.load()}, {"vocab_size", vocab_size_.load()}};
-    return SendJson(*stream, {{"object", "list"}, {"data", Json::array({model})}});
+    // Each served name (vLLM lists them all), the first the model's own.
+    Json data = Json::array();
+    std::vector<std::string> names = {options_.served_model_name};
+    names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
+    for (const std::string& name : names) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
+                      {"root", options_.served_model_name}, {"max_model_len", max_model_len_.load()},
+                      {"vocab_size", vocab_size_.load()}});
+    }
+    return SendJson(*stream, {{"object", "list"}, {"data", data}});
   }
   OpenAiRoute route;
   if (path == "/v1/chat/completions") {
@@ -967,7 +972,8 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   }
   if (!only("POST")) return;
   OpenAiRequest parsed = ParseOpenAiRequest(
-      route, request.body, {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_});
+      route, request.body,
+      {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");
@@ -983,7 +989,6 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   Completion::Spec spec;
   static_cast<CompletionSpec&>(spec) = std::move(parsed.spec);
   spec.id = absl::StrCat(spec.responses ? "resp_" : spec.chat ? "chatcmpl-" : "cmpl-", id);
-  spec.model = options_.served_model_name;
   spec.created = static_cast<int64_t>(std::time(nullptr));
   spec.prefiller = request.Header(kPrefillerHeader);
   spec.tokenizer = tokenizer_;

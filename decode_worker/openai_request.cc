@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_join.h"
 #include "common/engine/sampling.h"
 
@@ -714,14 +715,20 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     r.spec.responses = true;
     return r;
   }
-  if (body.contains("model") && !body["model"].is_null() &&
-      body["model"] != Json(context.served_model_name)) {
-    // A name as the client wrote it (not JSON-quoted); anything else as JSON.
+  std::string model_name = context.served_model_name;
+  if (body.contains("model") && !body["model"].is_null()) {
     const Json& model = body["model"];
-    return Error({404, absl::StrCat("The model `", model.is_string() ? model.get<std::string>() : model.dump(),
-                                    "` does not exist; this server serves `",
-                                    context.served_model_name, "`"),
-                  "model"});
+    const bool served = model.is_string() && (model == context.served_model_name ||
+                                              absl::c_linear_search(context.model_aliases, model.get<std::string>()));
+    if (!served) {
+      // A name as the client wrote it (not JSON-quoted); anything else as JSON.
+      std::vector<std::string> names = {context.served_model_name};
+      names.insert(names.end(), context.model_aliases.begin(), context.model_aliases.end());
+      return Error({404, absl::StrCat("The model `", model.is_string() ? model.get<std::string>() : model.dump(),
+                                      "` does not exist; this server serves `", absl::StrJoin(names, "`, `"), "`"),
+                    "model"});
+    }
+    model_name = model.get<std::string>();
   }
   if (route == OpenAiRoute::kDetokenize) {
     if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
@@ -852,6 +859,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     default_max = std::max<int64_t>(1, context.max_model_len - static_cast<int64_t>(prompts[0].ids.size()));
   }
   CompletionSpec& spec = r.spec;
+  spec.model = model_name;
   spec.chat = chat;
   spec.thinking = thinking;
   spec.tools = chat && offered_tools;

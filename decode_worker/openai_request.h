@@ -46,6 +46,7 @@ inline constexpr size_t kMaxChoices = 128;
 
 // What the reply to a completion needs beside its GenerateRequests.
 struct CompletionSpec {
+  std::string model;  // the name the request gave (one of the served names), else the first
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
@@ -84,6 +85,8 @@ struct OpenAiContext {
   int max_model_len = 0;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
+  // Other names requests may give (--served-model-name's after the first).
+  std::vector<std::string> model_aliases;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

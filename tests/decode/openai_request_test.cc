@@ -236,6 +236,26 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
   }
 }
 
+// --served-model-name=NAME,ALIAS: either name is served (the spec keeps the
+// one given, the reply names it), any other is 404 listing both.
+TEST_F(OpenAiRequestTest, ServedNamesAndAliases) {
+  OpenAiContext context = context_;
+  context.model_aliases = {"alias"};
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  OpenAiRequest r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, "{" + messages + R"(, "model": "alias"})",
+                                       context);
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.spec.model, "alias");
+  r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, "{" + messages + "}", context);
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.spec.model, context.served_model_name);
+  r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, "{" + messages + R"(, "model": "other"})", context);
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->status, 404);
+  EXPECT_EQ(r.error->message, "The model `other` does not exist; this server serves `" +
+                                  context.served_model_name + "`, `alias`");
+}
+
 TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
   const std::string base = R"("messages": [{"role": "user", "content": "hi"}], "tools": [
       {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",

@@ -79,7 +79,7 @@ def main():
     # Every /v1/ request below carries an API key: the second of two the
     # decode worker takes from $TANDEM_API_KEY.
     os.environ["TANDEM_API_KEY"] = "key-one,key-two"
-    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2"])
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2,smollm2-alias"])
     dm = pair.metrics_port
     passed = 0
     try:
@@ -99,7 +99,11 @@ def main():
         assert http_post(base + "/tokenize", '{"prompt": "hi"}', key=None)[0] == 200
 
         models = client.models.list().data
-        assert [m.id for m in models] == ["smollm2"], models
+        assert [m.id for m in models] == ["smollm2", "smollm2-alias"], models
+        # A second served name is a name requests may give; the reply names it.
+        aliased = client.chat.completions.create(model="smollm2-alias", max_tokens=2,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+        assert aliased.model == "smollm2-alias", aliased
         extra = models[0].model_extra
         assert extra["max_model_len"] > 0 and extra["vocab_size"] == 49152, extra
         passed += 1
