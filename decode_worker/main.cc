@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
   tandem::WorkerState state;
   tandem::WorkerMetrics metrics("decode");
   metrics.ExportGatewayMetrics(openai.served_model_name);
+  openai.metrics_text = [&metrics] { return metrics.Text(); };
   decode.served_model_name = openai.served_model_name;
   tandem::DecodeServiceImpl service(&state, &metrics, std::move(pool), decode, tokenizer->get());
   std::unique_ptr<tandem::OpenAiFrontend> http;

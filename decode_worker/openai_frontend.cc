@@ -942,6 +942,10 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
     if (!only("GET")) return;
     return SendJson(*stream, {{"version", "tandem"}});
   }
+  if (path == "/metrics" && options_.metrics_text) {
+    if (!only("GET")) return;
+    return stream->Respond(200, "text/plain; version=0.0.4", options_.metrics_text());
+  }
   if (path == "/v1/models") {
     if (!only("GET")) return;
     if (max_model_len_.load() == 0) return SendError(*stream, {503, "the model is still loading", ""});

@@ -25,6 +25,7 @@
 #define TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,10 @@ struct OpenAiOptions {
   // Chat replies' reasoning (<think>...</think>) returned apart, in
   // `reasoning` (reasoning.h); kNone: all of a reply is content.
   ReasoningParser reasoning_parser = ReasoningParser::kNone;
+  // When set, GET /metrics answers with it on this port too (as vLLM serves
+  // its metrics on its API port): the inference gateway's endpoint picker
+  // scrapes the InferencePool's target port unless told another.
+  std::function<std::string()> metrics_text;
 };
 
 class OpenAiFrontend final : public FrontDoor {

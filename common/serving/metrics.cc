@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
 
 namespace tandem {
 namespace {
@@ -407,6 +408,10 @@ absl::StatusOr<int> WorkerMetrics::Serve(const std::string& address) {
   exposer_->RegisterCollectable(registry_);
   auto ports = exposer_->GetListeningPorts();
   return ports.empty() ? 0 : ports.front();
+}
+
+std::string WorkerMetrics::Text() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 }  // namespace tandem

@@ -31,6 +31,8 @@ class WorkerMetrics {
 
   const std::string& role() const { return role_; }
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+  // The registry in Prometheus' text format: what /metrics serves.
+  std::string Text() const;
 
   // Engine-thread refresh: graph counters, steps, replays and ratios, padded
   // tokens, the request-state gauges, prefix-cache counters, KV cache usage.

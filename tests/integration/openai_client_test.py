@@ -97,6 +97,10 @@ def main():
         status, text = http_post(base + "/v1/completions", '{"prompt": "hi"}', key=None)
         assert status == 401 and json.loads(text)["error"]["type"] == "authentication_error", (status, text)
         assert http_post(base + "/tokenize", '{"prompt": "hi"}', key=None)[0] == 200
+        # /metrics on the API port too (as vLLM's): the inference gateway's
+        # endpoint picker scrapes the InferencePool's target port.
+        status, text = http_get(base + "/metrics")
+        assert status == 200 and 'vllm:num_requests_waiting{model_name="smollm2"}' in text, (status, text[:300])
 
         models = client.models.list().data
         assert [m.id for m in models] == ["smollm2", "smollm2-alias"], models
