@@ -108,8 +108,7 @@ absl::StatusOr<LlamaConfig> SyntheticConfig(const std::string& spec) {
 }
 
 AttentionShape LlamaModel::attention_shape() const {
-  return {config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim,
-          config_.AttentionScale()};
+  return {config_.num_attention_heads, config_.num_key_value_heads, config_.head_dim, attention_scale_};
 }
 
 std::vector<Tensor> LlamaModel::StreamedWeights() const {
@@ -333,6 +332,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     checkpoint = std::make_unique<SafetensorsCheckpoint>(std::move(ckpt));
   }
   if (!rope_scaling.empty()) RETURN_IF_ERROR(ApplyRopeScalingOverride(rope_scaling, &m->config_));
+  m->attention_scale_ = m->config_.AttentionScale();  // not per layer and step
   const LlamaConfig& c = m->config_;
   if (c.num_experts > 0 && !ops->supports_experts()) {
     return absl::InvalidArgumentError(absl::StrCat(

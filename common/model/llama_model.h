@@ -119,6 +119,7 @@ class LlamaModel {
   Ops* ops_ = nullptr;
   std::unique_ptr<Arena> arena_;
   Tensor embed_, final_norm_, lm_head_, inv_freq_;
+  float attention_scale_ = 1.f;  // config_.AttentionScale(), once the config is final
   std::vector<Layer> layers_;
 };
 

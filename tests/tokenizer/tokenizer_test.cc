@@ -111,6 +111,20 @@ std::unique_ptr<Tokenizer> FromJsonFile(const std::string& file) {
   return tok.ok() ? std::move(*tok) : nullptr;
 }
 
+// The tokenizer of the GGUF `w` writes, read as a model file's is.
+std::unique_ptr<Tokenizer> FromGgufWriter(const GgufWriter& w, const std::string& name) {
+  const std::string bytes = w.Serialize();
+  auto file = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return nullptr;
+  auto vocab = ReadGgufVocab(**file);
+  EXPECT_TRUE(vocab.ok()) << vocab.status();
+  if (!vocab.ok()) return nullptr;
+  auto tok = Tokenizer::FromGgufVocab(*vocab, name + ".gguf");
+  EXPECT_TRUE(tok.ok()) << tok.status();
+  return tok.ok() ? std::move(*tok) : nullptr;
+}
+
 std::unique_ptr<Tokenizer> SpmFromGgufVocab() {
   const Json v = Json::parse(ReadFile(kDir + "spm_vocab.json"));
   GgufWriter w;
@@ -121,14 +135,7 @@ std::unique_ptr<Tokenizer> SpmFromGgufVocab() {
   w.AddU32("tokenizer.ggml.bos_token_id", 1);
   w.AddU32("tokenizer.ggml.eos_token_id", 2);
   w.AddU32("tokenizer.ggml.unknown_token_id", 0);
-  const std::string bytes = w.Serialize();
-  auto file = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "spm");
-  EXPECT_TRUE(file.ok()) << file.status();
-  auto vocab = ReadGgufVocab(**file);
-  EXPECT_TRUE(vocab.ok()) << vocab.status();
-  auto tok = Tokenizer::FromGgufVocab(*vocab, "spm.gguf");
-  EXPECT_TRUE(tok.ok()) << tok.status();
-  return tok.ok() ? std::move(*tok) : nullptr;
+  return FromGgufWriter(w, "spm");
 }
 
 TEST(TokenizerTest, ByteLevelJsonMatchesTokenizers) {
@@ -194,14 +201,9 @@ TEST(TokenizerTest, TekkenMatchesTokenizersFromBothFormats) {
   w.AddU32("tokenizer.ggml.bos_token_id", 1);
   w.AddU32("tokenizer.ggml.eos_token_id", 2);
   w.AddBool("tokenizer.ggml.add_bos_token", false);
-  const std::string bytes = w.Serialize();
-  auto file = ParseGgufBytes(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "tekken");
-  ASSERT_TRUE(file.ok()) << file.status();
-  auto vocab = ReadGgufVocab(**file);
-  ASSERT_TRUE(vocab.ok()) << vocab.status();
-  auto gguf = Tokenizer::FromGgufVocab(*vocab, "tekken.gguf");
-  ASSERT_TRUE(gguf.ok()) << gguf.status();
-  CheckAgainstTokenizers(**gguf, "tekken.gguf", exp);
+  auto gguf = FromGgufWriter(w, "tekken");
+  ASSERT_NE(gguf, nullptr);
+  CheckAgainstTokenizers(*gguf, "tekken.gguf", exp);
 }
 
 // The tiny Qwen fixtures' tokenizer (byte-level BPE with Qwen2's split,
