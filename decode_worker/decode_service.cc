@@ -116,6 +116,8 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.tokens.insert(args.tokens.end(), call->generated.begin(), call->generated.end());
   args.num_cached = cached;
   args.prefill = call->prefills++;
+  args.lora_fingerprint =
+      client_.load()->lora().Fingerprint(*client_.load()->lora().Slot(call->params.lora_name));
   // The budget grows with the tokens to prefill: a long prompt on a slow
   // device is not cut off by a limit sized for short ones.
   const absl::Duration budget =
@@ -226,6 +228,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   absl::StatusOr<SamplingParams> params = FromProto(request->sampling(), tokenizer_);
   if (!params.ok()) {
     writer->End(ToGrpcStatus(params.status()));
+    return writer.get();
+  }
+  params->lora_name = request->lora_name();
+  if (absl::Status s = client_.load()->lora().Slot(params->lora_name).status(); !s.ok()) {
+    writer->End(ToGrpcStatus(s));
     return writer.get();
   }
   // A gateway's choice of prefill worker for this request (llm-d's P/D

@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
     while (name.size() > 1 && name.back() == '/') name.pop_back();
     openai.served_model_name = name.substr(name.rfind('/') + 1);
   }
+  for (const tandem::LoraModuleSpec& m : config.lora_modules) openai.lora_adapters.push_back(m.name);
   config.waiting_timeout = absl::Milliseconds(queue_timeout_ms);
   for (double v : {prefill_timeout_s, prefill_timeout_per_token_ms, first_message_timeout_s}) {
     if (!(v >= 0)) {

@@ -958,6 +958,11 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
                       {"root", options_.served_model_name}, {"max_model_len", max_model_len_.load()},
                       {"vocab_size", vocab_size_.load()}});
     }
+    for (const std::string& name : options_.lora_adapters) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
+                      {"root", name}, {"parent", options_.served_model_name},
+                      {"max_model_len", max_model_len_.load()}, {"vocab_size", vocab_size_.load()}});
+    }
     return SendJson(*stream, {{"object", "list"}, {"data", data}});
   }
   OpenAiRoute route;
@@ -977,7 +982,8 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   if (!only("POST")) return;
   OpenAiRequest parsed = ParseOpenAiRequest(
       route, request.body,
-      {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases});
+      {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
+       options_.lora_adapters});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

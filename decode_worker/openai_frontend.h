@@ -44,6 +44,9 @@ struct OpenAiOptions {
   std::string http_address = "0.0.0.0:8000";
   std::string served_model_name;  // `model` in requests and /v1/models
   std::vector<std::string> model_aliases;  // other names requests may give, listed too
+  // LoRA adapters requests may name as their model (listed too, with the
+  // served model as their parent, as vLLM lists them).
+  std::vector<std::string> lora_adapters;
   // When set, a request to /v1/... must carry `Authorization: Bearer KEY`
   // with one of these (vLLM's --api-key); 401 otherwise. /health, /ping,
   // /version, /tokenize and /detokenize stay open, as in vLLM.

@@ -716,19 +716,24 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     return r;
   }
   std::string model_name = context.served_model_name;
+  std::string lora_name;  // the adapter the model names, if it names one
   if (body.contains("model") && !body["model"].is_null()) {
     const Json& model = body["model"];
+    const bool adapter = model.is_string() &&
+                         absl::c_linear_search(context.lora_adapters, model.get<std::string>());
     const bool served = model.is_string() && (model == context.served_model_name ||
                                               absl::c_linear_search(context.model_aliases, model.get<std::string>()));
-    if (!served) {
+    if (!served && !adapter) {
       // A name as the client wrote it (not JSON-quoted); anything else as JSON.
       std::vector<std::string> names = {context.served_model_name};
       names.insert(names.end(), context.model_aliases.begin(), context.model_aliases.end());
+      names.insert(names.end(), context.lora_adapters.begin(), context.lora_adapters.end());
       return Error({404, absl::StrCat("The model `", model.is_string() ? model.get<std::string>() : model.dump(),
                                       "` does not exist; this server serves `", absl::StrJoin(names, "`, `"), "`"),
                     "model"});
     }
     model_name = model.get<std::string>();
+    if (adapter && !served) lora_name = model_name;
   }
   if (route == OpenAiRoute::kDetokenize) {
     if (tokenizer == nullptr) return Error({400, "this model has no tokenizer", ""});
@@ -869,6 +874,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
     return Error(*e);
   }
+  common.set_lora_name(lora_name);
   if (chat) {
     if (auto e = ForcedToolCall(body, &spec, common.mutable_sampling())) return Error(*e);
   }

@@ -87,6 +87,9 @@ struct OpenAiContext {
   const ChatTemplate* chat_template = nullptr;
   // Other names requests may give (--served-model-name's after the first).
   std::vector<std::string> model_aliases;
+  // LoRA adapters (--lora-modules names): a request whose model is one runs
+  // with that adapter (vLLM's multi-LoRA serving), and is answered under it.
+  std::vector<std::string> lora_adapters;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

@@ -9,6 +9,15 @@
 #include "common/serving/status_convert.h"
 
 namespace tandem {
+namespace {
+
+// The decode worker's fingerprint for KV computed with adapter `lora`.
+v1::ModelFingerprint WithLora(v1::ModelFingerprint f, uint64_t lora) {
+  f.set_lora_fingerprint(lora);
+  return f;
+}
+
+}  // namespace
 
 // One attempt's streams: what they came to together.
 struct PrefillClient::Attempt {
@@ -35,7 +44,8 @@ PrefillClient::PrefillClient(Host* host, PrefillPool::Endpoint* endpoint,
       index_(0),
       attempt_(std::make_shared<Attempt>()),
       first_(this),
-      checker_(host_->fingerprint(), host_->slot_bytes(), args_.num_cached,
+      checker_(WithLora(host_->fingerprint(), args_.lora_fingerprint), host_->slot_bytes(),
+               args_.num_cached,
                static_cast<int64_t>(args_.tokens.size()), 0, args_.num_streams),
       holds_(3) {
   attempt_->num_streams = std::max(1, args_.num_streams);
@@ -51,7 +61,8 @@ PrefillClient::PrefillClient(PrefillClient* first, int index)
       index_(index),
       attempt_(first->attempt_),
       first_(first),
-      checker_(host_->fingerprint(), host_->slot_bytes(), args_.num_cached,
+      checker_(WithLora(host_->fingerprint(), args_.lora_fingerprint), host_->slot_bytes(),
+               args_.num_cached,
                static_cast<int64_t>(args_.tokens.size()), index, args_.num_streams),
       holds_(2) {
   context_.set_deadline(args_.deadline);
@@ -66,6 +77,7 @@ void PrefillClient::Start() {
     request_.set_request_id(absl::StrCat(call_->id, "#", args_.prefill, ".", args_.attempt));
     request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
+    request_.set_lora_name(call_->params.lora_name);
     // Past the prompt: output of a preempted request, prefilled again.
     FirstTokenSampling(call_->params,
                        static_cast<uint32_t>(args_.tokens.size() - call_->prompt.size()),

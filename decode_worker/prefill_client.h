@@ -90,6 +90,7 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
     std::chrono::system_clock::time_point deadline;
     absl::Duration first_message_timeout = absl::Seconds(5);
     int num_streams = 1;  // streams the KV is split over (at most the endpoint's stubs)
+    uint64_t lora_fingerprint = 0;  // the KV's adapter, as the stream's header must say
   };
   static constexpr int kMaxAttempts = 3;
 

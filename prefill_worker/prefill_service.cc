@@ -29,6 +29,7 @@ struct PrefillServiceImpl::Group {
   int num_streams = 1;
   int64_t first = 0;       // num_cached_tokens
   int64_t num_tokens = 0;
+  uint64_t lora_fingerprint = 0;  // the request's adapter's (0: the base model)
   // Any thread.
   std::atomic<bool> released{false};
   std::atomic<bool> failure_counted{false};
@@ -212,8 +213,10 @@ std::shared_ptr<PrefillServiceImpl::Transfer> PrefillServiceImpl::OpenTransfer(
   t->group = g;
   t->index = index;
   t->writer = std::move(writer);
+  v1::ModelFingerprint fingerprint = client->fingerprint();
+  fingerprint.set_lora_fingerprint(g->lora_fingerprint);
   t->exporter = std::make_shared<KvExporter>(
-      g->id, g->first, g->num_tokens, client->fingerprint(), client->slot_bytes(),
+      g->id, g->first, g->num_tokens, fingerprint, client->slot_bytes(),
       client->model_config().num_hidden_layers, index, g->num_streams);
   // The header goes out now: the caller knows this worker took the stream.
   t->writer->Send(ToByteBuffer(WireMessage::Of(t->exporter->Header())));
@@ -337,6 +340,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
     writer->End(ToGrpcStatus(params.status()));
     return writer.get();
   }
+  params->lora_name = request->lora_name();
+  absl::StatusOr<int> lora_slot = client->lora().Slot(params->lora_name);
+  if (!lora_slot.ok()) {
+    writer->End(ToGrpcStatus(lora_slot.status()));
+    return writer.get();
+  }
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
@@ -346,6 +355,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
   g->num_streams = static_cast<int>(num_streams);
   g->first = cached;
   g->num_tokens = num_tokens;
+  g->lora_fingerprint = client->lora().Fingerprint(*lora_slot);
   std::shared_ptr<Transfer> t = OpenTransfer(g, 0, writer);
   {
     MutexLock lock(&g->mu);

@@ -57,8 +57,11 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                      << config.speculative.prompt_lookup_max << " (uniform decode query len "
                      << q << ")";
   }
+  ASSIGN_OR_RETURN(e->lora_, LoraSet::Load(mc, e->backend_->device.get(), config.lora_modules,
+                                           config.max_lora_rank));
+  runner.graph.lora_enabled = e->lora_->size() > 0;
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(runner, e->model_.get(),
-                                                   e->kv_cache_.get(), ops));
+                                                   e->kv_cache_.get(), ops, e->lora_.get()));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
                    << config.runner.graph.requested_mode << "), "
                    << e->runner_->dispatcher().capture_sizes().size() << " capture sizes up to "
@@ -96,6 +99,7 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  RETURN_IF_ERROR(lora_->Slot(params.lora_name).status());
   if (params.prior_output_tokens >= prompt.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.prior_output_tokens (", params.prior_output_tokens,
@@ -150,6 +154,8 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
+  r->lora_slot = *lora_->Slot(params.lora_name);  // Validate() found it
+  r->cache_root = lora_->Fingerprint(r->lora_slot);
   r->arrival = next_arrival_++;
   r->queued_at = absl::Now();
   r->rng.seed(params.seed.has_value() ? *params.seed : std::random_device{}());
@@ -167,6 +173,24 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   scheduler_->AddWaiting(r.get());
   requests_.emplace(id, std::move(r));
   return absl::OkStatus();
+}
+
+void LlmEngine::LorasInUse(std::vector<std::string>* running,
+                           std::vector<std::string>* waiting) const {
+  std::vector<bool> run(lora_->size() + 1), wait(lora_->size() + 1);
+  for (const auto& [id, r] : requests_) {
+    if (r->state == RequestState::kRunning) {
+      run[r->lora_slot] = true;
+    } else if (!IsFinished(r->state)) {
+      wait[r->lora_slot] = true;
+    }
+  }
+  running->clear();
+  waiting->clear();
+  for (int s = 1; s <= lora_->size(); ++s) {
+    if (run[s]) running->push_back(lora_->names()[s - 1]);
+    if (wait[s]) waiting->push_back(lora_->names()[s - 1]);
+  }
 }
 
 Request* LlmEngine::Find(const std::string& id) const {
@@ -294,6 +318,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
   for (const ScheduledChunk& c : chunks) {
     ScheduledSeq s;
     Request* r = c.request;
+    s.lora_slot = r->lora_slot;
     s.tokens = r->tokens.data() + c.start;
     if (c.num_drafts > 0) {  // the last token, then the drafts (never in tokens)
       r->step_tokens.assign(1, r->tokens.back());
@@ -340,7 +365,7 @@ absl::StatusOr<std::vector<RequestOutput>> LlmEngine::Step() {
     row += c.logit_rows();
     if (!c.sample) {
       r->num_computed = c.start + c.num_tokens;
-      kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+      kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed, r->cache_root);
       // Its KV so far may be streamed out while the rest is computed.
       if (r->kind == RequestKind::kPrefillOnly) {
         OutputFor(r, &out, carried).kv_ready_tokens = r->num_computed;
@@ -469,7 +494,7 @@ void LlmEngine::AcceptTokens(const ScheduledChunk& c, const float* logits,
   }
   r->drafts.clear();
   r->num_computed = std::min<int64_t>(computed, r->num_tokens());
-  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed, r->cache_root);
 }
 
 absl::Status LlmEngine::ImportKv(const std::string& id, int layer, int64_t first, int64_t count,
@@ -515,7 +540,7 @@ absl::Status LlmEngine::RemoteKvArrived(const std::string& id, int32_t first_tok
                                                    model_->config().vocab_size, ")"));
   }
   r->num_computed = r->num_tokens();
-  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed);
+  kv_cache_->CacheComputed(r->id, r->tokens, r->num_computed, r->cache_root);
   // The token was sampled elsewhere with the same seed: consume its draw so
   // seeded sampling continues as it would have in one process.
   if (r->params.temperature > 0.f) r->rng();

@@ -48,6 +48,10 @@ struct EngineConfig {
   // The tokens' bytes, for structured outputs (SamplingParams::grammar);
   // null when the model has no tokenizer, and then such requests are refused.
   std::shared_ptr<const TokenVocabulary> vocabulary;
+  // LoRA adapters requests may name (SamplingParams::lora_name), all loaded
+  // at start-up; ranks at most max_lora_rank (vLLM's --max-lora-rank).
+  std::vector<LoraModuleSpec> lora_modules;
+  int max_lora_rank = 16;
 };
 
 // Speculative decoding counters since start-up (vLLM's SpecDecodingStats).
@@ -213,6 +217,10 @@ class LlmEngine {
   bool last_step_ran() const { return last_step_ran_; }
 
   const LlamaConfig& model_config() const { return model_->config(); }
+  const LoraSet& lora() const { return *lora_; }
+  // The adapters of the running requests and of the waiting ones (each
+  // name once, in slot order): vLLM's lora_requests_info.
+  void LorasInUse(std::vector<std::string>* running, std::vector<std::string>* waiting) const;
   ModelRunner& runner() { return *runner_; }
   KvCache& kv_cache() { return *kv_cache_; }
   const KvCache& kv_cache() const { return *kv_cache_; }
@@ -279,6 +287,7 @@ class LlmEngine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<KvCache> kv_cache_;
+  std::unique_ptr<LoraSet> lora_;  // never null; empty without adapters
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;

@@ -38,8 +38,20 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerConfig& config,
                                                                  const LlamaModel* model,
-                                                                 KvCache* kv_cache, Ops* ops) {
+                                                                 KvCache* kv_cache, Ops* ops,
+                                                                 const LoraSet* lora) {
   std::unique_ptr<ModelRunner> r(new ModelRunner());
+  if (lora != nullptr && lora->size() == 0) lora = nullptr;
+  if ((lora != nullptr) != config.graph.lora_enabled) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the graph policy's lora_enabled (", config.graph.lora_enabled,
+        ") disagrees with the adapters loaded (", lora == nullptr ? 0 : lora->size(), ")"));
+  }
+  if (lora != nullptr && !ops->supports_lora()) {
+    return absl::InvalidArgumentError(
+        "LoRA adapters (--lora-modules) are not implemented on this backend; use --device=cpu");
+  }
+  r->buffers_.lora = lora;
   r->config_ = config;
   r->model_ = model;
   r->kv_cache_ = kv_cache;
@@ -111,6 +123,7 @@ absl::Status ModelRunner::AllocateBuffers() {
   h_seq_lens_.resize(s);
   h_tables_.resize(s * max_blocks_per_seq_);
   h_logit_idx_.resize(max_logit_rows_);
+  if (buffers_.lora != nullptr) h_lora_.resize(t);
   h_logits_.resize(max_logit_rows_ * c.vocab_size);
   return absl::OkStatus();
 }
@@ -157,6 +170,10 @@ absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
     RETURN_IF_ERROR(alloc(act, {t, moe}, &b.moe.act));
     RETURN_IF_ERROR(alloc(act, {t, h}, &b.moe.y));
   }
+  if (b.lora != nullptr) {
+    RETURN_IF_ERROR(alloc(DType::kI32, {t}, &b.lora_slots));
+    RETURN_IF_ERROR(alloc(DType::kF32, {t, b.lora->max_stack_rank()}, &b.lora_scratch));
+  }
   const int64_t rows = max_logit_rows_;
   RETURN_IF_ERROR(alloc(DType::kI32, {rows}, &logits_indices_));
   RETURN_IF_ERROR(alloc(act, {rows, h}, &gathered_));
@@ -166,8 +183,12 @@ absl::Status ModelRunner::PlaceBuffers(Arena* arena) {
 
 std::vector<const void*> ModelRunner::InputAddresses() const {
   const ForwardBuffers& b = buffers_;
-  return {b.input_ids.data, b.positions.data, b.meta.slot_mapping.data, b.meta.seq_lens.data,
-          b.meta.query_start_loc.data, b.meta.block_tables.data, b.meta.num_reqs.data};
+  std::vector<const void*> addresses = {
+      b.input_ids.data,  b.positions.data,          b.meta.slot_mapping.data,
+      b.meta.seq_lens.data, b.meta.query_start_loc.data, b.meta.block_tables.data,
+      b.meta.num_reqs.data};
+  if (b.lora != nullptr) addresses.push_back(b.lora_slots.data);
+  return addresses;
 }
 
 absl::Status ModelRunner::Forward() {
@@ -201,6 +222,7 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
       h_ids_[tok] = s.tokens[i];
       h_pos_[tok] = static_cast<int32_t>(pos);
       h_slots_[tok] = static_cast<int32_t>(kv_cache_->SlotOf(table, pos));
+      if (!h_lora_.empty()) h_lora_[tok] = s.lora_slot;
     }
     h_qsl_[r + 1] = tok;
     h_seq_lens_[r] = static_cast<int32_t>(s.start_pos + s.num_tokens);
@@ -215,6 +237,7 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
     h_ids_[i] = 0;
     h_pos_[i] = 0;
     h_slots_[i] = -1;
+    if (!h_lora_.empty()) h_lora_[i] = 0;
   }
   const ForwardBuffers& b = buffers_;
   const int32_t nr = num_reqs;
@@ -226,6 +249,9 @@ absl::Status ModelRunner::CopyInputs(const std::vector<ScheduledSeq>& batch, int
   RETURN_IF_ERROR(dev->CopyToDevice(b.meta.block_tables.data, h_tables_.data(),
                                     num_reqs * max_blocks_per_seq_ * 4));
   RETURN_IF_ERROR(dev->CopyToDevice(b.meta.num_reqs.data, &nr, 4));
+  if (b.lora != nullptr) {
+    RETURN_IF_ERROR(dev->CopyToDevice(b.lora_slots.data, h_lora_.data(), padded_tokens * 4));
+  }
   return dev->CopyToDevice(logits_indices_.data, h_logit_idx_.data(), sampled * 4);
 }
 
@@ -240,6 +266,15 @@ absl::Status ModelRunner::RunForward(const std::vector<ScheduledSeq>& batch, Cud
     buffers_.meta.decode_only = std::all_of(
         batch.begin(), batch.end(), [](const ScheduledSeq& s) { return s.num_tokens == 1; });
   }
+  // The LoRA ops are issued where the step's key says so (a graph captured
+  // with them replays them), or eagerly for a batch that has an adapter.
+  const bool batch_lora = std::any_of(batch.begin(), batch.end(),
+                                      [](const ScheduledSeq& s) { return s.lora_slot != 0; });
+  if (batch_lora && mode != CudaGraphMode::kNone && !descriptor.has_lora) {
+    return absl::InternalError(absl::StrCat("a batch with LoRA adapters was dispatched to ",
+                                            descriptor.ToString(), ", a graph without them"));
+  }
+  buffers_.lora_active = buffers_.lora != nullptr && (descriptor.has_lora || batch_lora);
   ForwardContextScope scope(mode, descriptor, capture_only);
   return full_->Run();
 }
@@ -266,7 +301,14 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
                                                    config_.max_num_seqs));
   }
   int num_tokens = 0, max_query = 0, sampled = 0;
+  bool has_lora = false;
+  const int adapters = buffers_.lora == nullptr ? 0 : buffers_.lora->size();
   for (const ScheduledSeq& s : batch) {
+    if (s.lora_slot < 0 || s.lora_slot > adapters) {
+      return absl::InvalidArgumentError(absl::StrCat("Execute: lora_slot ", s.lora_slot,
+                                                     " is outside [0, ", adapters, "]"));
+    }
+    has_lora = has_lora || s.lora_slot != 0;
     if (s.num_tokens < 1 || s.block_table == nullptr) {
       return absl::InvalidArgumentError("Execute: a sequence has no tokens or no block table");
     }
@@ -301,7 +343,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
   const bool uniform_decode = max_query == q && num_tokens == max_query * num_reqs;
   DispatchResult d{CudaGraphMode::kNone, BatchDescriptor(num_tokens)};
   if (!force_eager) {
-    ASSIGN_OR_RETURN(d, dispatcher_->Dispatch(num_tokens, uniform_decode));
+    ASSIGN_OR_RETURN(d, dispatcher_->Dispatch(num_tokens, uniform_decode, has_lora));
   }
   const int64_t full_replays = full_->replays();
   const int64_t pw_replays = PiecewiseReplays();

@@ -37,6 +37,7 @@
 #include "common/kernels/ops.h"
 #include "common/model/kv_cache.h"
 #include "common/model/llama_model.h"
+#include "common/model/lora.h"
 
 namespace tandem {
 
@@ -55,6 +56,7 @@ struct ScheduledSeq {
   int num_tokens = 0;
   int64_t start_pos = 0;            // tokens of this request already in the cache
   const std::vector<int32_t>* block_table = nullptr;  // covers start_pos + num_tokens
+  int lora_slot = 0;                // LoraSet slot of its adapter; 0: the base model
   bool sample = false;              // produce logits for the last scheduled token
   // With `sample`: logits for the last num_sampled tokens (1 + drafted
   // tokens to verify, speculative decoding; every token of a chunk whose
@@ -84,9 +86,12 @@ struct RunnerStats {
 
 class ModelRunner {
  public:
+  // `lora`: the adapters sequences may name by slot (null or empty: none;
+  // then config.graph.lora_enabled must be false). Must outlive the runner.
   static absl::StatusOr<std::unique_ptr<ModelRunner>> Create(const RunnerConfig& config,
                                                              const LlamaModel* model,
-                                                             KvCache* kv_cache, Ops* ops);
+                                                             KvCache* kv_cache, Ops* ops,
+                                                             const LoraSet* lora = nullptr);
 
   // Warms up and captures every graph the dispatcher holds. Idempotent.
   absl::Status CaptureGraphs();
@@ -161,7 +166,8 @@ class ModelRunner {
   Tensor logits_;          // f32[max_logit_rows_, V]
 
   // Host staging, sized at start-up.
-  std::vector<int32_t> h_ids_, h_pos_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logit_idx_;
+  std::vector<int32_t> h_ids_, h_pos_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logit_idx_,
+      h_lora_;
   std::vector<float> h_logits_;
   RunnerStats stats_;
 };

@@ -64,6 +64,10 @@ struct Request {
   std::vector<int32_t> tokens;  // prompt followed by output, contiguous
   int64_t prompt_len = 0;
   SamplingParams params;
+  // Its LoRA adapter (params.lora_name's LoraSet slot; 0: the base model),
+  // and that adapter's fingerprint: the root of its prefix-cache blocks.
+  int lora_slot = 0;
+  uint64_t cache_root = 0;
   int64_t num_computed = 0;
   // Tokens of the last admission served from the prefix cache.
   int64_t num_cached_tokens = 0;

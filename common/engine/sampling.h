@@ -74,6 +74,10 @@ struct SamplingParams {
   // Structured outputs: the reply must match this grammar (a JSON schema, or
   // one of some strings), its tokens masked at each step; null: free text.
   std::shared_ptr<const JsonGrammar> grammar;
+  // The LoRA adapter the request runs with (a --lora-modules name; empty:
+  // the base model). Not a sampling setting, but the request's, carried with
+  // them as far as the engine (vLLM's lora_request); Validate checks it.
+  std::string lora_name;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

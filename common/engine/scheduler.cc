@@ -61,7 +61,8 @@ bool Scheduler::Admit(Request* r, int budget, int* n) {
     // for prompt logprobs: every position's logits are computed.
     r->num_cached_tokens = r->params.prompt_logprobs >= 0
                                ? 0
-                               : kv_->TakeCachedPrefix(r->id, r->tokens, r->num_tokens() - 1);
+                               : kv_->TakeCachedPrefix(r->id, r->tokens, r->num_tokens() - 1,
+                                                       r->cache_root);
     r->num_computed = r->num_cached_tokens;
   }
   int64_t need;

@@ -150,6 +150,17 @@ class Ops {
                       const AttentionMetadata& meta, const Tensor& out) {
     TANDEM_CHECK(false) << "MoeMlp on a backend without experts";  // Load() refuses first
   }
+  // Whether LoraAdd is implemented (the engine refuses LoRA adapters otherwise).
+  virtual bool supports_lora() const { return false; }
+  // out[t, :] += b[s - 1] . (a[s - 1] . x[t, :]) for each row t of x whose
+  // slot s = slots[t] (read when the op runs) is not 0; rows of slot 0 (the
+  // base model, and padding) are left as they are. a: f32[S, R, in] (each
+  // adapter's A rows), b: f32[S, out, R] (its B, scale folded in), scratch:
+  // at least rows x R floats. See LoraSet.
+  virtual void LoraAdd(const Tensor& x, const Tensor& slots, const Tensor& a, const Tensor& b,
+                       const Tensor& scratch, const Tensor& out) {
+    TANDEM_CHECK(false) << "LoraAdd on a backend without LoRA";  // the engine refuses first
+  }
   // out[i, :] = src[indices[i], :] for the first `rows` rows of out.
   virtual void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) = 0;
   // Writes the k and v of packed qkv rows into the paged cache at

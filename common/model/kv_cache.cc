@@ -115,11 +115,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType d
 }
 
 int64_t KvCache::TakeCachedPrefix(const std::string& id, absl::Span<const int32_t> tokens,
-                                  int64_t max_tokens) {
+                                  int64_t max_tokens, uint64_t root) {
   if (!pool_.caching()) return 0;
   Table& table = tables_[id];
   const int64_t max_blocks = std::min<int64_t>(max_tokens, tokens.size()) / block_size_;
-  uint64_t parent = 0;
+  uint64_t parent = root;
   for (int64_t i = static_cast<int64_t>(table.blocks.size()); i < max_blocks; ++i) {
     const absl::Span<const int32_t> ids = tokens.subspan(i * block_size_, block_size_);
     const uint64_t hash = BlockPool::Hash(parent, ids);
@@ -146,7 +146,7 @@ absl::Status KvCache::EnsureCapacity(const std::string& id, int64_t num_tokens) 
 }
 
 void KvCache::CacheComputed(const std::string& id, absl::Span<const int32_t> tokens,
-                            int64_t num_computed) {
+                            int64_t num_computed, uint64_t root) {
   if (!pool_.caching()) return;
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
@@ -155,7 +155,7 @@ void KvCache::CacheComputed(const std::string& id, absl::Span<const int32_t> tok
                                              block_size_,
                                          table.blocks.size());
   for (int64_t i = static_cast<int64_t>(table.hashes.size()); i < full; ++i) {
-    const uint64_t parent = i == 0 ? 0 : table.hashes[i - 1];
+    const uint64_t parent = i == 0 ? root : table.hashes[i - 1];
     const absl::Span<const int32_t> ids = tokens.subspan(i * block_size_, block_size_);
     const uint64_t hash = BlockPool::Hash(parent, ids);
     pool_.Cache(table.blocks[i], hash, parent, ids);

@@ -118,16 +118,19 @@ class KvCache {
   // Starts request `id`'s table (it must have none) with the cached blocks of
   // the longest cached prefix of `tokens`, at most `max_tokens` tokens (whole
   // blocks). Returns the number of tokens whose KV is already there (0 without
-  // prefix caching).
+  // prefix caching). `root` stands for what the KV depends on besides the
+  // tokens (a LoRA adapter's fingerprint; 0: the base model): it is the first
+  // block's parent, so requests of different roots share no block.
   int64_t TakeCachedPrefix(const std::string& id, absl::Span<const int32_t> tokens,
-                           int64_t max_tokens);
+                           int64_t max_tokens, uint64_t root = 0);
   // Grows request `id`'s table to cover `num_tokens` token slots.
   // RESOURCE_EXHAUSTED (table unchanged) when blocks run out.
   absl::Status EnsureCapacity(const std::string& id, int64_t num_tokens);
   // The first `num_computed` of `tokens` have their KV in request `id`'s
-  // blocks: registers the full blocks among them for reuse.
+  // blocks: registers the full blocks among them for reuse, under `root`
+  // (as TakeCachedPrefix's).
   void CacheComputed(const std::string& id, absl::Span<const int32_t> tokens,
-                     int64_t num_computed);
+                     int64_t num_computed, uint64_t root = 0);
   // Drops request `id`'s references to its blocks (no-op for an unknown id).
   void Free(const std::string& id);
   // The request's block table, or nullptr.

@@ -15,6 +15,7 @@
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/model/gguf_weights.h"
+#include "common/model/lora.h"
 #include "common/model/safetensors.h"
 
 namespace tandem {
@@ -521,16 +522,30 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const int L = num_layers();
   TANDEM_CHECK(piece >= 0 && piece <= L) << "piece " << piece;
+  const LoraSet* lora = b.lora_active ? b.lora : nullptr;
+  // out += the adapters' term of a projection they target (LoraSet).
+  const auto add_lora = [&](const LoraStack& st, const Tensor& x, const Tensor& out) {
+    if (st.a.data != nullptr) ops_->LoraAdd(x, b.lora_slots, st.a, st.b, b.lora_scratch, out);
+  };
   if (piece > 0) {
     // Finish layer piece-1: o_proj, residual + post norm, MLP, residual.
     const Layer& prev = layers_[piece - 1];
     ops_->Matmul(b.attn_out.Rows(n), prev.o, b.hidden.Rows(n));
+    if (lora) add_lora(lora->o(piece - 1), b.attn_out.Rows(n), b.hidden.Rows(n));
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), prev.post_norm, eps, b.normed.Rows(n));
     if (prev.moe.gate_up.data != nullptr) {
       ops_->MoeMlp(b.normed.Rows(n), prev.moe, b.moe, b.meta, b.hidden.Rows(n));
+    } else if (lora && lora->gate_up(piece - 1).a.data != nullptr) {
+      // The adapters' term joins gate_up before the activation.
+      ops_->Matmul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n));
+      add_lora(lora->gate_up(piece - 1), b.normed.Rows(n), b.gate_up.Rows(n));
+      ops_->SiluMul(b.gate_up.Rows(n), b.mlp_act.Rows(n));
+      ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
+      add_lora(lora->down(piece - 1), b.mlp_act.Rows(n), b.hidden.Rows(n));
     } else {
       ops_->MatmulSiluMul(b.normed.Rows(n), prev.gate_up, b.gate_up.Rows(n), b.mlp_act.Rows(n));
       ops_->Matmul(b.mlp_act.Rows(n), prev.down, b.hidden.Rows(n));
+      if (lora) add_lora(lora->down(piece - 1), b.mlp_act.Rows(n), b.hidden.Rows(n));
     }
     const Tensor& next_norm = piece < L ? layers_[piece].input_norm : final_norm_;
     ops_->AddRmsNorm(b.hidden.Rows(n), b.residual.Rows(n), next_norm, eps, b.normed.Rows(n));
@@ -541,6 +556,7 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
   if (piece < L) {
     const Layer& l = layers_[piece];
     ops_->Matmul(b.normed.Rows(n), l.qkv, b.qkv.Rows(n));
+    if (lora) add_lora(lora->qkv(piece), b.normed.Rows(n), b.qkv.Rows(n));
     if (config_.family->qkv_bias) ops_->AddBias(b.qkv.Rows(n), l.qkv_bias);
     if (config_.family->qk_norm) {
       ops_->HeadRmsNorm(b.qkv.Rows(n), l.q_norm, l.k_norm, attention_shape(), eps);

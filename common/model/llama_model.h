@@ -38,6 +38,7 @@
 
 namespace tandem {
 
+class LoraSet;
 class WeightSource;
 
 // The runner's persistent activation and input buffers, sized for the
@@ -55,6 +56,14 @@ struct ForwardBuffers {
   Tensor gate_up;     // [T, 2 * I]
   Tensor mlp_act;     // [T, I]
   MoeBuffers moe;     // sparse layers' scratch (models with experts only)
+  // LoRA adapters, when loaded (null otherwise): each row's adapter slot
+  // (0: the base model, and padding), the ops' scratch, and whether the
+  // pieces issue the LoRA ops (set per step by the runner: the step's
+  // descriptor has has_lora, or an eager step has a row with an adapter).
+  const LoraSet* lora = nullptr;
+  Tensor lora_slots;    // i32[T]
+  Tensor lora_scratch;  // f32[T, LoraSet::max_stack_rank()]
+  bool lora_active = false;
 };
 
 // The known synthetic presets and their configs.

@@ -73,6 +73,8 @@ class EngineClient {
   // Tokens of one step: the most a prefill chunk computes at once.
   int max_num_batched_tokens() const { return loop_->max_num_batched_tokens(); }
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
+  // The adapters requests may name (immutable once the engine is ready).
+  const LoraSet& lora() const { return loop_->lora(); }
   size_t slot_bytes() const { return slot_bytes_; }
   // One token's K and V in every layer (KvCache::token_bytes).
   size_t token_bytes() const { return token_bytes_; }

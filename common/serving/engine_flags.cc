@@ -48,6 +48,15 @@ void EngineFlags::Register(FlagSet* f) {
          "rope scaling replacing the model's, JSON as config.json's rope_scaling (vLLM's), e.g. "
          "{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768} "
          "for Qwen past its trained context; both workers of a pair need the same (empty: the model's)");
+  f->Add("lora-modules", &lora_modules,
+         "LoRA adapters requests may name, NAME=PATH,... (PEFT directories: adapter_config.json + "
+         "adapter_model.safetensors), all loaded at start-up; a request names one by lora_name "
+         "(gRPC) or as its model (OpenAI API). Both workers of a pair need the same (cpu only)");
+  f->Add("enable-lora", &enable_lora, "accepted as vLLM's; adapters come from --lora-modules");
+  f->Add("max-loras", &max_loras,
+         "adapters resident at once; every --lora-modules adapter is, so at least their number "
+         "(0: that number)");
+  f->Add("max-lora-rank", &max_lora_rank, "largest rank r an adapter may have");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
   f->Add("debug-async-kv-reads", &debug_async_kv_reads,
@@ -80,6 +89,13 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   c.enable_prefix_caching = enable_prefix_caching;
   c.rope_scaling = rope_scaling;
   ASSIGN_OR_RETURN(c.speculative, ParseSpeculativeConfig(speculative_config));
+  ASSIGN_OR_RETURN(c.lora_modules, ParseLoraModules(lora_modules));
+  if (max_loras < 0 || (max_loras > 0 && max_loras < static_cast<int>(c.lora_modules.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-loras=", max_loras, " is less than the ", c.lora_modules.size(),
+        " adapters of --lora-modules, which are all resident"));
+  }
+  c.max_lora_rank = max_lora_rank;
   return c;
 }
 

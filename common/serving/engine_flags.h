@@ -35,6 +35,10 @@ struct EngineFlags {
   bool debug_async_kv_reads = false;
   std::string speculative_config;  // JSON, as vLLM's --speculative-config
   std::string rope_scaling;        // JSON, as vLLM's --rope-scaling
+  std::string lora_modules;        // NAME=PATH,... as vLLM's --lora-modules
+  bool enable_lora = false;        // vLLM's --enable-lora (implied by --lora-modules)
+  int max_loras = 0;               // vLLM's --max-loras; 0: as many as --lora-modules
+  int max_lora_rank = 16;          // vLLM's --max-lora-rank
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}
   void Register(FlagSet* flags);

@@ -74,6 +74,7 @@ class EngineLoop {
   // config and the KV fingerprint peers must match.
   const LlamaConfig& model_config() const { return engine_->model_config(); }
   const KvCache& kv_cache() const { return engine_->kv_cache(); }
+  const LoraSet& lora() const { return engine_->lora(); }
   int max_model_len() const { return engine_->max_model_len(); }
   int max_num_batched_tokens() const { return config_.runner.max_num_batched_tokens; }
   bool kv_final_per_layer() const { return engine_->kv_final_per_layer(); }

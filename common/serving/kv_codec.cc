@@ -32,6 +32,13 @@ absl::Status CheckFingerprint(const v1::ModelFingerprint& remote,
   if (remote.config_hash() != local.config_hash()) {
     return mismatch("config_hash", absl::Hex(remote.config_hash()), absl::Hex(local.config_hash()));
   }
+  if (remote.lora_fingerprint() != local.lora_fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV fingerprint mismatch: the prefill worker computed it with LoRA adapter ",
+        absl::Hex(remote.lora_fingerprint()), ", this decode worker's is ",
+        absl::Hex(local.lora_fingerprint()),
+        " (0: the base model); both workers need the same --lora-modules"));
+  }
   return absl::OkStatus();
 }
 

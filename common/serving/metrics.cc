@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "prometheus/text_serializer.h"
 
 namespace tandem {
@@ -324,6 +325,30 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
     vllm_running_->Set(count(RequestState::kRunning));
     vllm_kv_usage_->Set(pool.usage());
     vllm_gpu_cache_usage_->Set(pool.usage());
+    if (engine.lora().size() > 0) {
+      // The inference gateway's LoRA affinity reads the adapters each server
+      // runs and queues; the series' value is when it was set (vLLM's).
+      std::vector<std::string> running, waiting;
+      engine.LorasInUse(&running, &waiting);
+      const std::string r = absl::StrJoin(running, ","), w = absl::StrJoin(waiting, ",");
+      const std::string labels = absl::StrCat(r, "|", w);
+      if (vllm_lora_series_ == nullptr || labels != vllm_lora_labels_) {
+        if (vllm_lora_info_ == nullptr) {
+          vllm_lora_info_ = &prometheus::BuildGauge()
+                                 .Name("vllm:lora_requests_info")
+                                 .Help("LoRA adapters of the running and waiting requests, for "
+                                       "the inference gateway (vLLM's name; value: when set)")
+                                 .Register(*registry_);
+        }
+        if (vllm_lora_series_ != nullptr) vllm_lora_info_->Remove(vllm_lora_series_);
+        vllm_lora_series_ = &vllm_lora_info_->Add(
+            {{"max_lora", std::to_string(engine.lora().size())},
+             {"running_lora_adapters", r},
+             {"waiting_lora_adapters", w}});
+        vllm_lora_labels_ = labels;
+      }
+      vllm_lora_series_->SetToCurrentTime();
+    }
     if (!cache_config_exported_) {
       cache_config_exported_ = true;
       prometheus::BuildGauge()

@@ -123,6 +123,10 @@ class WorkerMetrics {
   prometheus::Gauge* vllm_running_ = nullptr;
   prometheus::Gauge* vllm_kv_usage_ = nullptr;
   prometheus::Gauge* vllm_gpu_cache_usage_ = nullptr;
+  // vllm:lora_requests_info: one series, replaced when its labels change.
+  prometheus::Family<prometheus::Gauge>* vllm_lora_info_ = nullptr;
+  prometheus::Gauge* vllm_lora_series_ = nullptr;
+  std::string vllm_lora_labels_;
   bool cache_config_exported_ = false;  // engine thread
   prometheus::Counter* transfer_bytes_;
   prometheus::Histogram* transfer_seconds_;

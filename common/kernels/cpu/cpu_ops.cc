@@ -428,6 +428,49 @@ class CpuOps : public Ops {
     });
   }
 
+  bool supports_lora() const override { return true; }
+
+  void LoraAdd(const Tensor& x, const Tensor& slots, const Tensor& a, const Tensor& b,
+               const Tensor& scratch, const Tensor& out) override {
+    const int64_t n = x.dim(0), in = x.dim(1), adapters = a.dim(0), rank = a.dim(1);
+    const int64_t width = b.dim(1);
+    TANDEM_CHECK(a.dim(2) == in && b.dim(0) == adapters && b.dim(2) == rank &&
+                 out.dim(0) == n && out.dim(1) == width && scratch.numel() >= n * rank &&
+                 slots.numel() >= n)
+        << "lora " << x.ShapeString() << " a " << a.ShapeString() << " b " << b.ShapeString()
+        << " out " << out.ShapeString();
+    const float* xs = x.f32();
+    const int32_t* sl = slots.i32();
+    const float* as = a.f32();
+    const float* bs = b.f32();
+    float* u = scratch.f32();
+    float* o = out.f32();
+    ThreadPool* pool = pool_.get();
+    stream_->Launch("lora", [=] {
+      // Per row, its adapter's A times x (R dots), then B's rows times that
+      // over the output columns: 2 R (in + out) multiply-adds a row against
+      // the projection's in x out, so plain dots (cpu::Dot) are enough.
+      pool->ParallelFor(n, 1, [=](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int32_t s = sl[t];
+          if (s < 1 || s > adapters) continue;
+          const float* at = as + (s - 1) * rank * in;
+          for (int64_t k = 0; k < rank; ++k) u[t * rank + k] = cpu::Dot(at + k * in, xs + t * in, in);
+        }
+      });
+      pool->ParallelFor(width, 16, [=](int64_t j0, int64_t j1) {
+        for (int64_t t = 0; t < n; ++t) {
+          const int32_t s = sl[t];
+          if (s < 1 || s > adapters) continue;
+          const float* bt = bs + (s - 1) * width * rank;
+          const float* ut = u + t * rank;
+          float* ot = o + t * width;
+          for (int64_t j = j0; j < j1; ++j) ot[j] += cpu::Dot(bt + j * rank, ut, rank);
+        }
+      });
+    });
+  }
+
   void GatherRows(const Tensor& src, const Tensor& indices, const Tensor& out) override {
     const int64_t rows = out.dim(0), h = out.dim(1);
     TANDEM_CHECK(src.dim(1) == h);

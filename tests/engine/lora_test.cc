@@ -1,0 +1,312 @@
+// LoRA adapters at run time: a request with an adapter equals the model whose
+// weights have the adapter merged in (W + scale B A, written here as a
+// checkpoint of its own), in every graph mode and in batches mixing adapters
+// and the base model; the prefix cache keeps adapters apart; what an adapter
+// asks that the engine does not apply is refused at start-up.
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "common/engine/engine.h"
+#include "common/model/lora.h"
+#include "common/model/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+using M = CudaGraphMode;
+
+const std::string kBase = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tiny_llama";
+// tiny_llama: hidden 64, 4 heads and 2 KV heads of 16, MLP 128, 2 layers.
+constexpr int kLayers = 2;
+
+fs::path TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("tandem_lora_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+struct Module {
+  const char* block;  // self_attn or mlp
+  const char* name;
+  int64_t in, out;
+};
+const std::vector<Module> kModules = {
+    {"self_attn", "q_proj", 64, 64},  {"self_attn", "k_proj", 64, 32},
+    {"self_attn", "v_proj", 64, 32},  {"self_attn", "o_proj", 64, 64},
+    {"mlp", "gate_proj", 64, 128},    {"mlp", "up_proj", 64, 128},
+    {"mlp", "down_proj", 128, 64}};
+
+using Tensors = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
+
+// A PEFT adapter of rank `r` on the modules named in `targets` (all when
+// empty), random matrices from `seed`, written into `dir`; returns its
+// matrices by module weight name, for merging.
+struct Adapter {
+  fs::path dir;
+  float scale = 1.f;
+  Tensors tensors;  // PEFT names
+};
+
+Adapter MakeAdapter(const std::string& name, int r, double alpha, std::vector<std::string> targets,
+                    uint32_t seed, const std::string& extra_config = "") {
+  Adapter a;
+  a.dir = TempDir(name);
+  a.scale = static_cast<float>(alpha / r);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  std::string names_json;
+  for (int l = 0; l < kLayers; ++l) {
+    for (const Module& m : kModules) {
+      if (!targets.empty() && std::find(targets.begin(), targets.end(), m.name) == targets.end()) {
+        continue;
+      }
+      const std::string p = "base_model.model.model.layers." + std::to_string(l) + "." + m.block +
+                            "." + m.name;
+      std::vector<float> av(r * m.in), bv(m.out * r);
+      for (float& x : av) x = u(rng);
+      for (float& x : bv) x = u(rng);
+      a.tensors[p + ".lora_A.weight"] = {{r, m.in}, av};
+      a.tensors[p + ".lora_B.weight"] = {{m.out, r}, bv};
+    }
+  }
+  EXPECT_TRUE(WriteSafetensorsF32((a.dir / "adapter_model.safetensors").string(), a.tensors).ok());
+  std::ofstream(a.dir / "adapter_config.json")
+      << "{\"peft_type\": \"LORA\", \"r\": " << r << ", \"lora_alpha\": " << alpha
+      << ", \"bias\": \"none\", \"use_dora\": false, \"modules_to_save\": null"
+      << extra_config << "}";
+  return a;
+}
+
+// tiny_llama with `adapter` merged into its weights, as a checkpoint of its own.
+fs::path Merged(const Adapter& adapter, const std::string& name) {
+  const fs::path dir = TempDir(name);
+  fs::copy_file(kBase + "/config.json", dir / "config.json");
+  fs::copy_file(kBase + "/generation_config.json", dir / "generation_config.json");
+  auto base = SafetensorsCheckpoint::Open(kBase);
+  EXPECT_TRUE(base.ok()) << base.status();
+  Tensors out;
+  for (const auto& [tensor, entry] : base->entries()) {
+    int64_t numel = 1;
+    for (int64_t d : entry.shape) numel *= d;
+    std::vector<float> w(numel);
+    EXPECT_TRUE(base->ReadF32(tensor, entry.shape, w.data()).ok());
+    const std::string peft = "base_model.model." + tensor.substr(0, tensor.size() - 7);  // ".weight"
+    auto a = adapter.tensors.find(peft + ".lora_A.weight");
+    if (a != adapter.tensors.end()) {
+      const auto& b = adapter.tensors.at(peft + ".lora_B.weight");
+      const int64_t r = a->second.first[0], in = a->second.first[1], o = b.first[0];
+      for (int64_t i = 0; i < o; ++i) {
+        for (int64_t j = 0; j < in; ++j) {
+          double acc = 0;
+          for (int64_t t = 0; t < r; ++t) acc += double{b.second[i * r + t]} * a->second.second[t * in + j];
+          w[i * in + j] += static_cast<float>(adapter.scale * acc);
+        }
+      }
+    }
+    out[tensor] = {entry.shape, std::move(w)};
+  }
+  EXPECT_TRUE(WriteSafetensorsF32((dir / "model.safetensors").string(), out).ok());
+  return dir;
+}
+
+absl::StatusOr<std::unique_ptr<LlmEngine>> Engine(const std::string& model, M mode,
+                                                  std::vector<LoraModuleSpec> loras = {},
+                                                  int max_lora_rank = 16) {
+  EngineConfig c;
+  c.model = model;
+  c.runner.graph.requested_mode = mode;
+  c.runner.max_num_batched_tokens = 64;
+  c.runner.max_num_seqs = 8;
+  c.runner.max_model_len = 256;
+  c.lora_modules = std::move(loras);
+  c.max_lora_rank = max_lora_rank;
+  return LlmEngine::Create(c);
+}
+
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  int cached = 0;
+};
+
+// Runs every request to its end.
+std::map<std::string, Output> RunAll(LlmEngine* e) {
+  std::map<std::string, Output> out;
+  for (int guard = 0; e->HasWork() && guard < 10000; ++guard) {
+    auto step = e->Step();
+    EXPECT_TRUE(step.ok()) << step.status();
+    if (!step.ok()) break;
+    for (const RequestOutput& o : *step) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      Output& r = out[o.id];
+      r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      for (const TokenLogprobs& lp : o.logprobs) r.logprobs.push_back(lp.logprob);
+      r.cached = std::max(r.cached, o.cached_tokens);
+    }
+  }
+  return out;
+}
+
+SamplingParams Greedy(const std::string& lora, uint32_t max_tokens = 10) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  p.logprobs = 0;
+  p.lora_name = lora;
+  return p;
+}
+
+std::vector<int32_t> Prompt(int n, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (seed * 37 + i * 11) % 250 + 3;
+  return t;
+}
+
+void ExpectSame(const Output& got, const Output& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 2e-4) << "token " << i;
+  }
+}
+
+// What one request gives alone on `model` (the merged or the base checkpoint).
+Output Alone(const std::string& model, const std::vector<int32_t>& prompt, uint32_t max_tokens = 10) {
+  auto e = Engine(model, M::kNone);
+  EXPECT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE((*e)->AddRequest("x", prompt, Greedy("", max_tokens)).ok());
+  return RunAll(e->get())["x"];
+}
+
+TEST(LoraTest, AdapterEqualsItsMergedWeightsInEveryMode) {
+  const Adapter a = MakeAdapter("all", 4, 8.0, {}, 1);
+  const fs::path merged = Merged(a, "all_merged");
+  const std::vector<int32_t> prompt = Prompt(21, 1);
+  const Output want = Alone(merged.string(), prompt);
+  // The adapter changes the output, or the comparison shows nothing.
+  const Output base = Alone(kBase, prompt);
+  EXPECT_NE(base.tokens, want.tokens);
+  for (M mode : {M::kNone, M::kPiecewise, M::kFull, M::kFullDecodeOnly, M::kFullAndPiecewise}) {
+    SCOPED_TRACE(mode.name());
+    auto e = Engine(kBase, mode, {{"a", a.dir.string()}});
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->AddRequest("with", prompt, Greedy("a")).ok());
+    ASSERT_TRUE((*e)->AddRequest("without", prompt, Greedy("")).ok());
+    auto out = RunAll(e->get());
+    ExpectSame(out["with"], want);
+    ExpectSame(out["without"], base);
+  }
+}
+
+TEST(LoraTest, BatchMixesAdaptersAndTheBaseModel) {
+  // One adapter on attention only (rslora), one on the MLP only.
+  const Adapter attn = MakeAdapter("attn", 8, 16.0, {"q_proj", "v_proj", "o_proj"}, 2,
+                                   ", \"use_rslora\": true");
+  Adapter attn_scaled = attn;
+  attn_scaled.scale = static_cast<float>(16.0 / std::sqrt(8.0));
+  const Adapter mlp = MakeAdapter("mlp", 2, 4.0, {"gate_proj", "up_proj", "down_proj"}, 3);
+  const fs::path attn_merged = Merged(attn_scaled, "attn_merged");
+  const fs::path mlp_merged = Merged(mlp, "mlp_merged");
+  for (M mode : {M::kFullAndPiecewise, M::kNone}) {
+    SCOPED_TRACE(mode.name());
+    auto e = Engine(kBase, mode, {{"attn", attn.dir.string()}, {"mlp", mlp.dir.string()}});
+    ASSERT_TRUE(e.ok()) << e.status();
+    const std::vector<std::string> loras = {"attn", "", "mlp", "attn", "mlp", ""};
+    for (size_t i = 0; i < loras.size(); ++i) {
+      ASSERT_TRUE((*e)->AddRequest("r" + std::to_string(i), Prompt(5 + 7 * i, i), Greedy(loras[i])).ok());
+    }
+    auto out = RunAll(e->get());
+    for (size_t i = 0; i < loras.size(); ++i) {
+      SCOPED_TRACE(i);
+      const std::string model = loras[i] == "attn"  ? attn_merged.string()
+                                : loras[i] == "mlp" ? mlp_merged.string()
+                                                    : kBase;
+      ExpectSame(out["r" + std::to_string(i)], Alone(model, Prompt(5 + 7 * i, i)));
+    }
+  }
+}
+
+TEST(LoraTest, PrefixCacheKeepsAdaptersApart) {
+  const Adapter a = MakeAdapter("cache", 4, 8.0, {"q_proj", "k_proj", "v_proj"}, 4);
+  auto e = Engine(kBase, M::kFullAndPiecewise, {{"a", a.dir.string()}});
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::vector<int32_t> prompt = Prompt(40, 5);
+  ASSERT_TRUE((*e)->AddRequest("first", prompt, Greedy("a")).ok());
+  auto first = RunAll(e->get());
+  // The same prompt without the adapter finds none of its KV...
+  ASSERT_TRUE((*e)->AddRequest("base", prompt, Greedy("")).ok());
+  auto base = RunAll(e->get());
+  EXPECT_EQ(base["base"].cached, 0);
+  ExpectSame(base["base"], Alone(kBase, prompt));
+  // ... and with it, finds it.
+  ASSERT_TRUE((*e)->AddRequest("again", prompt, Greedy("a")).ok());
+  auto again = RunAll(e->get());
+  EXPECT_EQ(again["again"].cached, 32);
+  ExpectSame(again["again"], first["first"]);
+  EXPECT_EQ((*e)->kv_cache().pool().num_used(), 0);
+}
+
+TEST(LoraTest, UnknownAdapterIsNotFound) {
+  const Adapter a = MakeAdapter("known", 2, 2.0, {"q_proj"}, 6);
+  auto e = Engine(kBase, M::kNone, {{"a", a.dir.string()}});
+  ASSERT_TRUE(e.ok()) << e.status();
+  absl::Status s = (*e)->AddRequest("x", Prompt(4, 1), Greedy("b"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("'b' is not loaded (loaded: a)"), std::string::npos) << s;
+  auto plain = Engine(kBase, M::kNone);
+  ASSERT_TRUE(plain.ok());
+  s = (*plain)->AddRequest("x", Prompt(4, 1), Greedy("a"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("no --lora-modules"), std::string::npos) << s;
+}
+
+TEST(LoraTest, WhatIsNotAppliedIsRefusedAtStartUp) {
+  auto refused = [](const Adapter& a, int max_rank, const std::string& expect) {
+    auto e = Engine(kBase, M::kNone, {{"x", a.dir.string()}}, max_rank);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find(expect), std::string::npos) << e.status();
+  };
+  refused(MakeAdapter("rank", 8, 8.0, {"q_proj"}, 7), 4, "rank r = 8 exceeds --max-lora-rank=4");
+  refused(MakeAdapter("dora", 2, 2.0, {"q_proj"}, 8, ", \"use_dora\": true"), 16,
+          "use_dora = true is not implemented");
+  refused(MakeAdapter("save", 2, 2.0, {"q_proj"}, 9, ", \"modules_to_save\": [\"lm_head\"]"), 16,
+          "modules_to_save");
+  Adapter extra = MakeAdapter("extra", 2, 2.0, {"q_proj"}, 10);
+  extra.tensors["base_model.model.lm_head.lora_A.weight"] = {{2, 64}, std::vector<float>(128)};
+  ASSERT_TRUE(
+      WriteSafetensorsF32((extra.dir / "adapter_model.safetensors").string(), extra.tensors).ok());
+  refused(extra, 16, "tensor 'base_model.model.lm_head.lora_A.weight' is not a LoRA matrix");
+  Adapter wrong = MakeAdapter("shape", 2, 2.0, {"q_proj"}, 11);
+  wrong.tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"] = {
+      {32, 2}, std::vector<float>(64)};
+  ASSERT_TRUE(
+      WriteSafetensorsF32((wrong.dir / "adapter_model.safetensors").string(), wrong.tensors).ok());
+  refused(wrong, 16, "q_proj.lora_B.weight");
+  const fs::path missing = TempDir("missing");
+  auto e = Engine(kBase, M::kNone, {{"x", missing.string()}});
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("adapter_config.json"), std::string::npos) << e.status();
+}
+
+TEST(LoraTest, ParsesLoraModules) {
+  auto m = ParseLoraModules("a=/x,b=/y/z");
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(m->size(), 2u);
+  EXPECT_EQ((*m)[1].name, "b");
+  EXPECT_EQ((*m)[1].path, "/y/z");
+  EXPECT_TRUE(ParseLoraModules("")->empty());
+  EXPECT_FALSE(ParseLoraModules("a").ok());
+  EXPECT_FALSE(ParseLoraModules("a=/x,a=/y").ok());
+  EXPECT_FALSE(ParseLoraModules("=/x").ok());
+}
+
+}  // namespace
+}  // namespace tandem
