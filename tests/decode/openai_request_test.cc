@@ -256,6 +256,29 @@ TEST_F(OpenAiRequestTest, ServedNamesAndAliases) {
                                   context.served_model_name + "`, `alias`");
 }
 
+// --lora-modules: a request whose model is an adapter's name runs with it
+// (every choice's lora_name) and is answered under that name; the served
+// name runs the base model; an unknown name's 404 lists the adapters too.
+TEST_F(OpenAiRequestTest, ModelNamingAnAdapterRunsIt) {
+  OpenAiContext context = context_;
+  context.lora_adapters = {"sql", "chat"};
+  const std::string prompt = R"("prompt": ["a", "b"], "n": 2)";
+  OpenAiRequest r =
+      ParseOpenAiRequest(OpenAiRoute::kCompletions, "{" + prompt + R"(, "model": "chat"})", context);
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.spec.model, "chat");
+  ASSERT_EQ(r.choices.size(), 4u);
+  for (const OpenAiChoice& c : r.choices) EXPECT_EQ(c.generate.lora_name(), "chat");
+  r = ParseOpenAiRequest(OpenAiRoute::kCompletions, "{" + prompt + "}", context);
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.choices[0].generate.lora_name(), "");
+  r = ParseOpenAiRequest(OpenAiRoute::kCompletions, "{" + prompt + R"(, "model": "other"})", context);
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->status, 404);
+  EXPECT_EQ(r.error->message, "The model `other` does not exist; this server serves `" +
+                                  context.served_model_name + "`, `sql`, `chat`");
+}
+
 TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
   const std::string base = R"("messages": [{"role": "user", "content": "hi"}], "tools": [
       {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
