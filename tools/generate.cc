@@ -161,6 +161,7 @@ int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& pro
   p->set_top_k(params.top_k);
   if (params.seed.has_value()) p->mutable_seed()->set_value(*params.seed);
   p->set_ignore_eos(params.ignore_eos);
+  request.set_lora_name(params.lora_name);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
@@ -222,6 +223,9 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("top-k", &top_k, "-1 = off");
   flags.Add("seed", &seed, "sampling seed (-1 = random)");
   flags.Add("ignore-eos", &params.ignore_eos, "keep generating past EOS");
+  flags.Add("lora-name", &params.lora_name,
+            "the LoRA adapter to run with (a --lora-modules name: the worker's, or with --local "
+            "this process's); empty: the base model");
   double timeout_s = 300;
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
   TlsFiles tls;

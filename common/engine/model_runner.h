@@ -56,12 +56,12 @@ struct ScheduledSeq {
   int num_tokens = 0;
   int64_t start_pos = 0;            // tokens of this request already in the cache
   const std::vector<int32_t>* block_table = nullptr;  // covers start_pos + num_tokens
-  int lora_slot = 0;                // LoraSet slot of its adapter; 0: the base model
   bool sample = false;              // produce logits for the last scheduled token
   // With `sample`: logits for the last num_sampled tokens (1 + drafted
   // tokens to verify, speculative decoding; every token of a chunk whose
   // prompt logprobs are asked for).
   int num_sampled = 1;
+  int lora_slot = 0;  // LoraSet slot of its adapter; 0: the base model
 };
 
 struct StepResult {
