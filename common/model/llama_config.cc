@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "common/base/fnv1a.h"
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -113,12 +114,7 @@ uint64_t LlamaConfig::Fingerprint() const {
       num_experts_per_tok, "|", moe_intermediate_size, "|", shared_expert_intermediate_size,
       "|", norm_topk_prob, "|",
       decoder_sparse_step, "|", absl::StrJoin(mlp_only_layers, ","));
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : canonical) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return Fnv1a64(canonical);
 }
 
 bool LlamaConfig::IsSparseLayer(int layer) const {

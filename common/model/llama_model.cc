@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/container/flat_hash_set.h"
+#include "common/base/fnv1a.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
@@ -20,15 +21,6 @@
 
 namespace tandem {
 namespace {
-
-uint64_t Fnv1a(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -362,7 +354,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
       ConvertFromF32(src + begin * cols, dtype, dst + begin * row_bytes, (end - begin) * cols);
     });
   };
-  const uint64_t model_seed = Fnv1a(c.name);
+  const uint64_t model_seed = Fnv1a64(c.name);
   absl::flat_hash_set<std::string> used;
   TensorReader read = [&](const std::string& name, const std::vector<int64_t>& shape,
                           float* dst) -> absl::Status {
@@ -372,7 +364,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
     if (checkpoint) return checkpoint->ReadF32(name, shape, dst);
     const bool is_norm = absl::StrContains(name, "norm");
     const float scale = is_norm ? 0.1f : 1.0f / std::sqrt(static_cast<float>(shape.back()));
-    FillSynthetic(model_seed ^ Fnv1a(name), is_norm ? 1.0f : 0.0f,
+    FillSynthetic(model_seed ^ Fnv1a64(name), is_norm ? 1.0f : 0.0f,
                   absl::StrContains(name, "embed") ? 1.0f : scale, dst, n);
     return absl::OkStatus();
   };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/base/crc32c.h"
+#include "common/base/fnv1a.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/safetensors.h"
@@ -59,15 +60,6 @@ struct HostAdapter {
   std::map<std::pair<int, int>, Pair> pairs;
   uint64_t fingerprint = 0;
 };
-
-uint64_t Fnv1a(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -175,7 +167,7 @@ absl::StatusOr<HostAdapter> ReadAdapter(const LlamaConfig& config, const LoraMod
           p.a.empty() ? "B without lora_A" : "A without lora_B"));
     }
   }
-  ad.fingerprint = Fnv1a(canonical) | 1;  // never 0, the base model's
+  ad.fingerprint = Fnv1a64(canonical) | 1;  // never 0, the base model's
   return ad;
 }
 
@@ -233,7 +225,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
     set->fingerprints_.push_back(a.fingerprint);
     TANDEM_LOG(INFO) << "LoRA adapter '" << spec.name << "' from " << spec.path << ": rank "
                      << a.rank << ", scale " << a.scale << ", " << a.pairs.size()
-                     << " matrices pairs";
+                     << " pairs of matrices";
     adapters.push_back(std::move(a));
   }
   const int L = config.num_hidden_layers;

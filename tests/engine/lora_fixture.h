@@ -27,10 +27,21 @@ constexpr int kLayers = 2;
 
 using Tensors = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>;
 
+// The directories TempDir made, removed when the test program exits.
+struct TempDirs {
+  std::vector<fs::path> paths;
+  ~TempDirs() {
+    std::error_code ignored;
+    for (const fs::path& p : paths) fs::remove_all(p, ignored);
+  }
+};
+inline TempDirs temp_dirs;
+
 inline fs::path TempDir(const std::string& name) {
   fs::path p = fs::temp_directory_path() / ("tandem_lora_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
+  temp_dirs.paths.push_back(p);
   return p;
 }
 

@@ -9,6 +9,7 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 completions from token ids equal to `tandem generate --local`; stop strings;
 n samples (seeded: each the single request with seed + j) and batches of prompts;
 an API key (401 without it on /v1/, /health open); --reasoning-parser (a second pair);
+a LoRA adapter served beside the model (--lora-modules, a third pair);
 structured outputs (a JSON schema, any object, a choice) and forced tool calls;
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
@@ -638,7 +639,96 @@ def main():
         codes = pair.stop(timeout=60)
     assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
     passed += reasoning(bin_dir, model, answer)
+    passed += lora(bin_dir, model, answer)
     print(f"{passed} passed, 0 failed")
+
+
+def write_lora_adapter(path, rank=8, alpha=16, seed=7):
+    """A PEFT LoRA adapter for SmolLM2-135M (30 layers, hidden 576, 9 heads and
+    3 KV heads of 64) on q_proj and v_proj, random matrices: adapter_config.json
+    and adapter_model.safetensors (F32), as PEFT saves them."""
+    import random
+    import struct
+    rng = random.Random(seed)
+    tensors = {}
+    for layer in range(30):
+        for module, out in (("q_proj", 576), ("v_proj", 192)):
+            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[name + ".lora_A.weight"] = ([rank, 576], [rng.uniform(-0.2, 0.2) for _ in range(rank * 576)])
+            tensors[name + ".lora_B.weight"] = ([out, rank], [rng.uniform(-0.2, 0.2) for _ in range(out * rank)])
+    header, blobs, offset = {}, [], 0
+    for name, (shape, values) in tensors.items():
+        blob = struct.pack(f"<{len(values)}f", *values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header).encode()
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "adapter_model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "bias": "none",
+                   "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "SmolLM2-135M-Instruct"}, f)
+
+
+def lora(bin_dir, model, answer):
+    """A pair with a LoRA adapter on both workers (--lora-modules): /v1/models
+    lists it with the served model as parent; a chat naming it as its model is
+    answered under its name, differently from the base model, whose answer is
+    unchanged, whole and streamed alike; its completion from token ids equals
+    `tandem generate --local` with the same adapter; the decode worker reports
+    the adapters it runs (vllm:lora_requests_info, for the gateway)."""
+    out = tempfile.mkdtemp(prefix="tandem_lora_")
+    adapter = os.path.join(out, "adapter")
+    write_lora_adapter(adapter)
+    flag = f"--lora-modules=sql-lora={adapter}"
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2", flag], [flag])
+    try:
+        base = f"http://127.0.0.1:{pair.http_port}"
+        pair.wait(lambda: http_get(base + "/health")[0] == 200,
+                  "the decode worker's /health never answered 200")
+        client = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
+        models = {m.id: m for m in client.models.list().data}
+        assert set(models) == {"smollm2", "sql-lora"}, models
+        assert models["sql-lora"].model_extra["parent"] == "smollm2", models["sql-lora"]
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        plain = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                               max_tokens=64)
+        assert plain.choices[0].message.content == answer, plain
+        tuned = client.chat.completions.create(model="sql-lora", messages=question, temperature=0,
+                                               max_tokens=24)
+        assert tuned.model == "sql-lora", tuned
+        text = tuned.choices[0].message.content
+        assert text and not answer.startswith(text), tuned
+        streamed = ""
+        for chunk in client.chat.completions.create(model="sql-lora", messages=question, temperature=0,
+                                                    max_tokens=24, stream=True):
+            for choice in chunk.choices:
+                streamed += choice.delta.content or ""
+        assert streamed == text, (streamed, text)
+        ids = [1, 504, 3458, 282, 4649, 314]
+        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}", flag,
+                                "--lora-name=sql-lora", "--cudagraph-mode=NONE", "--ignore-eos",
+                                "--max-tokens=8", "--prompt-token-ids=" + ",".join(map(str, ids))],
+                               capture_output=True, text=True, check=True)
+        local_ids = [int(t) for t in local.stdout.splitlines()[0].split(",")]
+        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": local_ids}).encode())
+        local_text = json.load(urllib.request.urlopen(req))["prompt"]
+        completion = client.completions.create(model="sql-lora", prompt=ids, max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+        assert completion.model == "sql-lora", completion
+        assert completion.choices[0].text == local_text, (completion, local_text)
+        plain_completion = client.completions.create(model="smollm2", prompt=ids, max_tokens=8, temperature=0,
+                                                     extra_body={"ignore_eos": True})
+        assert plain_completion.choices[0].text != local_text, plain_completion
+        expect_error(openai.NotFoundError, lambda: client.chat.completions.create(
+            model="other-lora", messages=question, max_tokens=4), "sql-lora")
+        metrics = http_get(f"http://127.0.0.1:{pair.metrics_port}/metrics")[1]
+        assert 'vllm:lora_requests_info{' in metrics and 'max_lora="1"' in metrics, metrics
+    finally:
+        codes = pair.stop(timeout=60)
+    assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
+    return 1
 
 
 def reasoning(bin_dir, model, answer):

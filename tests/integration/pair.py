@@ -16,11 +16,11 @@ START_UP_S = 180  # graph capture on a loaded 2-core CI machine, sanitizers off
 
 
 class Pair:
-    def __init__(self, bin_dir, model, out, decode_flags=()):
+    def __init__(self, bin_dir, model, out, decode_flags=(), prefill_flags=()):
         self.out = out
         self.prefill = self.decode = None
         try:
-            self._start_both(bin_dir, model, decode_flags)
+            self._start_both(bin_dir, model, decode_flags, prefill_flags)
         except BaseException:
             for proc in (self.decode, self.prefill):
                 if proc is not None and proc.poll() is None:
@@ -28,8 +28,9 @@ class Pair:
                     proc.wait()
             raise
 
-    def _start_both(self, bin_dir, model, decode_flags):
-        self.prefill = self._start("prefill", [f"{bin_dir}/prefill_worker", f"--model={model}"])
+    def _start_both(self, bin_dir, model, decode_flags, prefill_flags):
+        self.prefill = self._start("prefill", [f"{bin_dir}/prefill_worker", f"--model={model}",
+                                               *prefill_flags])
         ports = self._ports(self.prefill, "prefill", {"grpc": r"gRPC listening on [^ ]*:(\d+)"})
         self.prefill_port = ports["grpc"]
         self.decode = self._start("decode", [
