@@ -151,6 +151,9 @@ int RunStep(const std::vector<std::string>& args) {
   flags.Add("prefill-tokens", &prefill_tokens, "prefill token counts");
   flags.Add("context", &context, "tokens already cached per decoding request");
   flags.Add("iters", &iters, "timed runs per figure (median reported)");
+  std::string lora_name;
+  flags.Add("lora-name", &lora_name,
+            "every sequence runs with this --lora-modules adapter (empty: the base model)");
   if (auto code = ParseCommandLine(&flags, args)) return *code;
   auto batches = ParseIntList(batch_sizes, "--batch-sizes");
   if (!batches.ok()) return Fail(batches.status());
@@ -181,6 +184,8 @@ int RunStep(const std::vector<std::string>& args) {
   if (!engine.ok()) return Fail(engine.status());
   ModelRunner& runner = (*engine)->runner();
   KvCache& kv = (*engine)->kv_cache();
+  const absl::StatusOr<int> lora_slot = (*engine)->lora().Slot(lora_name);
+  if (!lora_slot.ok()) return Fail(lora_slot.status());
 
   const int threads =
       config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus();
@@ -263,7 +268,7 @@ int RunStep(const std::vector<std::string>& args) {
       for (int i = 0; i < b; ++i) {
         const std::string id = absl::StrCat("bench-decode-", i);
         if (auto s = kv.EnsureCapacity(id, context + len); !s.ok()) return Fail(s);
-        seqs.push_back({tokens.data(), len, context, kv.BlockTable(id), true, len});
+        seqs.push_back({tokens.data(), len, context, kv.BlockTable(id), true, len, *lora_slot});
       }
       if (auto s = report(len == 1 ? "decode" : "verify", b * len, b, seqs); !s.ok()) return Fail(s);
       for (int i = 0; i < b; ++i) kv.Free(absl::StrCat("bench-decode-", i));
@@ -271,7 +276,8 @@ int RunStep(const std::vector<std::string>& args) {
   }
   for (int p : *prefills) {
     if (auto s = kv.EnsureCapacity("bench-prefill", p); !s.ok()) return Fail(s);
-    std::vector<ScheduledSeq> seqs = {{tokens.data(), p, 0, kv.BlockTable("bench-prefill"), true}};
+    std::vector<ScheduledSeq> seqs = {
+        {tokens.data(), p, 0, kv.BlockTable("bench-prefill"), true, 1, *lora_slot}};
     if (auto s = report("prefill", p, 1, seqs); !s.ok()) return Fail(s);
     kv.Free("bench-prefill");
   }

@@ -16,6 +16,7 @@
 #define TANDEM_COMMON_KERNELS_OPS_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -25,6 +26,17 @@
 #include "common/graph/attention_support.h"
 
 namespace tandem {
+
+// One weight's LoRA adapters, stacked (LoraSet in common/model/lora.h): S
+// adapters, each with `rank` rows of A and B per module of the weight (a
+// fused weight has several: q, k, v of qkv), R = rank x modules.
+struct LoraWeights {
+  Tensor a;   // f32[S, R, in]: module m's A in rows [m * rank, (m + 1) * rank)
+  Tensor bt;  // f32[S, R, out]: B transposed, its scale folded in; row m * rank + t
+              // is zero outside module m's output columns
+  int64_t rank = 0;
+  std::vector<int64_t> splits;  // module m's output columns [splits[m], splits[m + 1])
+};
 
 // Attention metadata in persistent buffers, read by the attention op when it
 // runs (so a FULL graph that contains attention stays valid as they change).
@@ -152,12 +164,11 @@ class Ops {
   }
   // Whether LoraAdd is implemented (the engine refuses LoRA adapters otherwise).
   virtual bool supports_lora() const { return false; }
-  // out[t, :] += b[s - 1] . (a[s - 1] . x[t, :]) for each row t of x whose
-  // slot s = slots[t] (read when the op runs) is not 0; rows of slot 0 (the
-  // base model, and padding) are left as they are. a: f32[S, R, in] (each
-  // adapter's A rows), b: f32[S, out, R] (its B, scale folded in), scratch:
-  // at least rows x R floats. See LoraSet.
-  virtual void LoraAdd(const Tensor& x, const Tensor& slots, const Tensor& a, const Tensor& b,
+  // out[t, :] += (w.a[s - 1] . x[t, :]) . w.bt[s - 1] for each row t of x
+  // whose slot s = slots[t] (read when the op runs) is not 0; rows of slot 0
+  // (the base model, and padding) are left as they are. scratch: at least
+  // rows x R floats.
+  virtual void LoraAdd(const Tensor& x, const Tensor& slots, const LoraWeights& w,
                        const Tensor& scratch, const Tensor& out) {
     TANDEM_CHECK(false) << "LoraAdd on a backend without LoRA";  // the engine refuses first
   }

@@ -517,7 +517,7 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
   const LoraSet* lora = b.lora_active ? b.lora : nullptr;
   // out += the adapters' term of a projection they target (LoraSet).
   const auto add_lora = [&](const LoraStack& st, const Tensor& x, const Tensor& out) {
-    if (st.a.data != nullptr) ops_->LoraAdd(x, b.lora_slots, st.a, st.b, b.lora_scratch, out);
+    if (st.a.data != nullptr) ops_->LoraAdd(x, b.lora_slots, st, b.lora_scratch, out);
   };
   if (piece > 0) {
     // Finish layer piece-1: o_proj, residual + post norm, MLP, residual.

@@ -261,7 +261,10 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
         const int64_t in = ShapeOf(config, f.modules[0]).in;
         LoraStack& st = set->layers_[l].*(f.stack);
         ASSIGN_OR_RETURN(st.a, arena->Allocate(DType::kF32, {S, R, in}));
-        ASSIGN_OR_RETURN(st.b, arena->Allocate(DType::kF32, {S, out, R}));
+        ASSIGN_OR_RETURN(st.bt, arena->Allocate(DType::kF32, {S, R, out}));
+        st.rank = rank;
+        st.splits = {0};
+        for (int m : f.modules) st.splits.push_back(st.splits.back() + ShapeOf(config, m).out);
         set->max_stack_rank_ = std::max(set->max_stack_rank_, R);
       }
     }
@@ -277,7 +280,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
     for (const Fused& f : fused) {
       const LoraStack& st = set->layers_[l].*(f.stack);
       if (st.a.data == nullptr) continue;
-      const int64_t R = st.a.dim(1), in = st.a.dim(2), out = st.b.dim(1);
+      const int64_t R = st.a.dim(1), in = st.a.dim(2), out = st.bt.dim(2);
       ha.assign(S * R * in, 0.f);
       hb.assign(S * out * R, 0.f);
       for (int64_t s = 0; s < S; ++s) {
@@ -293,7 +296,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
                       ha.begin() + (s * R + col0) * in);
             for (int64_t o = 0; o < mo; ++o) {
               for (int64_t t = 0; t < r; ++t) {
-                hb[(s * out + row0 + o) * R + col0 + t] = scale * it->second.b[o * r + t];
+                hb[(s * R + col0 + t) * out + row0 + o] = scale * it->second.b[o * r + t];
               }
             }
           }
@@ -301,7 +304,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
         }
       }
       RETURN_IF_ERROR(device->CopyToDevice(st.a.data, ha.data(), ha.size() * sizeof(float)));
-      RETURN_IF_ERROR(device->CopyToDevice(st.b.data, hb.data(), hb.size() * sizeof(float)));
+      RETURN_IF_ERROR(device->CopyToDevice(st.bt.data, hb.data(), hb.size() * sizeof(float)));
     }
   }
   TANDEM_LOG(INFO) << "LoRA: " << S << " adapter(s), stacked rank " << rank << " per module, "

@@ -12,10 +12,10 @@
 // The adapters are kept in f32 and stacked per weight of the model, the fused
 // ones fused likewise (q, k, v -> qkv; gate, up -> gate_up), so that one op
 // per weight serves every adapter of a batch:
-//   a: [S, R, in]   adapter s's A rows of the weight's modules, one after another
-//   b: [S, out, R]  block-diagonal: module j's B, times scale, in its output
-//                   rows and its rank columns; zeros where the adapter does not
-//                   target a module
+//   a:  [S, R, in]   adapter s's A rows of the weight's modules, one after another
+//   bt: [S, R, out]  B transposed and times scale: module j's rank rows hold its
+//                    B in its output columns (zeros elsewhere, and where the
+//                    adapter does not target the module)
 // S = adapters loaded; R = max_lora_rank x the modules fused. A token's slot is
 // 0 for the base model and s + 1 for adapter s (ForwardBuffers::lora_slots).
 //
@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/backend/device.h"
+#include "common/kernels/ops.h"
 #include "common/model/llama_config.h"
 
 namespace tandem {
@@ -50,11 +51,9 @@ struct LoraModuleSpec {
 // unique and non-empty; INVALID_ARGUMENT names the entry.
 absl::StatusOr<std::vector<LoraModuleSpec>> ParseLoraModules(absl::string_view flag);
 
-// One weight's stacked adapters; a null `a` when no adapter targets it.
-struct LoraStack {
-  Tensor a;  // f32[S, R, in]
-  Tensor b;  // f32[S, out, R]
-};
+// One weight's stacked adapters (Ops' LoraWeights); a null `a` when no
+// adapter targets it.
+using LoraStack = LoraWeights;
 
 class LoraSet {
  public:

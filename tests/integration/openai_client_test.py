@@ -34,6 +34,9 @@ import openai
 
 from pair import Pair
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from make_lora_adapter import write_lora_adapter  # noqa: E402
+
 
 def http_get(url, timeout=5):
     try:
@@ -641,34 +644,6 @@ def main():
     passed += reasoning(bin_dir, model, answer)
     passed += lora(bin_dir, model, answer)
     print(f"{passed} passed, 0 failed")
-
-
-def write_lora_adapter(path, rank=8, alpha=16, seed=7):
-    """A PEFT LoRA adapter for SmolLM2-135M (30 layers, hidden 576, 9 heads and
-    3 KV heads of 64) on q_proj and v_proj, random matrices: adapter_config.json
-    and adapter_model.safetensors (F32), as PEFT saves them."""
-    import random
-    import struct
-    rng = random.Random(seed)
-    tensors = {}
-    for layer in range(30):
-        for module, out in (("q_proj", 576), ("v_proj", 192)):
-            name = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            tensors[name + ".lora_A.weight"] = ([rank, 576], [rng.uniform(-0.2, 0.2) for _ in range(rank * 576)])
-            tensors[name + ".lora_B.weight"] = ([out, rank], [rng.uniform(-0.2, 0.2) for _ in range(out * rank)])
-    header, blobs, offset = {}, [], 0
-    for name, (shape, values) in tensors.items():
-        blob = struct.pack(f"<{len(values)}f", *values)
-        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    head = json.dumps(header).encode()
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "adapter_model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
-    with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "bias": "none",
-                   "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "SmolLM2-135M-Instruct"}, f)
 
 
 def lora(bin_dir, model, answer):

@@ -430,43 +430,67 @@ class CpuOps : public Ops {
 
   bool supports_lora() const override { return true; }
 
-  void LoraAdd(const Tensor& x, const Tensor& slots, const Tensor& a, const Tensor& b,
-               const Tensor& scratch, const Tensor& out) override {
-    const int64_t n = x.dim(0), in = x.dim(1), adapters = a.dim(0), rank = a.dim(1);
-    const int64_t width = b.dim(1);
-    TANDEM_CHECK(a.dim(2) == in && b.dim(0) == adapters && b.dim(2) == rank &&
-                 out.dim(0) == n && out.dim(1) == width && scratch.numel() >= n * rank &&
-                 slots.numel() >= n)
-        << "lora " << x.ShapeString() << " a " << a.ShapeString() << " b " << b.ShapeString()
-        << " out " << out.ShapeString();
+  void LoraAdd(const Tensor& x, const Tensor& slots, const LoraWeights& w, const Tensor& scratch,
+               const Tensor& out) override {
+    const int64_t n = x.dim(0), in = x.dim(1), adapters = w.a.dim(0), big_r = w.a.dim(1);
+    const int64_t width = w.bt.dim(2), rank = w.rank;
+    const std::vector<int64_t> splits = w.splits;
+    TANDEM_CHECK(w.a.dim(2) == in && w.bt.dim(0) == adapters && w.bt.dim(1) == big_r &&
+                 rank * static_cast<int64_t>(splits.size() - 1) == big_r &&
+                 splits.back() == width && out.dim(0) == n && out.dim(1) == width &&
+                 scratch.numel() >= n * big_r && slots.numel() >= n)
+        << "lora " << x.ShapeString() << " a " << w.a.ShapeString() << " bt "
+        << w.bt.ShapeString() << " out " << out.ShapeString();
     const float* xs = x.f32();
     const int32_t* sl = slots.i32();
-    const float* as = a.f32();
-    const float* bs = b.f32();
+    const float* as = w.a.f32();
+    const float* bts = w.bt.f32();
     float* u = scratch.f32();
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
     stream_->Launch("lora", [=] {
-      // Per row, its adapter's A times x (R dots), then B's rows times that
-      // over the output columns: 2 R (in + out) multiply-adds a row against
-      // the projection's in x out, so plain dots (cpu::Dot) are enough.
-      pool->ParallelFor(n, 1, [=](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const int32_t s = sl[t];
-          if (s < 1 || s > adapters) continue;
-          const float* at = as + (s - 1) * rank * in;
-          for (int64_t k = 0; k < rank; ++k) u[t * rank + k] = cpu::Dot(at + k * in, xs + t * in, in);
+      // fn(first, end, slot) for each run of rows [first, end) in [t0, t1)
+      // with one adapter: a request's rows are one run, and consecutive
+      // requests of one adapter merge, so that prompts multiply as matrices.
+      const auto for_runs = [&](int64_t t0, int64_t t1, const auto& fn) {
+        for (int64_t t = t0; t < t1;) {
+          int64_t e = t + 1;
+          while (e < t1 && sl[e] == sl[t]) ++e;
+          if (sl[t] >= 1 && sl[t] <= adapters) fn(t, e, sl[t] - 1);
+          t = e;
         }
+      };
+      // u = x . a^T: rows split over the pool.
+      pool->ParallelFor(n, 1, [&](int64_t t0, int64_t t1) {
+        for_runs(t0, t1, [&](int64_t r0, int64_t r1, int64_t s) {
+          if (r1 - r0 == 1) {  // a decoding row: sgemv costs a sgemm call's fraction
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, big_r, in, 1.f, as + s * big_r * in, in,
+                        xs + r0 * in, 1, 0.f, u + r0 * big_r, 1);
+            return;
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, big_r, in, 1.f,
+                      xs + r0 * in, in, as + s * big_r * in, in, 0.f, u + r0 * big_r, big_r);
+        });
       });
-      pool->ParallelFor(width, 16, [=](int64_t j0, int64_t j1) {
-        for (int64_t t = 0; t < n; ++t) {
-          const int32_t s = sl[t];
-          if (s < 1 || s > adapters) continue;
-          const float* bt = bs + (s - 1) * width * rank;
-          const float* ut = u + t * rank;
-          float* ot = o + t * width;
-          for (int64_t j = j0; j < j1; ++j) ot[j] += cpu::Dot(bt + j * rank, ut, rank);
-        }
+      // out += u . bt, each module over its own columns only (bt is zero
+      // elsewhere): output columns split over the pool.
+      pool->ParallelFor(width, 16, [&](int64_t j0, int64_t j1) {
+        for_runs(0, n, [&](int64_t r0, int64_t r1, int64_t s) {
+          for (size_t m = 0; m + 1 < splits.size(); ++m) {
+            const int64_t c0 = std::max(j0, splits[m]), c1 = std::min(j1, splits[m + 1]);
+            if (c0 >= c1) continue;
+            const int64_t k0 = static_cast<int64_t>(m) * rank;
+            if (r1 - r0 == 1) {
+              cblas_sgemv(CblasRowMajor, CblasTrans, rank, c1 - c0, 1.f,
+                          bts + (s * big_r + k0) * width + c0, width, u + r0 * big_r + k0, 1, 1.f,
+                          o + r0 * width + c0, 1);
+              continue;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, c1 - c0, rank, 1.f,
+                        u + r0 * big_r + k0, big_r, bts + (s * big_r + k0) * width + c0, width,
+                        1.f, o + r0 * width + c0, width);
+          }
+        });
       });
     });
   }
