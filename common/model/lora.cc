@@ -7,7 +7,6 @@
 #include <map>
 #include <sstream>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -172,25 +171,6 @@ absl::StatusOr<HostAdapter> ReadAdapter(const LlamaConfig& config, const LoraMod
 }
 
 }  // namespace
-
-absl::StatusOr<std::vector<LoraModuleSpec>> ParseLoraModules(absl::string_view flag) {
-  std::vector<LoraModuleSpec> out;
-  if (flag.empty()) return out;
-  absl::flat_hash_set<std::string> seen;
-  for (absl::string_view entry : absl::StrSplit(flag, ',')) {
-    const std::pair<std::string, std::string> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
-    if (kv.first.empty() || kv.second.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--lora-modules entry '", entry, "' is not NAME=PATH (a PEFT adapter directory)"));
-    }
-    if (!seen.insert(kv.first).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--lora-modules names '", kv.first, "' twice"));
-    }
-    out.push_back({kv.first, kv.second});
-  }
-  return out;
-}
 
 absl::StatusOr<int> LoraSet::Slot(absl::string_view name) const {
   if (name.empty()) return 0;

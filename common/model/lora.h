@@ -47,10 +47,6 @@ struct LoraModuleSpec {
   std::string path;
 };
 
-// "name=path,name=path,..." (vLLM's --lora-modules name=path ...). Names are
-// unique and non-empty; INVALID_ARGUMENT names the entry.
-absl::StatusOr<std::vector<LoraModuleSpec>> ParseLoraModules(absl::string_view flag);
-
 // One weight's stacked adapters (Ops' LoraWeights); a null `a` when no
 // adapter targets it.
 using LoraStack = LoraWeights;

@@ -11,6 +11,10 @@
 
 namespace tandem {
 
+// "NAME=PATH,NAME=PATH,..." (vLLM's --lora-modules name=path ...). Names are
+// unique and non-empty; INVALID_ARGUMENT names the entry.
+absl::StatusOr<std::vector<LoraModuleSpec>> ParseLoraModules(absl::string_view flag);
+
 struct EngineFlags {
   std::string model = "synthetic";
   std::string device = "cpu";

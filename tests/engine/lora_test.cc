@@ -14,6 +14,7 @@
 #include "common/engine/engine.h"
 #include "common/model/lora.h"
 #include "common/model/safetensors.h"
+#include "common/serving/engine_flags.h"
 #include "gtest/gtest.h"
 #include "tests/engine/lora_fixture.h"
 
