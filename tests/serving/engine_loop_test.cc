@@ -179,9 +179,15 @@ TEST(EngineClientTest, OutputsAndErrorsComeBackOnTheRequestsCallback) {
   EngineClient client(&loop);
   EXPECT_EQ(client.fingerprint().num_layers(), static_cast<uint32_t>(loop.model_config().num_hidden_layers));
   Collected ok, empty, dup;
+  // The three reach the loop in one batch, before any step: otherwise the
+  // first "a" could finish before the second is added (seen in CI under load),
+  // and the second would then be a new request, not a duplicate.
+  Notification hold;
+  loop.Post([&](LlmEngine&) { hold.WaitForNotification(); });
   client.Submit(Make("a", {1, 2, 3}, 5), ok.Callback());
   client.Submit(Make("b", {}, 5), empty.Callback());
   client.Submit(Make("a", {4}, 5), dup.Callback());
+  hold.Notify();
   for (Collected* c : {&ok, &empty, &dup}) {
     ASSERT_TRUE(c->finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
   }
