@@ -150,6 +150,10 @@ class RegexCompiler {
       return absl::InvalidArgumentError(absl::StrCat("the regex needs more than ", ByteRegex::kMaxStates,
                                                      " automaton states (counted repetitions copy theirs)"));
     }
+    if (!re.ends_) {
+      return absl::InvalidArgumentError(
+          "the regex matches no text (a class such as [^\\D\\w] holds no character), so no reply can satisfy it");
+    }
     return re;
   }
 
@@ -572,7 +576,54 @@ class RegexCompiler {
       }
       re->live_.push_back(live);
     }
-    return sets.size() <= static_cast<size_t>(ByteRegex::kMaxStates);
+    if (sets.size() > static_cast<size_t>(ByteRegex::kMaxStates)) return false;
+    PruneDeadEnds(re);
+    return true;
+  }
+
+  // A state from which no text reaches the accepting one (a class that
+  // holds no character, such as [^\D\w], leaves such ends) is made
+  // unreachable: a step into it is -1, so that every state a step gives can
+  // still end a match, and a token mask that follows the steps allows only
+  // what can complete.
+  static void PruneDeadEnds(ByteRegex* re) {
+    const int n = static_cast<int>(re->accepting_.size());
+    const int k = re->num_classes_;
+    std::vector<std::vector<int32_t>> into(n);
+    for (int d = 0; d < n; ++d) {
+      for (int c = 0; c < k; ++c) {
+        const int32_t next = re->next_[static_cast<size_t>(d) * k + c];
+        if (next >= 0) into[next].push_back(d);
+      }
+    }
+    std::vector<uint8_t> ends(n, 0);
+    std::vector<int32_t> stack;
+    for (int d = 0; d < n; ++d) {
+      if (re->accepting_[d]) {
+        ends[d] = 1;
+        stack.push_back(d);
+      }
+    }
+    while (!stack.empty()) {
+      const int32_t d = stack.back();
+      stack.pop_back();
+      for (int32_t from : into[d]) {
+        if (!ends[from]) {
+          ends[from] = 1;
+          stack.push_back(from);
+        }
+      }
+    }
+    for (int d = 0; d < n; ++d) {
+      bool live = false;
+      for (int c = 0; c < k; ++c) {
+        int32_t& next = re->next_[static_cast<size_t>(d) * k + c];
+        if (next >= 0 && !ends[next]) next = -1;
+        live |= next >= 0;
+      }
+      re->live_[d] = live;
+    }
+    re->ends_ = ends[re->start_] != 0;
   }
 
   std::string_view p_;

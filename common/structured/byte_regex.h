@@ -13,6 +13,8 @@
 // (backreferences, lookaround, inline flags, \b, ...) is INVALID_ARGUMENT
 // naming it and its offset. A match is a full match (re.fullmatch).
 //
+// A pattern that matches no text at all ([^\D\w]) is refused.
+//
 // The automaton is a DFA over byte classes, made from the Thompson NFA by
 // subset construction at compile time (a pattern whose DFA would need more
 // than kMaxStates states is refused, as RE2 bounds its DFA), so that a step
@@ -38,7 +40,8 @@ class ByteRegex {
   static absl::StatusOr<ByteRegex> Compile(std::string_view pattern);
 
   int32_t start() const { return start_; }
-  // The state after byte `c`, or -1: `c` cannot come.
+  // The state after byte `c`, or -1: `c` cannot come, or no text after it
+  // could end the match (every state a step gives can still end one).
   int32_t Step(int32_t state, uint8_t c) const {
     return next_[static_cast<size_t>(state) * num_classes_ + class_of_[c]];
   }
@@ -56,6 +59,7 @@ class ByteRegex {
   std::vector<int32_t> next_;  // [state][class]
   std::vector<uint8_t> accepting_, live_;
   int32_t start_ = 0;
+  bool ends_ = false;  // some text takes start_ to an accepting state
 
   friend class RegexCompiler;
 };

@@ -73,5 +73,32 @@ TEST(ByteRegexTest, WhatItCannotMatchIsRefusedByName) {
   ASSERT_TRUE(counted.ok()) << counted.status();
 }
 
+// A class that holds no character ([^\D\w]: every digit is a word
+// character) leaves branches no text can finish: no step leads into one,
+// so every state a step gives can still end a match; a pattern with no
+// other branch matches nothing and is refused.
+TEST(ByteRegexTest, NoStepLeadsWhereNoMatchCanEnd) {
+  auto re = ByteRegex::Compile(R"(ab[^\D\w]|ac|.[^\D\w])");
+  ASSERT_TRUE(re.ok()) << re.status();
+  const int32_t a = re->Step(re->start(), 'a');
+  ASSERT_GE(a, 0);
+  EXPECT_EQ(re->Step(a, 'b'), -1);
+  ASSERT_GE(re->Step(a, 'c'), 0);
+  EXPECT_TRUE(re->Accepting(re->Step(a, 'c')));
+  EXPECT_EQ(re->Step(re->start(), 'x'), -1);
+  EXPECT_EQ(re->Step(re->start(), 0xC3), -1);  // the first byte of a 2-byte '.'
+  EXPECT_TRUE(FullMatch(*re, "ac"));
+  EXPECT_FALSE(FullMatch(*re, "ab"));
+  for (const char* nothing : {R"([^\D\w])", R"(.[^\D\w])", R"((a|b)[^\D\w]*c[^\W\d\D])"}) {
+    auto refused = ByteRegex::Compile(nothing);
+    ASSERT_FALSE(refused.ok()) << nothing;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(refused.status().message()).find("matches no text"), std::string::npos)
+        << refused.status();
+  }
+  // A class with nothing in it, repeated zero or more times, still matches.
+  EXPECT_TRUE(ByteRegex::Compile(R"(a[^\D\w]*)").ok());
+}
+
 }  // namespace
 }  // namespace tandem

@@ -296,5 +296,19 @@ TEST(JsonGrammarTest, TheMaskOfARegexIsEveryTokenThatCanComeNext) {
   EXPECT_TRUE(m.Done());
 }
 
+// The fuzz input that found it: a branch that cannot end (after '.', a class
+// with no character) once let the mask allow tokens Accept() refused.
+TEST(JsonGrammarTest, TheMaskOfARegexLeavesOutBranchesThatCannotEnd) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  auto g = JsonGrammar::FromRegex(R"(x|.[^\D\w])");
+  ASSERT_TRUE(g.ok()) << g.status();
+  GrammarMatcher m(*g);
+  ExpectMaskAlong(vocab, eos, "x", &m);
+  EXPECT_TRUE(m.Done());
+  EXPECT_EQ(JsonGrammar::FromRegex(R"([^)\w*][^\D-z\s)\w{2}])").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tandem
