@@ -31,8 +31,8 @@ namespace tandem {
 // adapters, each with `rank` rows of A and B per module of the weight (a
 // fused weight has several: q, k, v of qkv), R = rank x modules.
 struct LoraWeights {
-  Tensor a;   // f32[S, R, in]: module m's A in rows [m * rank, (m + 1) * rank)
-  Tensor bt;  // f32[S, R, out]: B transposed, its scale folded in; row m * rank + t
+  Tensor a;   // bf16[S, R, in]: module m's A in rows [m * rank, (m + 1) * rank)
+  Tensor bt;  // bf16[S, R, out]: B transposed, its scale folded in; row m * rank + t
               // is zero outside module m's output columns
   int64_t rank = 0;
   std::vector<int64_t> splits;  // module m's output columns [splits[m], splits[m + 1])

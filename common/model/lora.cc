@@ -170,6 +170,14 @@ absl::StatusOr<HostAdapter> ReadAdapter(const LlamaConfig& config, const LoraMod
   return ad;
 }
 
+// `host` rounded to bf16 (nearest even) and copied to `dst` on `device`.
+absl::Status CopyBf16(Device* device, const std::vector<float>& host, void* dst,
+                      std::vector<uint16_t>* bits) {
+  bits->resize(host.size());
+  ConvertFromF32(host.data(), DType::kBF16, bits->data(), static_cast<int64_t>(host.size()));
+  return device->CopyToDevice(dst, bits->data(), bits->size() * sizeof(uint16_t));
+}
+
 }  // namespace
 
 absl::StatusOr<int> LoraSet::Slot(absl::string_view name) const {
@@ -240,8 +248,8 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
         for (int m : f.modules) out += ShapeOf(config, m).out;
         const int64_t in = ShapeOf(config, f.modules[0]).in;
         LoraStack& st = set->layers_[l].*(f.stack);
-        ASSIGN_OR_RETURN(st.a, arena->Allocate(DType::kF32, {S, R, in}));
-        ASSIGN_OR_RETURN(st.bt, arena->Allocate(DType::kF32, {S, R, out}));
+        ASSIGN_OR_RETURN(st.a, arena->Allocate(DType::kBF16, {S, R, in}));
+        ASSIGN_OR_RETURN(st.bt, arena->Allocate(DType::kBF16, {S, R, out}));
         st.rank = rank;
         st.splits = {0};
         for (int m : f.modules) st.splits.push_back(st.splits.back() + ShapeOf(config, m).out);
@@ -256,6 +264,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
   RETURN_IF_ERROR(place(set->arena_.get()));
 
   std::vector<float> ha, hb;
+  std::vector<uint16_t> bits;
   for (int l = 0; l < L; ++l) {
     for (const Fused& f : fused) {
       const LoraStack& st = set->layers_[l].*(f.stack);
@@ -283,8 +292,8 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
           row0 += mo;
         }
       }
-      RETURN_IF_ERROR(device->CopyToDevice(st.a.data, ha.data(), ha.size() * sizeof(float)));
-      RETURN_IF_ERROR(device->CopyToDevice(st.bt.data, hb.data(), hb.size() * sizeof(float)));
+      RETURN_IF_ERROR(CopyBf16(device, ha, st.a.data, &bits));
+      RETURN_IF_ERROR(CopyBf16(device, hb, st.bt.data, &bits));
     }
   }
   TANDEM_LOG(INFO) << "LoRA: " << S << " adapter(s), stacked rank " << rank << " per module, "

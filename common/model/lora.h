@@ -9,14 +9,17 @@
 // A targeted projection computes y = x W^T + scale * (x A^T) B^T, scale =
 // lora_alpha / r (lora_alpha / sqrt(r) with use_rslora), as PEFT does.
 //
-// The adapters are kept in f32 and stacked per weight of the model, the fused
+// The adapters are kept in bf16 (the scale folded into B before it is
+// rounded), as vLLM keeps them in a bf16 model's dtype: a batch-1 decode step
+// reads every stack of the adapter it runs, and bf16 halves those bytes
+// (docs/benchmarks.md, "LoRA adapters"). They are stacked per weight of the model, the fused
 // ones fused likewise (q, k, v -> qkv; gate, up -> gate_up), so that one op
 // per weight serves every adapter of a batch:
 //   a:  [S, R, in]   adapter s's A rows of the weight's modules, one after another
 //   bt: [S, R, out]  B transposed and times scale: module j's rank rows hold its
 //                    B in its output columns (zeros elsewhere, and where the
 //                    adapter does not target the module)
-// S = adapters loaded; R = max_lora_rank x the modules fused. A token's slot is
+// S = adapters loaded; R = the largest loaded rank x the modules fused. A token's slot is
 // 0 for the base model and s + 1 for adapter s (ForwardBuffers::lora_slots).
 //
 // Refused at start-up, naming the adapter and what it asks: DoRA, biases,

@@ -325,6 +325,46 @@ TEST(PortableKernelsTest, AttentionKernelsMatchTheirDefinitionsOnEveryTarget) {
   });
 }
 
+// LoRA's second product: out += a . b with bf16 rows of b, at widths that
+// fill column groups, single vectors and a partial one, row counts past a
+// tile, and strides wider than the rows; nothing outside [0, ncols) written.
+TEST(PortableKernelsTest, AddProductBf16AddsToWhatIsThereOnEveryTarget) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  OnEveryTarget([&] {
+    for (int64_t ncols : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{67}, int64_t{192}}) {
+      for (int64_t nrows : {int64_t{1}, int64_t{3}, int64_t{9}}) {
+        for (int64_t inner : {int64_t{1}, int64_t{8}, int64_t{16}}) {
+          SCOPED_TRACE("ncols=" + std::to_string(ncols) + " nrows=" + std::to_string(nrows) +
+                       " inner=" + std::to_string(inner));
+          const int64_t lda = inner + 5, ldb = ncols + 3, ldo = ncols + 2;
+          std::vector<float> a(nrows * lda), bf(inner * ldb), out(nrows * ldo + 1);
+          for (float& e : a) e = uni(rng);
+          for (float& e : bf) e = uni(rng);
+          for (float& e : out) e = uni(rng);
+          std::vector<uint16_t> b(bf.size());
+          ConvertFromF32(bf.data(), DType::kBF16, b.data(), static_cast<int64_t>(b.size()));
+          ConvertToF32(b.data(), DType::kBF16, bf.data(), static_cast<int64_t>(bf.size()));
+          const std::vector<float> before = out;
+          cpu::AddProductBf16(a.data(), lda, nrows, inner, b.data(), ldb, ncols, out.data(), ldo);
+          for (int64_t r = 0; r < nrows; ++r) {
+            for (int64_t c = 0; c < ldo; ++c) {
+              if (c >= ncols) {
+                ASSERT_EQ(out[r * ldo + c], before[r * ldo + c]) << r << "," << c;
+                continue;
+              }
+              double ref = before[r * ldo + c];
+              for (int64_t k = 0; k < inner; ++k) ref += double{a[r * lda + k]} * bf[k * ldb + c];
+              ASSERT_NEAR(out[r * ldo + c], ref, 1e-5) << r << "," << c;
+            }
+          }
+          ASSERT_EQ(out.back(), before.back());
+        }
+      }
+    }
+  });
+}
+
 // bf16 rounding on every target: tensor.cc's bits, ties to even and NaNs
 // included, at every length (vector tails); nothing past n written.
 TEST(PortableKernelsTest, Bf16RoundingEqualsTheScalarConversionOnEveryTarget) {

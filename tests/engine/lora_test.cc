@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "common/backend/tensor.h"
 #include "common/engine/engine.h"
 #include "common/model/lora.h"
 #include "common/model/safetensors.h"
@@ -29,7 +30,17 @@ using lora_fixture::MakeAdapter;
 using lora_fixture::Tensors;
 using lora_fixture::TempDir;
 
-// tiny_llama with `adapter` merged into its weights, as a checkpoint of its own.
+// `v` as the engine keeps an adapter's values: rounded to bf16.
+float Bf16(float v) {
+  uint16_t bits;
+  ConvertFromF32(&v, DType::kBF16, &bits, 1);
+  float out;
+  ConvertToF32(&bits, DType::kBF16, &out, 1);
+  return out;
+}
+
+// tiny_llama with `adapter` merged into its weights, as a checkpoint of its
+// own: W + bf16(scale B) bf16(A), the matrices as the engine keeps them.
 fs::path Merged(const Adapter& adapter, const std::string& name) {
   const fs::path dir = TempDir(name);
   fs::copy_file(kBase + "/config.json", dir / "config.json");
@@ -50,8 +61,10 @@ fs::path Merged(const Adapter& adapter, const std::string& name) {
       for (int64_t i = 0; i < o; ++i) {
         for (int64_t j = 0; j < in; ++j) {
           double acc = 0;
-          for (int64_t t = 0; t < r; ++t) acc += double{b.second[i * r + t]} * a->second.second[t * in + j];
-          w[i * in + j] += static_cast<float>(adapter.scale * acc);
+          for (int64_t t = 0; t < r; ++t) {
+            acc += double{Bf16(adapter.scale * b.second[i * r + t])} * Bf16(a->second.second[t * in + j]);
+          }
+          w[i * in + j] += static_cast<float>(acc);
         }
       }
     }

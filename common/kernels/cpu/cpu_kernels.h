@@ -101,6 +101,13 @@ void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt,
 void AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo);
 
+// out[r, :ncols] += sum_k a[r, k] * b[k, :ncols] for r < nrows, k < inner,
+// with bf16 b (rows `ldb` apart; a rows `lda` apart, out rows `ldo`): in
+// AttentionPv's outer-product tiles. LoRA's second product, (x A^T) B^T with
+// B kept transposed.
+void AddProductBf16(const float* a, int64_t lda, int64_t nrows, int64_t inner, const uint16_t* b,
+                    int64_t ldb, int64_t ncols, float* out, int64_t ldo);
+
 // Attention of one query token's heads of one KV group (rows heads, q and
 // out rows hd apart) over ctx keys read in place from the cache: key j's K
 // and V rows start at k + off[j] and v + off[j] (f32 or bf16 bits). `s`:

@@ -435,7 +435,8 @@ class CpuOps : public Ops {
     const int64_t n = x.dim(0), in = x.dim(1), adapters = w.a.dim(0), big_r = w.a.dim(1);
     const int64_t width = w.bt.dim(2), rank = w.rank;
     const std::vector<int64_t> splits = w.splits;
-    TANDEM_CHECK(w.a.dim(2) == in && w.bt.dim(0) == adapters && w.bt.dim(1) == big_r &&
+    TANDEM_CHECK(w.a.dtype == DType::kBF16 && w.bt.dtype == DType::kBF16 && w.a.dim(2) == in &&
+                 w.bt.dim(0) == adapters && w.bt.dim(1) == big_r &&
                  rank * static_cast<int64_t>(splits.size() - 1) == big_r &&
                  splits.back() == width && out.dim(0) == n && out.dim(1) == width &&
                  scratch.numel() >= n * big_r && slots.numel() >= n)
@@ -443,8 +444,8 @@ class CpuOps : public Ops {
         << w.bt.ShapeString() << " out " << out.ShapeString();
     const float* xs = x.f32();
     const int32_t* sl = slots.i32();
-    const float* as = w.a.f32();
-    const float* bts = w.bt.f32();
+    const uint16_t* as = w.a.as<uint16_t>();
+    const uint16_t* bts = w.bt.as<uint16_t>();
     float* u = scratch.f32();
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
@@ -460,16 +461,12 @@ class CpuOps : public Ops {
           t = e;
         }
       };
-      // u = x . a^T: rows split over the pool.
+      // u = x . a^T (the bf16 rows widened as they stream, as a bf16
+      // model's weights): rows split over the pool.
       pool->ParallelFor(n, 1, [&](int64_t t0, int64_t t1) {
         for_runs(t0, t1, [&](int64_t r0, int64_t r1, int64_t s) {
-          if (r1 - r0 == 1) {  // a decoding row: sgemv costs a sgemm call's fraction
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, big_r, in, 1.f, as + s * big_r * in, in,
-                        xs + r0 * in, 1, 0.f, u + r0 * big_r, 1);
-            return;
-          }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, big_r, in, 1.f,
-                      xs + r0 * in, in, as + s * big_r * in, in, 0.f, u + r0 * big_r, big_r);
+          cpu::MatmulBf16(xs + r0 * in, in, r1 - r0, as + s * big_r * in, in, 0, big_r,
+                          u + r0 * big_r, big_r);
         });
       });
       // out += u . bt, each module over its own columns only (bt is zero
@@ -480,15 +477,9 @@ class CpuOps : public Ops {
             const int64_t c0 = std::max(j0, splits[m]), c1 = std::min(j1, splits[m + 1]);
             if (c0 >= c1) continue;
             const int64_t k0 = static_cast<int64_t>(m) * rank;
-            if (r1 - r0 == 1) {
-              cblas_sgemv(CblasRowMajor, CblasTrans, rank, c1 - c0, 1.f,
-                          bts + (s * big_r + k0) * width + c0, width, u + r0 * big_r + k0, 1, 1.f,
-                          o + r0 * width + c0, 1);
-              continue;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, c1 - c0, rank, 1.f,
-                        u + r0 * big_r + k0, big_r, bts + (s * big_r + k0) * width + c0, width,
-                        1.f, o + r0 * width + c0, width);
+            cpu::AddProductBf16(u + r0 * big_r + k0, big_r, r1 - r0, rank,
+                                bts + (s * big_r + k0) * width + c0, width, c1 - c0,
+                                o + r0 * width + c0, width);
           }
         });
       });

@@ -1110,11 +1110,14 @@ struct OffsetRows {
   } while (0)
 #define TANDEM_BCAST_STORE(r, c)                                         \
   do {                                                                   \
-    const auto v = hn::Mul(a##r##c, sv);                                 \
+    auto v = hn::Mul(a##r##c, sv);                                       \
     float* o = out + (r) * ldo + (c) * N;                                \
     if (c == C - 1 && last < static_cast<size_t>(N)) {                   \
-      TailStore(v, hn::FirstN(d, last), d, o);                           \
+      const auto m = hn::FirstN(d, last);                                \
+      if (add) v = hn::Add(v, TailLoad(m, d, o));                        \
+      TailStore(v, m, d, o);                                             \
     } else {                                                             \
+      if (add) v = hn::Add(v, hn::LoadU(d, o));                          \
       hn::StoreU(v, d, o);                                               \
     }                                                                    \
   } while (0)
@@ -1130,10 +1133,10 @@ struct OffsetRows {
 // r < R, k < inner (a rows `lda` apart, b_k = rows(k) + col): each b vector
 // is loaded once per k and each a[r, k] broadcast into C FMAs (the outer
 // product form: nothing to reduce at the end). The last vector holds `last`
-// lanes (<= Lanes; loads and stores of it partial).
+// lanes (<= Lanes; loads and stores of it partial). `add`: out += instead.
 template <int R, int C, typename Rows>
 HWY_INLINE void BroadcastTile(const float* a, int64_t lda, int64_t inner, Rows rows, int64_t col,
-                              size_t last, float scale, float* out, int64_t ldo) {
+                              size_t last, float scale, bool add, float* out, int64_t ldo) {
   static_assert(R >= 1 && R <= 4 && C >= 1 && C <= 4);
   const DV d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -1169,35 +1172,38 @@ HWY_INLINE void BroadcastTile(const float* a, int64_t lda, int64_t inner, Rows r
 // rows: kTileRows at a time, then one by one.
 template <int C, typename Rows>
 HWY_INLINE void BroadcastColumns(const float* a, int64_t lda, int64_t nrows, int64_t inner,
-                                 Rows rows, int64_t col, size_t last, float scale, float* out,
-                                 int64_t ldo) {
+                                 Rows rows, int64_t col, size_t last, float scale, bool add,
+                                 float* out, int64_t ldo) {
   int64_t r = 0;
   for (; r + kTileRows <= nrows; r += kTileRows) {
-    BroadcastTile<kTileRows, C>(a + r * lda, lda, inner, rows, col, last, scale,
+    BroadcastTile<kTileRows, C>(a + r * lda, lda, inner, rows, col, last, scale, add,
                                 out + r * ldo + col, ldo);
   }
   for (; r < nrows; ++r) {
-    BroadcastTile<1, C>(a + r * lda, lda, inner, rows, col, last, scale, out + r * ldo + col, ldo);
+    BroadcastTile<1, C>(a + r * lda, lda, inner, rows, col, last, scale, add, out + r * ldo + col,
+                        ldo);
   }
 }
 
-// out[r, :ncols] = scale * sum_k a[r, k] * b_k[:ncols] for r < nrows, in
-// column groups of 4 vectors, then single vectors, then a partial one.
+// out[r, :ncols] = scale * sum_k a[r, k] * b_k[:ncols] for r < nrows (out +=
+// that with `add`), in column groups of 4 vectors, then single vectors, then
+// a partial one.
 template <typename Rows>
 HWY_INLINE void BroadcastProduct(const float* a, int64_t lda, int64_t nrows, int64_t inner,
-                                 Rows rows, int64_t ncols, float scale, float* out, int64_t ldo) {
+                                 Rows rows, int64_t ncols, float scale, float* out, int64_t ldo,
+                                 bool add = false) {
   const DV d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t col = 0;
   for (; col + 4 * N <= ncols; col += 4 * N) {
-    BroadcastColumns<4>(a, lda, nrows, inner, rows, col, N, scale, out, ldo);
+    BroadcastColumns<4>(a, lda, nrows, inner, rows, col, N, scale, add, out, ldo);
   }
   for (; col + N <= ncols; col += N) {
-    BroadcastColumns<1>(a, lda, nrows, inner, rows, col, N, scale, out, ldo);
+    BroadcastColumns<1>(a, lda, nrows, inner, rows, col, N, scale, add, out, ldo);
   }
   if (col < ncols) {
     BroadcastColumns<1>(a, lda, nrows, inner, rows, col, static_cast<size_t>(ncols - col), scale,
-                        out, ldo);
+                        add, out, ldo);
   }
 }
 
@@ -1212,6 +1218,12 @@ void AttentionScoresImpl(const float* q, int64_t ldq, int64_t rows, const float*
 void AttentionPvImpl(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx,
                      int hd, float* out, int64_t ldo) {
   BroadcastProduct(p, ldp, rows, ctx, StridedRows<float>{v, hd}, hd, 1.f, out, ldo);
+}
+
+void AddProductBf16Impl(const float* a, int64_t lda, int64_t nrows, int64_t inner,
+                        const uint16_t* b, int64_t ldb, int64_t ncols, float* out, int64_t ldo) {
+  BroadcastProduct(a, lda, nrows, inner, StridedRows<uint16_t>{b, ldb}, ncols, 1.f, out, ldo,
+                   /*add=*/true);
 }
 
 // s[j] = scale * (q . key j) for j < ctx, key j's row at k + off[j]: four
@@ -1580,6 +1592,7 @@ HWY_EXPORT(MatmulBlocksImpl);
 HWY_EXPORT(BlocksIntegerRowsImpl);
 HWY_EXPORT(AttentionScoresImpl);
 HWY_EXPORT(AttentionPvImpl);
+HWY_EXPORT(AddProductBf16Impl);
 HWY_EXPORT(AttentionDecodeF32Impl);
 HWY_EXPORT(AttentionDecodeBf16Impl);
 HWY_EXPORT(SoftmaxImpl);
@@ -1635,6 +1648,11 @@ void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt,
 void AttentionPv(const float* p, int64_t ldp, int64_t rows, const float* v, int64_t ctx, int hd,
                  float* out, int64_t ldo) {
   HWY_DYNAMIC_DISPATCH(AttentionPvImpl)(p, ldp, rows, v, ctx, hd, out, ldo);
+}
+
+void AddProductBf16(const float* a, int64_t lda, int64_t nrows, int64_t inner, const uint16_t* b,
+                    int64_t ldb, int64_t ncols, float* out, int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(AddProductBf16Impl)(a, lda, nrows, inner, b, ldb, ncols, out, ldo);
 }
 
 void AttentionDecode(const float* q, int rows, int hd, const float* k, const float* v,
