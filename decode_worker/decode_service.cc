@@ -135,12 +135,13 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
 }
 
 bool DecodeServiceImpl::AddTokens(GenerateCall& call, const std::vector<int32_t>& all_tokens,
-                                  const std::vector<TokenLogprobs>& logprobs,
+                                  const std::vector<TokenLogprobs>& logprobs, bool stop_token,
                                   v1::GenerateResponse* msg) {
-  // No token past the one that completes a stop string.
+  // No token past the one that completes a stop string; a stop token's
+  // text is no part of the reply's (vLLM's).
   std::string text;
-  const size_t keep =
-      call.text != nullptr ? call.text->AddUntilStop(all_tokens, &text) : all_tokens.size();
+  const size_t keep = call.text != nullptr ? call.text->AddUntilStop(all_tokens, &text, stop_token)
+                                           : all_tokens.size();
   const std::vector<int32_t> tokens(all_tokens.begin(), all_tokens.begin() + keep);
   if (call.generated.empty() && !tokens.empty()) {  // the first message
     msg->set_request_id(call.id);
@@ -335,7 +336,7 @@ void DecodeServiceImpl::OnOutput(const std::shared_ptr<GenerateCall>& call,
                                o.prompt_logprobs.end());
   if (o.new_tokens.empty() && !o.finished) return;  // prompt logprobs only: they go with the first token
   v1::GenerateResponse msg;
-  if (AddTokens(*call, o.new_tokens, o.logprobs, &msg)) {  // a stop string ended the output
+  if (AddTokens(*call, o.new_tokens, o.logprobs, o.stop_token, &msg)) {  // a stop string ended the output
     return Finish(call, std::move(msg), v1::FINISH_REASON_STOP);
   }
   if (!o.finished) {

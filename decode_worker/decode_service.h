@@ -121,10 +121,12 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   void Finish(const std::shared_ptr<GenerateCall>& call, v1::GenerateResponse msg,
               v1::FinishReason reason);
   // Counts `tokens` and fills `msg`'s text (and their `logprobs`, when
-  // asked); true when a stop string ended the output (then `msg` is the final
-  // message).
+  // asked); `stop_token`: the last of them is the stop token that ended the
+  // request (no text of its own). True when a stop string ended the output
+  // (then `msg` is the final message).
   bool AddTokens(GenerateCall& call, const std::vector<int32_t>& tokens,
-                 const std::vector<TokenLogprobs>& logprobs, v1::GenerateResponse* msg);
+                 const std::vector<TokenLogprobs>& logprobs, bool stop_token,
+                 v1::GenerateResponse* msg);
 
   // PrefillClient::Host (any thread).
   const v1::ModelFingerprint& fingerprint() const override { return client_.load()->fingerprint(); }

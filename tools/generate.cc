@@ -96,7 +96,7 @@ int RunLocal(const EngineConfig& config, const Prompt& prompt, const SamplingPar
       }
       if (text) {
         std::string piece;
-        const size_t keep = text->AddUntilStop(o.new_tokens, &piece);
+        const size_t keep = text->AddUntilStop(o.new_tokens, &piece, o.stop_token);
         printer.Tokens({o.new_tokens.begin(), o.new_tokens.begin() + keep});
         printer.Text(piece);
         if (text->stopped()) {

@@ -241,6 +241,7 @@ void LlmEngine::Finish(Request* r, FinishReason reason, std::vector<RequestOutpu
   RequestOutput& o = OutputFor(r, out, out->size());  // rare: one search per request
   o.finished = true;
   o.finish_reason = reason;
+  o.stop_token = reason == FinishReason::kStop && r->stop_token;
   o.status = r->error;
   o.prompt_tokens = static_cast<int>(r->prompt_len);
   o.completion_tokens = static_cast<int>(r->num_output_tokens());
@@ -276,6 +277,7 @@ void LlmEngine::AppendToken(Request* r, int32_t token, RequestOutput& o,
              (std::find(stops.begin(), stops.end(), token) != stops.end() ||
               (!r->params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()))) {
     r->finish = FinishReason::kStop;
+    r->stop_token = true;
   } else if (r->matcher != nullptr && r->matcher->Done()) {
     // The structured output is whole and nothing may follow it: the reply
     // ends here, without a step for its EOS (which min_tokens could ban).

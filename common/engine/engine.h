@@ -74,6 +74,9 @@ struct RequestOutput {
   std::vector<TokenLogprobs> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
+  // The last of new_tokens is the stop token (EOS or a stop_token_ids id)
+  // that ended the request: vLLM leaves its text out of the reply's.
+  bool stop_token = false;
   absl::Status status;  // non-OK when the request failed
   int prompt_tokens = 0;
   int completion_tokens = 0;

@@ -76,6 +76,7 @@ struct Request {
   absl::Time admitted_at = absl::InfinitePast();  // first given blocks
   std::mt19937_64 rng;
   FinishReason finish = FinishReason::kNone;
+  bool stop_token = false;  // finish is kStop by a stop token (EOS or stop_token_ids)
   absl::Status error;
   int preemptions = 0;
 

@@ -22,14 +22,15 @@ std::string TextOutput::Add(const std::vector<int32_t>& ids) {
   return Scan(/*final=*/false);
 }
 
-size_t TextOutput::AddUntilStop(const std::vector<int32_t>& ids, std::string* text) {
+size_t TextOutput::AddUntilStop(const std::vector<int32_t>& ids, std::string* text, bool stop_token) {
+  const size_t with_text = stop_token && !include_stop_ && !ids.empty() ? ids.size() - 1 : ids.size();
   if (stop_.empty()) {
-    *text += Add(ids);
+    *text += Add({ids.begin(), ids.begin() + with_text});
     return ids.size();
   }
   size_t n = 0;
-  while (n < ids.size() && !stopped_) *text += Add({ids[n++]});
-  return n;
+  while (n < with_text && !stopped_) *text += Add({ids[n++]});
+  return stopped_ ? n : ids.size();
 }
 
 std::string TextOutput::Finish() {

@@ -31,7 +31,11 @@ class TextOutput {
   // string: returns how many of `ids` belong to the output (all, unless a
   // stop string ended it) and appends the final text to `*text`. A step may
   // bring several tokens (speculative decoding); none past a stop is kept.
-  size_t AddUntilStop(const std::vector<int32_t>& ids, std::string* text);
+  // `stop_token`: the last of `ids` is the stop token that ended the
+  // request, kept as a token but, as vLLM's detokenizer does, without its
+  // text (with skip_special_tokens false, an EOS's "</s>"), unless stop
+  // strings are included in the output.
+  size_t AddUntilStop(const std::vector<int32_t>& ids, std::string* text, bool stop_token = false);
   // The held-back text at the end of the stream (empty after a stop).
   std::string Finish();
   bool stopped() const { return stopped_; }

@@ -325,6 +325,16 @@ TEST_F(RealModelPairTest, SpecialTokensInTextOnRequest) {
   GenerateResult g = Generate(decode_->address(), r);
   ASSERT_TRUE(g.status.ok()) << g.status.error_message();
   EXPECT_EQ(g.text.rfind("The capital of France is Paris.<|im_end|>", 0), 0u) << g.text;
+  // The EOS that ends a reply is a token of it but, as vLLM's detokenizer
+  // has it, no text.
+  v1::GenerateRequest eos = TextRequest("special-eos", c["prompt"], 64);
+  eos.mutable_sampling()->mutable_skip_special_tokens()->set_value(false);
+  g = Generate(decode_->address(), eos);
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  EXPECT_EQ(g.finish_reason, v1::FINISH_REASON_STOP);
+  EXPECT_EQ(g.text, "The capital of France is Paris.");
+  ASSERT_FALSE(g.tokens.empty());
+  EXPECT_EQ(g.tokens.back(), 2);  // <|im_end|>, SmolLM2's EOS
 }
 
 TEST_F(RealModelPairTest, BadTextRequestsAreInvalidArgument) {

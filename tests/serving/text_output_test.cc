@@ -48,6 +48,35 @@ TEST(TextOutputTest, StopStringsEndTheTextBeforeOrWithThem) {
   EXPECT_EQ(Feed(across, ids), "The cat s");
 }
 
+// The stop token that ended a request (EOS or a stop_token_ids id) is kept as
+// a token but has no text, even with special tokens' text kept, unless stop
+// strings are included (vLLM's detokenizer); a stop string before it ends
+// the output first.
+TEST(TextOutputTest, AStopTokensTextIsLeftOut) {
+  auto tok = ByteLevel();
+  ASSERT_NE(tok, nullptr);
+  std::vector<int32_t> ids = tok->Encode(kText, false);
+  ids.push_back(1);  // <|end_of_text|>, special
+  for (const std::vector<std::string>& stop : {std::vector<std::string>{}, {"never"}}) {
+    TextOutput kept(tok.get(), /*skip_special_tokens=*/false, stop);
+    std::string text;
+    EXPECT_EQ(kept.AddUntilStop(ids, &text, /*stop_token=*/true), ids.size());
+    EXPECT_EQ(text + kept.Finish(), kText);
+    TextOutput shown(tok.get(), false, stop);
+    text.clear();
+    EXPECT_EQ(shown.AddUntilStop(ids, &text), ids.size());
+    EXPECT_EQ(text + shown.Finish(), std::string(kText) + "<|end_of_text|>");
+    TextOutput included(tok.get(), false, stop, /*include_stop=*/true);
+    text.clear();
+    included.AddUntilStop(ids, &text, true);
+    EXPECT_EQ(text + included.Finish(), std::string(kText) + "<|end_of_text|>");
+  }
+  TextOutput before(tok.get(), false, {"mat"});
+  std::string text;
+  EXPECT_LT(before.AddUntilStop(ids, &text, true), ids.size() - 1);
+  EXPECT_EQ(text + before.Finish(), "The cat sat on the ");
+}
+
 // vLLM's detokenizer: the text of the first min_tokens tokens is not looked
 // at for stop strings; later text is, with the few bytes before it that a
 // match across the point needs.
