@@ -466,6 +466,13 @@ std::optional<HttpError> NormalizeMessages(Json* messages) {
   return std::nullopt;
 }
 
+// Whether the vocabulary has Mistral's [TOOL_CALLS] as a special token.
+bool IsMistralToolCallToken(const Tokenizer* tokenizer) {
+  if (tokenizer == nullptr) return false;
+  const int32_t id = tokenizer->TokenToId("[TOOL_CALLS]");
+  return id >= 0 && tokenizer->IsSpecial(id);
+}
+
 // OpenAI's tools: [{"type": "function", "function": {"name", "description",
 // "parameters"}}], as vLLM checks them before the template sees them.
 std::optional<HttpError> CheckTools(const Json& tools) {
@@ -877,6 +884,14 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   common.set_lora_name(lora_name);
   if (chat) {
     if (auto e = ForcedToolCall(body, &spec, common.mutable_sampling())) return Error(*e);
+  }
+  // Mistral's calls open with its [TOOL_CALLS] token (v11 on: and [ARGS]
+  // between name and arguments), special tokens that skip_special_tokens
+  // would drop: kept in the reply when tools are offered and the model may
+  // call them, as vLLM's mistral parser asks.
+  if (spec.tools && spec.forced_function.empty() && !spec.tool_choice_required &&
+      IsMistralToolCallToken(tokenizer)) {
+    common.mutable_sampling()->mutable_skip_special_tokens()->set_value(false);
   }
   std::optional<int64_t> n;
   if (auto e = Fields(body).Int("n", 1, kMaxChoices, &n)) return Error(*e);

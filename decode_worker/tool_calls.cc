@@ -61,6 +61,11 @@ constexpr std::string_view kBlanks = " \t\n\r";
 constexpr std::string_view kFunction = "<function=", kFunctionEnd = "</function>";
 constexpr std::string_view kParameter = "<parameter=", kParameterEnd = "</parameter>";
 constexpr std::string_view kBlock = "<tool_call>", kBlockEnd = "</tool_call>";
+// Mistral's special tokens (kept in the text when tools are offered): the
+// calls open with the first; from tokenizer v11 on each call is
+// NAME[ARGS]{...} (v13 may put [CALL_ID]ID before [ARGS]).
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]",
+                           kMistralCallId = "[CALL_ID]";
 
 std::string DumpJson(const Json& value) {
   // Invalid UTF-8 (an XML value's raw bytes) as U+FFFD, not an exception.
@@ -185,7 +190,61 @@ bool AddListCalls(std::string_view list, const std::function<bool(const Json&)>&
   return true;
 }
 
+// A Mistral v11 call, `part` the text after its [TOOL_CALLS]: its name (to
+// [ARGS], or to the arguments' '{' as vLLM also takes it; a [CALL_ID] and
+// what follows it left out) and its arguments from their '{', as far as
+// they have come. None without a '{' or a name.
+struct MistralCall {
+  std::string name;
+  size_t args_begin = 0;  // the arguments' '{' in `part`
+  JsonCompactor arguments;
+};
+std::optional<MistralCall> ReadMistralCall(std::string_view part) {
+  const size_t brace = part.find('{');
+  if (brace == std::string_view::npos) return std::nullopt;
+  std::string_view name = part.substr(0, std::min(brace, part.find(kMistralArgs)));
+  name = name.substr(0, name.find(kMistralCallId));
+  const size_t b = name.find_first_not_of(kBlanks);
+  if (b == std::string_view::npos) return std::nullopt;
+  name = name.substr(b, name.find_last_not_of(kBlanks) + 1 - b);
+  MistralCall call;
+  call.name = std::string(name);
+  call.args_begin = brace;
+  call.arguments.Scan(part.substr(brace));
+  return call;
+}
+
 }  // namespace
+
+void JsonCompactor::Scan(std::string_view text) {
+  for (; pos_ < text.size() && !done_ && !failed_; ++pos_) {
+    const char ch = text[pos_];
+    if (in_string_) {
+      text_ += ch;
+      if (escape_) {
+        escape_ = false;
+      } else if (ch == '\\') {
+        escape_ = true;
+      } else if (ch == '"') {
+        in_string_ = false;
+      }
+      continue;
+    }
+    if (kBlanks.find(ch) != std::string_view::npos) continue;
+    if (depth_ == 0 && ch != '{') {
+      failed_ = true;
+      return;
+    }
+    text_ += ch;
+    if (ch == '"') {
+      in_string_ = true;
+    } else if (ch == '{' || ch == '[') {
+      if (++depth_ > kMaxJsonDepth) failed_ = true;
+    } else if ((ch == '}' || ch == ']') && --depth_ == 0) {
+      done_ = true;
+    }
+  }
+}
 
 nlohmann::ordered_json ParseToolCallList(const std::string& text, const std::function<std::string()>& new_id) {
   Json calls = Json::array();
@@ -200,6 +259,39 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
   Json calls = Json::array();
   auto add = [&](const Json& call) { return AddCall(call, new_id, &calls); };
   *rest = text;
+  auto add_llama = [&](const Json& call) {
+    return (call.contains("parameters") || call.contains("arguments")) && add(call);
+  };
+  // Mistral: after each [TOOL_CALLS], a JSON list of calls (tokenizers before
+  // v11) or NAME[ARGS]{...} (v11 on), as vLLM's mistral parser reads them;
+  // the text before the first is the rest, and so is what follows a call's
+  // arguments or a part that is no call.
+  if (const size_t first = text.find(kMistralCalls); first != std::string::npos) {
+    const std::string_view reply(text);
+    std::string outside(reply.substr(0, first));
+    for (size_t at = first; at != std::string::npos;) {
+      at += kMistralCalls.size();
+      const size_t next = reply.find(kMistralCalls, at);
+      const std::string_view part = reply.substr(at, (next == std::string::npos ? reply.size() : next) - at);
+      at = next;
+      const size_t b = part.find_first_not_of(kBlanks);
+      if (b != std::string_view::npos && part[b] == '[') {
+        const std::string list(part.substr(b));
+        if (!ParseJsonBounded(list).is_array() || !AddListCalls(list, add_llama)) outside += part;
+        continue;
+      }
+      const std::optional<MistralCall> call = ReadMistralCall(part);
+      if (!call.has_value()) {
+        outside += part;
+        continue;
+      }
+      add(Json{{"name", call->name}, {"arguments", call->arguments.text()}});
+      if (call->arguments.done()) outside += part.substr(call->args_begin + call->arguments.end());
+    }
+    if (calls.empty()) return Json::array();
+    *rest = outside;
+    return calls;
+  }
   if (text.find(kBlock) != std::string::npos) {
     std::string outside;
     size_t pos = 0;
@@ -235,9 +327,6 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
   const std::string_view reply(text);
   size_t at = reply.find_first_not_of(kBlanks);
   if (at == std::string_view::npos) return Json::array();
-  auto add_llama = [&](const Json& call) {
-    return (call.contains("parameters") || call.contains("arguments")) && add(call);
-  };
   // Mistral: the reply is a JSON list of calls (after its [TOOL_CALLS]
   // token, which skip_special_tokens leaves out of the text).
   if (reply[at] == '[') {
@@ -382,8 +471,9 @@ nlohmann::ordered_json ToolCallPiecesJson(const std::vector<ToolCallPiece>& piec
 }
 
 namespace {
-// What opens a call: a block, or Qwen3-Coder's function without one.
-constexpr std::string_view kCallOpens[] = {kBlock, kFunction};
+// What opens a call: a block, Qwen3-Coder's function without one, or
+// Mistral's token.
+constexpr std::string_view kCallOpens[] = {kBlock, kFunction, kMistralCalls};
 }  // namespace
 
 ToolCallStream::Out ToolCallStream::Add(std::string_view piece) {
@@ -452,7 +542,19 @@ void ToolCallStream::ReadCalls(Out* out) {
         scan_ = std::min(text.find_first_not_of(kBlanks, scan_), text.size());
         const std::string_view rest = text.substr(scan_);
         if (rest.empty()) return;
-        if (StartsWith(rest, kBlock) || StartsWith(rest, kBlockEnd)) {
+        if (StartsWith(rest, kMistralCalls)) {
+          // A list of calls follows (before v11), or NAME[ARGS]{...}.
+          const size_t b = text.find_first_not_of(kBlanks, scan_ + kMistralCalls.size());
+          if (b == std::string_view::npos) return;  // the next piece tells
+          scan_ += kMistralCalls.size();
+          if (text[b] == '[') {
+            list_ = true;
+          } else {
+            expect_ = Expect::kMistralName;
+          }
+        } else if (PartialTagAtEnd(rest, kMistralCalls) == rest.size()) {
+          return;  // the next piece tells
+        } else if (StartsWith(rest, kBlock) || StartsWith(rest, kBlockEnd)) {
           scan_ += StartsWith(rest, kBlock) ? kBlock.size() : kBlockEnd.size();
         } else if (rest[0] == ';' || (list_ && (rest[0] == '[' || rest[0] == ',' || rest[0] == ']'))) {
           ++scan_;  // between Llama 3.x calls, or a list's
@@ -493,6 +595,46 @@ void ToolCallStream::ReadCalls(Out* out) {
         if (!ReadXml(out)) return;
         expect_ = Expect::kCall;
         break;
+      case Expect::kMistralName: {  // scan_ is past its [TOOL_CALLS]
+        const size_t next = text.find(kMistralCalls, scan_);
+        const std::string_view part = text.substr(scan_, next == std::string_view::npos ? text.npos : next - scan_);
+        const std::optional<MistralCall> call = ReadMistralCall(part);
+        if (!call.has_value()) {
+          if (next != std::string_view::npos) {  // a part that is no call (text): on to the next
+            scan_ = next;
+            expect_ = Expect::kCall;
+            break;
+          }
+          if (part.find('{') == std::string_view::npos) return;  // the name goes on
+          expect_ = Expect::kNone;  // no name: text, held to the end
+          return;
+        }
+        Begin(out, call->name);
+        call_begin_ = scan_ + call->args_begin;
+        mistral_args_ = JsonCompactor();
+        expect_ = Expect::kMistralArgs;
+        break;
+      }
+      case Expect::kMistralArgs: {
+        // The arguments up to the next [TOOL_CALLS] (the whole parse's part).
+        const size_t next = text.find(kMistralCalls, call_begin_);
+        const std::string_view args =
+            text.substr(call_begin_, next == std::string_view::npos ? text.npos : next - call_begin_);
+        mistral_args_.Scan(args);
+        Emit(out, mistral_args_.text());
+        if (!mistral_args_.done() && !mistral_args_.failed() && next == std::string_view::npos) return;
+        call_open_ = false;
+        if (mistral_args_.done()) {
+          scan_ = call_begin_ + mistral_args_.end();
+        } else if (next != std::string_view::npos) {
+          scan_ = next;  // cut short by the next call: the whole parse keeps what came
+        } else {
+          expect_ = Expect::kNone;  // malformed: the rest is held to the end
+          return;
+        }
+        expect_ = Expect::kCall;
+        break;
+      }
       case Expect::kText:
       case Expect::kNone:
         return;

@@ -1,8 +1,9 @@
 // Tool calls in a generated reply, for the OpenAI API's `tool_calls`:
 // Hermes / Qwen style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
 // blocks, Qwen3-Coder's XML calls, a reply made of bare JSON calls (Llama
-// 3.x style, "parameters" or "arguments", several joined by ';'), or a reply
-// that is a JSON list of them (Mistral's, after its [TOOL_CALLS] token).
+// 3.x style, "parameters" or "arguments", several joined by ';'), a reply
+// that is a JSON list of them (Mistral's before tokenizer v11), or Mistral's
+// `[TOOL_CALLS]NAME[ARGS]{...}` calls (v11 on, the token's text kept).
 #ifndef TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 #define TANDEM_DECODE_WORKER_TOOL_CALLS_H_
 
@@ -25,7 +26,12 @@ namespace tandem {
 // parameters' "properties"). A JSON call's arguments are the model's own
 // JSON text without the blanks between its tokens (JsonCallScanner), an XML
 // call's its typed values as a compact JSON object. A reply that is a JSON
-// list of calls (Mistral's) is all calls. No calls (an empty
+// list of calls (Mistral's) is all calls. After each [TOOL_CALLS] (Mistral's
+// token, in the text when tools are offered) comes such a list or
+// NAME[ARGS]{...}, whose arguments are the object's text without blanks
+// (as far as it came: vLLM keeps a call whose arguments are cut short); the
+// text before the first, after a call's object and of a part that is no
+// call is the rest. No calls (an empty
 // array, *rest = text) when the reply holds none, or a block that is not a
 // call (or nests deeper than kMaxJsonDepth).
 nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest,
@@ -70,6 +76,25 @@ class JsonCallScanner {
   bool failed_ = false, done_ = false;
 };
 
+// A JSON object's text as it arrives, without the blanks outside its
+// strings (a Mistral call's arguments): only the nesting is checked.
+class JsonCompactor {
+ public:
+  // `text`: the object from its '{' on; each call's text begins with the
+  // previous call's.
+  void Scan(std::string_view text);
+  bool failed() const { return failed_; }  // not an object, or too deep
+  bool done() const { return done_; }      // the object closed
+  size_t end() const { return pos_; }      // past what was read (its '}' once done)
+  const std::string& text() const { return text_; }
+
+ private:
+  size_t pos_ = 0;
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false, done_ = false, failed_ = false;
+  std::string text_;
+};
+
 // A piece of a streamed tool call, as OpenAI's chunks carry them: a call's
 // first piece has its id and name, the later ones more of its arguments.
 struct ToolCallPiece {
@@ -87,7 +112,7 @@ nlohmann::ordered_json ToolCallPiecesJson(const std::vector<ToolCallPiece>& piec
 
 // A streamed answer when tools were offered (tool_choice auto). The text
 // that can no longer be part of a call goes out as it comes; from the first
-// `<tool_call>` or `<function=`, or a reply whose first non-blank character
+// `<tool_call>`, `<function=` or `[TOOL_CALLS]`, or a reply whose first non-blank character
 // is `{` (a Llama 3.x call) or that begins `[{` (a Mistral list), the text is held, and the calls found there go
 // out as they are generated: each call's id and name once its name is
 // whole (a JSON call's once its arguments have begun), then its arguments
@@ -127,7 +152,7 @@ class ToolCallStream {
   const std::vector<Begun>& begun() const { return begun_; }
 
  private:
-  enum class Expect { kText, kCall, kJson, kXml, kNone };
+  enum class Expect { kText, kCall, kJson, kXml, kMistralName, kMistralArgs, kNone };
   void ReadCalls(Out* out);
   bool ReadXml(Out* out);  // false: waits for more text
   void Begin(Out* out, const std::string& name);
@@ -142,6 +167,7 @@ class ToolCallStream {
   Expect expect_ = Expect::kText;
   size_t scan_ = 0;  // where the calls are read up to
   JsonCallScanner json_;
+  JsonCompactor mistral_args_;  // a Mistral v11 call's arguments, from call_begin_
   size_t call_begin_ = 0;
   std::string xml_name_, xml_args_;  // the XML call being read
   bool xml_named_ = false;

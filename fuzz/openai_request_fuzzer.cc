@@ -90,7 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (out != stream.released() || out + std::string(stream.held()) != body) __builtin_trap();
   if (list && !out.empty()) __builtin_trap();
-  if (out.find("<tool_call>") != std::string::npos || out.find("<function=") != std::string::npos) {
+  if (out.find("<tool_call>") != std::string::npos || out.find("<function=") != std::string::npos ||
+      out.find("[TOOL_CALLS]") != std::string::npos) {
     __builtin_trap();
   }
   apply(stream.Finish(calls));

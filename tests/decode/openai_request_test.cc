@@ -203,6 +203,39 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   EXPECT_EQ(tokenizer_->Decode(ids).find("get_weather"), std::string::npos);
 }
 
+// Mistral's calls open with its special [TOOL_CALLS] token: with tools
+// offered to a model whose vocabulary has it, the reply keeps special
+// tokens' text (vLLM's mistral parser), unless the call is forced (a
+// structured output of its own) or no tools reach the template; other
+// vocabularies keep the default (skip them).
+TEST_F(OpenAiRequestTest, MistralToolCallTokenIsKeptWhenToolsAreOffered) {
+  Json tokenizer_json = Json::parse(ReadFile("tests/fixtures/tiny_qwen3/tokenizer.json"));
+  tokenizer_json["added_tokens"].push_back({{"id", 3}, {"content", "[TOOL_CALLS]"}, {"single_word", false},
+                                            {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                            {"special", true}});
+  auto mistral = Tokenizer::FromHuggingFaceJson(tokenizer_json.dump(), "tiny_mistral");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  ASSERT_TRUE((*mistral)->IsSpecial((*mistral)->TokenToId("[TOOL_CALLS]")));
+  OpenAiContext context = context_;
+  context.tokenizer = mistral->get();
+  const std::string tools = R"("messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "get_time"}}])";
+  const auto skip = [&](const OpenAiContext& c, const std::string& fields) -> std::optional<bool> {
+    const OpenAiRequest r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, "{" + fields + "}", c);
+    EXPECT_FALSE(r.error.has_value()) << r.error->message;
+    if (r.error.has_value() || r.choices.empty()) return std::nullopt;
+    const v1::SamplingParams& s = r.choices[0].generate.sampling();
+    return s.has_skip_special_tokens() ? std::optional<bool>(s.skip_special_tokens().value()) : std::nullopt;
+  };
+  EXPECT_EQ(skip(context, tools), std::optional<bool>(false));
+  EXPECT_EQ(skip(context, tools + R"(, "tool_choice": "auto", "skip_special_tokens": true)"),
+            std::optional<bool>(false));
+  EXPECT_EQ(skip(context, tools + R"(, "tool_choice": "none")"), std::optional<bool>(true));
+  EXPECT_EQ(skip(context, tools + R"(, "tool_choice": "required")"), std::optional<bool>(true));
+  EXPECT_EQ(skip(context, R"("messages": [{"role": "user", "content": "hi"}])"), std::optional<bool>(true));
+  EXPECT_EQ(skip(context_, tools), std::optional<bool>(true));  // no [TOOL_CALLS] in this vocabulary
+}
+
 TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
   const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
   const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}})";

@@ -232,6 +232,48 @@ TEST(ToolCallsTest, MistralListsOfCalls) {
   EXPECT_EQ(Released({"[", " {\"name\""}, &list), (std::vector<std::string>{"", ""}));
 }
 
+// Mistral with its [TOOL_CALLS] token in the text: from tokenizer v11 on
+// NAME[ARGS]{...} after each (a [CALL_ID] left out of the name; without
+// [ARGS] the name ends at the '{', as vLLM reads it), before v11 a list;
+// arguments without blanks, cut short ones as far as they came; the text
+// before the calls, after an object and of a part that is no call is the rest.
+TEST(ToolCallsTest, MistralCallsAfterTheirToken) {
+  std::string rest;
+  Json calls = ParseToolCalls(
+      "Let me check.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris, FR\", \"days\": [1, 2]}"
+      "[TOOL_CALLS]get_time[ARGS]{}", &rest, Ids());
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\":\"Paris, FR\",\"days\":[1,2]}");
+  EXPECT_EQ(calls[1]["function"]["name"], "get_time");
+  EXPECT_EQ(calls[1]["function"]["arguments"], "{}");
+  EXPECT_EQ(calls[0]["id"], "call_0");
+  EXPECT_EQ(rest, "Let me check.");
+  calls = ParseToolCalls("[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{\"x\": 1} Done.", &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "f");
+  EXPECT_EQ(rest, " Done.");
+  calls = ParseToolCalls("[TOOL_CALLS] f {\"x\": \"}\"}", &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "f");
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"x\":\"}\"}");
+  calls = ParseToolCalls("[TOOL_CALLS]f[ARGS]{\"x\": [1, 2", &rest, Ids());  // max_tokens cut it
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"x\":[1,2");
+  calls = ParseToolCalls("[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"x\": 1}}]", &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"x\":1}");
+  EXPECT_EQ(rest, "");
+  calls = ParseToolCalls("[TOOL_CALLS]no call here[TOOL_CALLS]g[ARGS]{}", &rest, Ids());
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "g");
+  EXPECT_EQ(rest, "no call here");
+  for (const char* text : {"[TOOL_CALLS] sorry", "[TOOL_CALLS][ARGS]{}", "[TOOL_CALLS] [1, 2]"}) {
+    EXPECT_TRUE(ParseToolCalls(text, &rest, Ids()).empty()) << text;
+    EXPECT_EQ(rest, text);
+  }
+}
+
 // A JSON call's arguments are the model's own JSON text with the blanks
 // between its tokens left out: numbers and escapes as written, so that the
 // streamed arguments and the whole call's are the same bytes.
@@ -330,6 +372,10 @@ TEST(ToolCallStreamTest, CallsStreamAsGeneratedAndMakeTheWholeCalls) {
                        "</parameter>\n<parameter=line>\n12\n</parameter>\n</function>\n</tool_call>"),
            std::string("Sure.\n<function=run>\n<parameter=cmd>\nls -l\n</parameter>\n</function>"),
            std::string("<tool_call><function=edit><parameter=line>3<parameter=path>x</function></tool_call>"),
+           std::string("Let me check.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris, } FR\", \"days\": "
+                       "[1, {\"a\": \"[TOOL\"}]}[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]{ }"),
+           std::string("[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"),
+           std::string("[TOOL_CALLS]f{\"x\": 1}\n[TOOL_CALLS]g[ARGS]{\"y\": [2"),
        }) {
     std::string rest;
     const Json whole = ParseToolCalls(text, &rest, Ids(), properties);
