@@ -353,9 +353,18 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
 
 void JsonCallScanner::Scan(std::string_view text) {
   for (; pos_ < text.size() && !failed_ && !done_; ++pos_) {
+    if (in_args_) {  // the arguments object, from its '{'
+      args_.Scan(text.substr(args_begin_));
+      pos_ = args_begin_ + args_.end();
+      if (args_.failed()) return Fail();
+      if (!args_.done() || pos_ >= text.size()) {
+        if (args_.done()) EndArguments();
+        return;
+      }
+      EndArguments();
+    }
     const char ch = text[pos_];
     if (in_string_) {
-      if (in_args_) args_ += ch;
       if (escape_) {
         escape_ = false;
       } else if (ch == '\\') {
@@ -380,14 +389,12 @@ void JsonCallScanner::Scan(std::string_view text) {
       if (expect_ == Expect::kPrimitive) expect_ = Expect::kAfterValue;
       continue;
     }
-    if (in_args_) args_ += ch;
     if (depth_ > 1) {  // inside a container value
       if (ch == '"') {
         in_string_ = true;
       } else if (ch == '{' || ch == '[') {
         if (++depth_ > kMaxJsonDepth) return Fail();
       } else if ((ch == '}' || ch == ']') && --depth_ == 1) {
-        in_args_ = false;
         expect_ = Expect::kAfterValue;
       }
       continue;
@@ -421,7 +428,9 @@ void JsonCallScanner::Scan(std::string_view text) {
           depth_ = 2;
           if (ch == '{' && !args_begun_ && (key_ == "arguments" || key_ == "parameters")) {
             in_args_ = args_begun_ = true;
-            args_ = "{";
+            args_begin_ = pos_;
+            args_ = JsonCompactor();
+            --pos_;  // the loop's next turn reads the object from its '{'
           }
         } else if (ch == ',' || ch == '}') {
           return Fail();  // no value
@@ -442,6 +451,12 @@ void JsonCallScanner::Scan(std::string_view text) {
         break;
     }
   }
+}
+
+void JsonCallScanner::EndArguments() {
+  in_args_ = false;
+  depth_ = 1;
+  expect_ = Expect::kAfterValue;
 }
 
 std::vector<ToolCallPiece> WholeCallPieces(const nlohmann::ordered_json& calls, size_t first_index) {

@@ -44,40 +44,9 @@ nlohmann::ordered_json ParseToolCalls(const std::string& text, std::string* rest
 // text is not a list).
 nlohmann::ordered_json ParseToolCallList(const std::string& text, const std::function<std::string()>& new_id);
 
-// Reads one JSON call, {"name": ..., "arguments" or "parameters": {...}}, as
-// its text arrives: its name once whole, its arguments object as far as it
-// has come (compact: blanks outside strings left out), and where it ends.
-// Only the structure is checked; ParseToolCalls checks the whole object.
-class JsonCallScanner {
- public:
-  // `text`: the call from its first character on; each call's text begins
-  // with the previous call's.
-  void Scan(std::string_view text);
-  bool failed() const { return failed_; }  // not a JSON object, or too deep
-  bool done() const { return done_; }      // the object closed
-  size_t end() const { return pos_; }      // past what was read (its '}' once done)
-  const std::optional<std::string>& name() const { return name_; }
-  // Whether an object under "arguments"/"parameters" has begun, and its text.
-  bool has_arguments() const { return args_begun_; }
-  const std::string& arguments() const { return args_; }
-
- private:
-  enum class Expect { kObject, kKey, kColon, kValue, kPrimitive, kAfterValue };
-  void Fail() { failed_ = true; }
-  size_t pos_ = 0;
-  Expect expect_ = Expect::kObject;
-  int depth_ = 0;  // of the containers open, the call's object included
-  bool in_string_ = false, escape_ = false;
-  size_t token_begin_ = 0;  // the depth-1 key or string value being read
-  std::string key_;         // the depth-1 key whose value is being read
-  bool in_args_ = false, args_begun_ = false;
-  std::string args_;
-  std::optional<std::string> name_;
-  bool failed_ = false, done_ = false;
-};
-
 // A JSON object's text as it arrives, without the blanks outside its
-// strings (a Mistral call's arguments): only the nesting is checked.
+// strings (a call's arguments: a JSON call's, a Mistral v11 call's): only the
+// nesting is checked.
 class JsonCompactor {
  public:
   // `text`: the object from its '{' on; each call's text begins with the
@@ -93,6 +62,40 @@ class JsonCompactor {
   int depth_ = 0;
   bool in_string_ = false, escape_ = false, done_ = false, failed_ = false;
   std::string text_;
+};
+
+// Reads one JSON call, {"name": ..., "arguments" or "parameters": {...}}, as
+// its text arrives: its name once whole, its arguments object as far as it
+// has come (compact: blanks outside strings left out), and where it ends.
+// Only the structure is checked; ParseToolCalls checks the whole object.
+class JsonCallScanner {
+ public:
+  // `text`: the call from its first character on; each call's text begins
+  // with the previous call's.
+  void Scan(std::string_view text);
+  bool failed() const { return failed_; }  // not a JSON object, or too deep
+  bool done() const { return done_; }      // the object closed
+  size_t end() const { return pos_; }      // past what was read (its '}' once done)
+  const std::optional<std::string>& name() const { return name_; }
+  // Whether an object under "arguments"/"parameters" has begun, and its text.
+  bool has_arguments() const { return args_begun_; }
+  const std::string& arguments() const { return args_.text(); }
+
+ private:
+  enum class Expect { kObject, kKey, kColon, kValue, kPrimitive, kAfterValue };
+  void Fail() { failed_ = true; }
+  void EndArguments();  // its arguments object closed: back in the call's
+  size_t pos_ = 0;
+  Expect expect_ = Expect::kObject;
+  int depth_ = 0;  // of the containers open, the call's object included
+  bool in_string_ = false, escape_ = false;
+  size_t token_begin_ = 0;  // the depth-1 key or string value being read
+  std::string key_;         // the depth-1 key whose value is being read
+  bool in_args_ = false, args_begun_ = false;
+  size_t args_begin_ = 0;  // the arguments object's '{'
+  JsonCompactor args_;
+  std::optional<std::string> name_;
+  bool failed_ = false, done_ = false;
 };
 
 // A piece of a streamed tool call, as OpenAI's chunks carry them: a call's
