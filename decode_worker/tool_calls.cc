@@ -631,8 +631,13 @@ void ToolCallStream::ReadCalls(Out* out) {
         break;
       }
       case Expect::kMistralArgs: {
-        // The arguments up to the next [TOOL_CALLS] (the whole parse's part).
-        const size_t next = text.find(kMistralCalls, call_begin_);
+        // The arguments up to the next [TOOL_CALLS] (the whole parse's part),
+        // looked for only where a new piece could have completed one: from
+        // what was read less a token's length, not from the arguments'
+        // start (a long argument would be searched again at every piece).
+        const size_t read = call_begin_ + mistral_args_.end();
+        const size_t next =
+            text.find(kMistralCalls, std::max(call_begin_, read - std::min(read, kMistralCalls.size() - 1)));
         const std::string_view args =
             text.substr(call_begin_, next == std::string_view::npos ? text.npos : next - call_begin_);
         mistral_args_.Scan(args);
