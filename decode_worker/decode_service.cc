@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/serving/kv_transfer.h"
 #include "common/serving/status_convert.h"
@@ -116,8 +117,7 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   args.tokens.insert(args.tokens.end(), call->generated.begin(), call->generated.end());
   args.num_cached = cached;
   args.prefill = call->prefills++;
-  args.lora_fingerprint =
-      client_.load()->lora().Fingerprint(*client_.load()->lora().Slot(call->params.lora_name));
+  args.lora_fingerprint = call->params.lora_fingerprint;
   // The budget grows with the tokens to prefill: a long prompt on a slow
   // device is not cut off by a limit sized for short ones.
   const absl::Duration budget =
@@ -232,10 +232,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     return writer.get();
   }
   params->lora_name = request->lora_name();
-  if (absl::Status s = client_.load()->lora().Slot(params->lora_name).status(); !s.ok()) {
-    writer->End(ToGrpcStatus(s));
+  absl::StatusOr<LoraRef> lora = client_.load()->lora().Find(params->lora_name);
+  if (!lora.ok()) {
+    writer->End(ToGrpcStatus(lora.status()));
     return writer.get();
   }
+  // What the prefill worker's KV must have been computed with, fixed now:
+  // the engine refuses the request if the name gets other weights meanwhile.
+  params->lora_fingerprint = lora->fingerprint;
   // A gateway's choice of prefill worker for this request (llm-d's P/D
   // routing header); without one, the pool's rotation.
   PrefillPool::Endpoint* chosen = nullptr;
@@ -314,6 +318,161 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::ModelInfo(grpc::CallbackServerConte
   response->set_max_model_len(static_cast<uint32_t>(client->max_model_len()));
   response->set_vocab_size(static_cast<uint32_t>(client->model_config().vocab_size));
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+namespace {
+
+// A unary Prefill RPC, called through a stub's async interface.
+template <typename Req, typename Resp>
+using PrefillRpc = void (*)(v1::Prefill::Stub::async_interface* stub, grpc::ClientContext* context,
+                            const Req* request, Resp* response,
+                            std::function<void(grpc::Status)> done);
+
+// Calls `rpc` with `request` on every endpoint at once; `done` gets their
+// statuses and responses, in endpoint order, once all have answered (on a
+// gRPC thread; at once when there are none).
+template <typename Req, typename Resp>
+void CallEveryPrefill(const std::vector<PrefillPool::Endpoint*>& endpoints, Req request,
+                      PrefillRpc<Req, Resp> rpc,
+                      std::function<void(const std::vector<grpc::Status>&, const std::vector<Resp>&)> done) {
+  if (endpoints.empty()) return done({}, {});
+  struct State {
+    Req request;
+    std::vector<std::unique_ptr<v1::Prefill::Stub>> stubs;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<grpc::Status> statuses;
+    std::vector<Resp> responses;
+    std::atomic<size_t> left{0};
+    std::function<void(const std::vector<grpc::Status>&, const std::vector<Resp>&)> done;
+  };
+  auto st = std::make_shared<State>();
+  st->request = std::move(request);
+  st->statuses.resize(endpoints.size());
+  st->responses.resize(endpoints.size());
+  st->left = endpoints.size();
+  st->done = std::move(done);
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  for (PrefillPool::Endpoint* e : endpoints) {
+    st->stubs.push_back(v1::Prefill::NewStub(e->channel));
+    st->contexts.push_back(std::make_unique<grpc::ClientContext>());
+    st->contexts.back()->set_deadline(deadline);
+  }
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    rpc(st->stubs[i]->async(), st->contexts[i].get(), &st->request, &st->responses[i],
+        [st, i](grpc::Status s) {
+          st->statuses[i] = std::move(s);
+          if (st->left.fetch_sub(1) == 1) st->done(st->statuses, st->responses);
+        });
+  }
+}
+
+void CallLoad(v1::Prefill::Stub::async_interface* stub, grpc::ClientContext* context,
+              const v1::LoadLoraAdapterRequest* request, v1::LoadLoraAdapterResponse* response,
+              std::function<void(grpc::Status)> done) {
+  stub->LoadLoraAdapter(context, request, response, std::move(done));
+}
+
+void CallUnload(v1::Prefill::Stub::async_interface* stub, grpc::ClientContext* context,
+                const v1::UnloadLoraAdapterRequest* request, v1::UnloadLoraAdapterResponse* response,
+                std::function<void(grpc::Status)> done) {
+  stub->UnloadLoraAdapter(context, request, response, std::move(done));
+}
+
+}  // namespace
+
+std::vector<std::string> DecodeServiceImpl::LoraAdapters() const {
+  EngineClient* client = client_.load();
+  return client == nullptr ? std::vector<std::string>{} : client->lora().names();
+}
+
+std::vector<PrefillPool::Endpoint*> DecodeServiceImpl::PrefillEndpoints() const {
+  if (!options_.prefill_remote || pool_ == nullptr) return {};
+  return pool_->endpoints();
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::LoadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::LoadLoraAdapterRequest* request,
+    v1::LoadLoraAdapterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  EngineClient* client = client_.load();
+  v1::LoadLoraAdapterRequest here = *request;
+  here.clear_expect_fingerprint();  // this worker's load: the name must be new
+  LoadLoraAdapterHere(client, here, [this, reactor, response, client, here](
+                                        const grpc::Status& s, uint64_t fingerprint) {
+    if (!s.ok()) return reactor->Finish(s);
+    response->set_fingerprint(fingerprint);
+    // Then every prefill worker, with these weights.
+    v1::LoadLoraAdapterRequest there = here;
+    there.set_expect_fingerprint(fingerprint);
+    const std::vector<PrefillPool::Endpoint*> endpoints = PrefillEndpoints();
+    CallEveryPrefill<v1::LoadLoraAdapterRequest, v1::LoadLoraAdapterResponse>(
+        endpoints, there, &CallLoad,
+        [reactor, client, endpoints, name = here.lora_name()](
+            const std::vector<grpc::Status>& statuses,
+            const std::vector<v1::LoadLoraAdapterResponse>&) {
+          std::vector<std::string> failed;
+          std::vector<PrefillPool::Endpoint*> loaded;
+          grpc::StatusCode code = grpc::StatusCode::OK;
+          for (size_t i = 0; i < statuses.size(); ++i) {
+            if (statuses[i].ok()) {
+              loaded.push_back(endpoints[i]);
+              continue;
+            }
+            if (code == grpc::StatusCode::OK) code = statuses[i].error_code();
+            failed.push_back(absl::StrCat("prefill worker ", endpoints[i]->target, ": ",
+                                          GrpcCodeName(statuses[i].error_code()), ": ",
+                                          statuses[i].error_message()));
+          }
+          if (failed.empty()) {
+            TANDEM_LOG(INFO) << "LoRA adapter '" << name << "' loaded here and on "
+                             << endpoints.size() << " prefill worker(s)";
+            return reactor->Finish(grpc::Status::OK);
+          }
+          // Undone everywhere: a name the pair cannot serve is not half loaded.
+          const grpc::Status error(code, absl::StrCat("LoRA adapter '", name,
+                                                      "' not loaded (undone here): ",
+                                                      absl::StrJoin(failed, "; ")));
+          TANDEM_LOG(WARNING) << error.error_message();
+          v1::UnloadLoraAdapterRequest undo;
+          undo.set_lora_name(name);
+          client->UnloadLora(name, [](const absl::Status&) {});
+          CallEveryPrefill<v1::UnloadLoraAdapterRequest, v1::UnloadLoraAdapterResponse>(
+              loaded, undo, &CallUnload,
+              [reactor, error](const std::vector<grpc::Status>&,
+                               const std::vector<v1::UnloadLoraAdapterResponse>&) {
+                reactor->Finish(error);
+              });
+        });
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::UnloadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::UnloadLoraAdapterRequest* request,
+    v1::UnloadLoraAdapterResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  UnloadLoraAdapterHere(client_.load(), *request, [this, reactor, req = *request](
+                                                      const grpc::Status& s) {
+    if (!s.ok()) return reactor->Finish(s);
+    const std::vector<PrefillPool::Endpoint*> endpoints = PrefillEndpoints();
+    CallEveryPrefill<v1::UnloadLoraAdapterRequest, v1::UnloadLoraAdapterResponse>(
+        endpoints, req, &CallUnload,
+        [reactor, endpoints, name = req.lora_name()](
+            const std::vector<grpc::Status>& statuses,
+            const std::vector<v1::UnloadLoraAdapterResponse>&) {
+          // Requests can no longer name it here, where they arrive: a prefill
+          // worker that did not answer only keeps a slot it will not use.
+          for (size_t i = 0; i < statuses.size(); ++i) {
+            if (!statuses[i].ok() && statuses[i].error_code() != grpc::StatusCode::NOT_FOUND) {
+              TANDEM_LOG(WARNING) << "LoRA adapter '" << name << "' unloaded here but not on "
+                                  << "prefill worker " << endpoints[i]->target << ": "
+                                  << statuses[i].error_message();
+            }
+          }
+          reactor->Finish(grpc::Status::OK);
+        });
+  });
   return reactor;
 }
 

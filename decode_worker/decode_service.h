@@ -105,14 +105,24 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   // 10 s, until every PrefillClient is gone, for they call into the engine,
   // the pool and this service.
   void StopPrefillStreams();
+  // The LoRA adapters requests may name now (none while the model loads).
+  std::vector<std::string> LoraAdapters() const;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* ModelInfo(grpc::CallbackServerContext* context,
                                       const v1::ModelInfoRequest* request,
                                       v1::ModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::LoadLoraAdapterRequest* request,
+                                            v1::LoadLoraAdapterResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::UnloadLoraAdapterRequest* request,
+                                              v1::UnloadLoraAdapterResponse* response) override;
 
  private:
+  // The prefill workers runtime LoRA updates go to (--prefill-address's list).
+  std::vector<PrefillPool::Endpoint*> PrefillEndpoints() const;
   // Engine thread (the request's output callback).
   void OnOutput(const std::shared_ptr<GenerateCall>& call, const RequestOutput& o);
   // Starts a prefill stream for the KV of the call's tokens past `cached`.

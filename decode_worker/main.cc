@@ -157,7 +157,6 @@ int main(int argc, char** argv) {
     while (name.size() > 1 && name.back() == '/') name.pop_back();
     openai.served_model_name = name.substr(name.rfind('/') + 1);
   }
-  for (const tandem::LoraModuleSpec& m : config.lora_modules) openai.lora_adapters.push_back(m.name);
   config.waiting_timeout = absl::Milliseconds(queue_timeout_ms);
   for (double v : {prefill_timeout_s, prefill_timeout_per_token_ms, first_message_timeout_s}) {
     if (!(v >= 0)) {
@@ -226,6 +225,7 @@ int main(int argc, char** argv) {
   openai.metrics_text = [&metrics] { return metrics.Text(); };
   decode.served_model_name = openai.served_model_name;
   tandem::DecodeServiceImpl service(&state, &metrics, std::move(pool), decode, tokenizer->get());
+  openai.lora_adapters = [&service] { return service.LoraAdapters(); };
   std::unique_ptr<tandem::OpenAiFrontend> http;
   if (!openai.http_address.empty()) {
     http = std::make_unique<tandem::OpenAiFrontend>(openai, &state, tokenizer->get(),

@@ -958,12 +958,16 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
                       {"root", options_.served_model_name}, {"max_model_len", max_model_len_.load()},
                       {"vocab_size", vocab_size_.load()}});
     }
-    for (const std::string& name : options_.lora_adapters) {
+    for (const std::string& name : LoraAdapters()) {
       data.push_back({{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
                       {"root", name}, {"parent", options_.served_model_name},
                       {"max_model_len", max_model_len_.load()}, {"vocab_size", vocab_size_.load()}});
     }
     return SendJson(*stream, {{"object", "list"}, {"data", data}});
+  }
+  if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
+    if (!only("POST")) return;
+    return UpdateLora(path == "/v1/load_lora_adapter", request, std::move(stream));
   }
   OpenAiRoute route;
   if (path == "/v1/chat/completions") {
@@ -983,7 +987,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   OpenAiRequest parsed = ParseOpenAiRequest(
       route, request.body,
       {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
-       options_.lora_adapters});
+       LoraAdapters()});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");
@@ -1004,6 +1008,55 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   spec.tokenizer = tokenizer_;
   if (spec.chat) spec.reasoning = options_.reasoning_parser;
   Completion::Run(stub_.get(), std::move(parsed.choices), std::move(spec), std::move(stream));
+}
+
+std::vector<std::string> OpenAiFrontend::LoraAdapters() const {
+  return options_.lora_adapters ? options_.lora_adapters() : std::vector<std::string>{};
+}
+
+void OpenAiFrontend::UpdateLora(bool load, const HttpServer::Request& request,
+                                std::shared_ptr<HttpServer::Stream> stream) {
+  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return SendError(*stream, {400, "the body must be a JSON object", ""});
+  }
+  auto text = [&](const char* key) -> std::string {
+    return body.contains(key) && body[key].is_string() ? body[key].get<std::string>() : "";
+  };
+  const std::string name = text("lora_name");
+  // vLLM's messages and answers: a plain-text line on success.
+  auto reply = [stream, name, load](const grpc::Status& s) {
+    if (!s.ok()) {
+      return SendError(*stream, {HttpStatusFor(static_cast<absl::StatusCode>(s.error_code())),
+                                 s.error_message(), ""});
+    }
+    stream->Respond(200, "text/plain; charset=utf-8",
+                    absl::StrCat("Success: LoRA adapter '", name, "' ",
+                                 load ? "added" : "removed", " successfully."));
+  };
+  struct Call {
+    grpc::ClientContext context;
+    v1::LoadLoraAdapterRequest load;
+    v1::LoadLoraAdapterResponse loaded;
+    v1::UnloadLoraAdapterRequest unload;
+    v1::UnloadLoraAdapterResponse unloaded;
+  };
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  if (load) {
+    if (name.empty() || text("lora_path").empty()) {
+      return SendError(*stream, {400, "Both 'lora_name' and 'lora_path' must be provided.", ""});
+    }
+    call->load.set_lora_name(name);
+    call->load.set_lora_path(text("lora_path"));
+    stub_->async()->LoadLoraAdapter(&call->context, &call->load, &call->loaded,
+                                    [call, reply](grpc::Status s) { reply(s); });
+  } else {
+    if (name.empty()) return SendError(*stream, {400, "'lora_name' must be provided.", ""});
+    call->unload.set_lora_name(name);
+    stub_->async()->UnloadLoraAdapter(&call->context, &call->unload, &call->unloaded,
+                                      [call, reply](grpc::Status s) { reply(s); });
+  }
 }
 
 }  // namespace tandem

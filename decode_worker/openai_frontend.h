@@ -3,6 +3,9 @@
 //   POST /v1/completions        a text prompt or token ids
 //   POST /v1/responses          the Responses API, read as a chat completion
 //   GET  /v1/models             the served model (max_model_len, vocab_size)
+//   POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+//                               as vLLM's (Decode's LoadLoraAdapter and
+//                               UnloadLoraAdapter: --allow-runtime-lora-updating)
 //   GET  /health, /ping         200 while the gRPC health is SERVING, else 503
 //   POST /tokenize, /detokenize as vLLM's
 //   GET  /version
@@ -44,9 +47,10 @@ struct OpenAiOptions {
   std::string http_address = "0.0.0.0:8000";
   std::string served_model_name;  // `model` in requests and /v1/models
   std::vector<std::string> model_aliases;  // other names requests may give, listed too
-  // LoRA adapters requests may name as their model (listed too, with the
-  // served model as their parent, as vLLM lists them).
-  std::vector<std::string> lora_adapters;
+  // The LoRA adapters requests may name as their model, as they are now
+  // (listed too, with the served model as their parent, as vLLM lists them);
+  // called on the HTTP thread. Null: none.
+  std::function<std::vector<std::string>()> lora_adapters;
   // When set, a request to /v1/... must carry `Authorization: Bearer KEY`
   // with one of these (vLLM's --api-key); 401 otherwise. /health, /ping,
   // /version, /tokenize and /detokenize stay open, as in vLLM.
@@ -77,6 +81,10 @@ class OpenAiFrontend final : public FrontDoor {
 
  private:
   void Handle(const HttpServer::Request& request, std::shared_ptr<HttpServer::Stream> stream);
+  std::vector<std::string> LoraAdapters() const;
+  // POST /v1/load_lora_adapter or /v1/unload_lora_adapter (`load`).
+  void UpdateLora(bool load, const HttpServer::Request& request,
+                  std::shared_ptr<HttpServer::Stream> stream);
 
   OpenAiOptions options_;
   WorkerState* state_;

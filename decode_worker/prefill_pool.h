@@ -68,6 +68,12 @@ class PrefillPool {
   void Eject(Endpoint* e);
   int CountUsable() const;
   int size() const { return static_cast<int>(endpoints_.size()); }
+  // The endpoints of the address's list (not those Named() made).
+  std::vector<Endpoint*> endpoints() const {
+    std::vector<Endpoint*> out;
+    for (const auto& e : endpoints_) out.push_back(e.get());
+    return out;
+  }
 
  private:
   bool Usable(const Endpoint& e, int64_t now_ns) const;

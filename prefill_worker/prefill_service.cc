@@ -341,11 +341,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
     return writer.get();
   }
   params->lora_name = request->lora_name();
-  absl::StatusOr<int> lora_slot = client->lora().Slot(params->lora_name);
-  if (!lora_slot.ok()) {
-    writer->End(ToGrpcStatus(lora_slot.status()));
+  absl::StatusOr<LoraRef> lora = client->lora().Find(params->lora_name);
+  if (!lora.ok()) {
+    writer->End(ToGrpcStatus(lora.status()));
     return writer.get();
   }
+  params->lora_fingerprint = lora->fingerprint;
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
@@ -355,7 +356,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
   g->num_streams = static_cast<int>(num_streams);
   g->first = cached;
   g->num_tokens = num_tokens;
-  g->lora_fingerprint = client->lora().Fingerprint(*lora_slot);
+  g->lora_fingerprint = lora->fingerprint;
   std::shared_ptr<Transfer> t = OpenTransfer(g, 0, writer);
   {
     MutexLock lock(&g->mu);
@@ -414,6 +415,27 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
   BeginExport(t);
   SendMore(t);
   return writer.get();
+}
+
+grpc::ServerUnaryReactor* PrefillServiceImpl::LoadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::LoadLoraAdapterRequest* request,
+    v1::LoadLoraAdapterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  LoadLoraAdapterHere(client_.load(), *request,
+                      [reactor, response](const grpc::Status& s, uint64_t fingerprint) {
+                        response->set_fingerprint(fingerprint);
+                        reactor->Finish(s);
+                      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PrefillServiceImpl::UnloadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::UnloadLoraAdapterRequest* request,
+    v1::UnloadLoraAdapterResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  UnloadLoraAdapterHere(client_.load(), *request,
+                        [reactor](const grpc::Status& s) { reactor->Finish(s); });
+  return reactor;
 }
 
 }  // namespace tandem

@@ -68,6 +68,12 @@ class PrefillServiceImpl final
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Prefill(grpc::CallbackServerContext* context,
                                                       const grpc::ByteBuffer* raw) override;
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::LoadLoraAdapterRequest* request,
+                                            v1::LoadLoraAdapterResponse* response) override;
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::UnloadLoraAdapterRequest* request,
+                                              v1::UnloadLoraAdapterResponse* response) override;
 
   // KV bytes a stream may have copied out and not yet written (2 chunks;
   // 2, 4 and 8 measured alike with refills at half the window).

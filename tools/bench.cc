@@ -184,8 +184,9 @@ int RunStep(const std::vector<std::string>& args) {
   if (!engine.ok()) return Fail(engine.status());
   ModelRunner& runner = (*engine)->runner();
   KvCache& kv = (*engine)->kv_cache();
-  const absl::StatusOr<int> lora_slot = (*engine)->lora().Slot(lora_name);
-  if (!lora_slot.ok()) return Fail(lora_slot.status());
+  const absl::StatusOr<LoraRef> lora = (*engine)->lora().Find(lora_name);
+  if (!lora.ok()) return Fail(lora.status());
+  const int lora_slot = lora->slot;
 
   const int threads =
       config->backend.threads > 0 ? config->backend.threads : ThreadPool::AvailableCpus();
@@ -268,7 +269,7 @@ int RunStep(const std::vector<std::string>& args) {
       for (int i = 0; i < b; ++i) {
         const std::string id = absl::StrCat("bench-decode-", i);
         if (auto s = kv.EnsureCapacity(id, context + len); !s.ok()) return Fail(s);
-        seqs.push_back({tokens.data(), len, context, kv.BlockTable(id), true, len, *lora_slot});
+        seqs.push_back({tokens.data(), len, context, kv.BlockTable(id), true, len, lora_slot});
       }
       if (auto s = report(len == 1 ? "decode" : "verify", b * len, b, seqs); !s.ok()) return Fail(s);
       for (int i = 0; i < b; ++i) kv.Free(absl::StrCat("bench-decode-", i));
@@ -277,7 +278,7 @@ int RunStep(const std::vector<std::string>& args) {
   for (int p : *prefills) {
     if (auto s = kv.EnsureCapacity("bench-prefill", p); !s.ok()) return Fail(s);
     std::vector<ScheduledSeq> seqs = {
-        {tokens.data(), p, 0, kv.BlockTable("bench-prefill"), true, 1, *lora_slot}};
+        {tokens.data(), p, 0, kv.BlockTable("bench-prefill"), true, 1, lora_slot}};
     if (auto s = report("prefill", p, 1, seqs); !s.ok()) return Fail(s);
     kv.Free("bench-prefill");
   }

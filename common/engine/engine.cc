@@ -58,8 +58,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
                      << q << ")";
   }
   ASSIGN_OR_RETURN(e->lora_, LoraSet::Load(mc, e->backend_->device.get(), config.lora_modules,
-                                           config.max_lora_rank));
-  runner.graph.lora_enabled = e->lora_->size() > 0;
+                                           config.max_lora_rank, config.runtime_lora_slots));
+  runner.graph.lora_enabled = e->lora_->capacity() > 0;
   ASSIGN_OR_RETURN(e->runner_, ModelRunner::Create(runner, e->model_.get(),
                                                    e->kv_cache_.get(), ops, e->lora_.get()));
   TANDEM_LOG(INFO) << "cudagraph mode " << e->runner_->resolved_mode() << " (requested "
@@ -99,7 +99,12 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
-  RETURN_IF_ERROR(lora_->Slot(params.lora_name).status());
+  ASSIGN_OR_RETURN(const LoraRef lora, lora_->Find(params.lora_name));
+  if (params.lora_fingerprint != 0 && params.lora_fingerprint != lora.fingerprint) {
+    return absl::AbortedError(absl::StrCat("the LoRA adapter '", params.lora_name,
+                                           "' was replaced by another while the request was "
+                                           "on its way to the engine"));
+  }
   if (params.prior_output_tokens >= prompt.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.prior_output_tokens (", params.prior_output_tokens,
@@ -154,8 +159,9 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
-  r->lora_slot = *lora_->Slot(params.lora_name);  // Validate() found it
-  r->cache_root = lora_->Fingerprint(r->lora_slot);
+  const LoraRef lora = *lora_->Find(params.lora_name);  // Validate() found it
+  r->lora_slot = lora.slot;
+  r->cache_root = lora.fingerprint;
   r->arrival = next_arrival_++;
   r->queued_at = absl::Now();
   r->rng.seed(params.seed.has_value() ? *params.seed : std::random_device{}());
@@ -177,7 +183,7 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
 
 void LlmEngine::LorasInUse(std::vector<std::string>* running,
                            std::vector<std::string>* waiting) const {
-  std::vector<bool> run(lora_->size() + 1), wait(lora_->size() + 1);
+  std::vector<bool> run(lora_->capacity() + 1), wait(lora_->capacity() + 1);
   for (const auto& [id, r] : requests_) {
     if (r->state == RequestState::kRunning) {
       run[r->lora_slot] = true;
@@ -187,11 +193,22 @@ void LlmEngine::LorasInUse(std::vector<std::string>* running,
   }
   running->clear();
   waiting->clear();
-  for (int s = 1; s <= lora_->size(); ++s) {
-    if (run[s]) running->push_back(lora_->names()[s - 1]);
-    if (wait[s]) waiting->push_back(lora_->names()[s - 1]);
+  for (int s = 1; s <= lora_->capacity(); ++s) {
+    if (run[s]) running->push_back(lora_->SlotName(s));
+    if (wait[s]) waiting->push_back(lora_->SlotName(s));
   }
 }
+
+absl::StatusOr<int> LlmEngine::LoadLora(const LoraImage& image) {
+  return lora_->Add(image, [this](int slot) {
+    for (const auto& [id, r] : requests_) {
+      if (r->lora_slot == slot) return true;
+    }
+    return false;
+  });
+}
+
+absl::Status LlmEngine::UnloadLora(absl::string_view name) { return lora_->Remove(name); }
 
 Request* LlmEngine::Find(const std::string& id) const {
   auto it = requests_.find(id);

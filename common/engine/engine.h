@@ -52,6 +52,10 @@ struct EngineConfig {
   // at start-up; ranks at most max_lora_rank (vLLM's --max-lora-rank).
   std::vector<LoraModuleSpec> lora_modules;
   int max_lora_rank = 16;
+  // > 0: adapters may also be loaded and unloaded at run time (vLLM's
+  // /v1/load_lora_adapter), into this many slots allocated at start-up
+  // (vLLM's --max-loras); at least one per lora_modules entry.
+  int runtime_lora_slots = 0;
 };
 
 // Speculative decoding counters since start-up (vLLM's SpecDecodingStats).
@@ -224,6 +228,12 @@ class LlmEngine {
   // The adapters of the running requests and of the waiting ones (each
   // name once, in slot order): vLLM's lora_requests_info.
   void LorasInUse(std::vector<std::string>* running, std::vector<std::string>* waiting) const;
+  // Runtime LoRA updating (config.runtime_lora_slots > 0). Puts a prepared
+  // adapter (lora().Prepare) into a free slot, or one whose unloaded adapter
+  // no request holds any more; returns the slot (LoraSet::Add's errors).
+  absl::StatusOr<int> LoadLora(const LoraImage& image);
+  // New requests may no longer name `name`; those that do run to their end.
+  absl::Status UnloadLora(absl::string_view name);
   ModelRunner& runner() { return *runner_; }
   KvCache& kv_cache() { return *kv_cache_; }
   const KvCache& kv_cache() const { return *kv_cache_; }

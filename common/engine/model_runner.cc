@@ -41,15 +41,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::Create(const RunnerCon
                                                                  KvCache* kv_cache, Ops* ops,
                                                                  const LoraSet* lora) {
   std::unique_ptr<ModelRunner> r(new ModelRunner());
-  if (lora != nullptr && lora->size() == 0) lora = nullptr;
+  if (lora != nullptr && lora->capacity() == 0) lora = nullptr;
   if ((lora != nullptr) != config.graph.lora_enabled) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the graph policy's lora_enabled (", config.graph.lora_enabled,
-        ") disagrees with the adapters loaded (", lora == nullptr ? 0 : lora->size(), ")"));
+        ") disagrees with the adapter slots (", lora == nullptr ? 0 : lora->capacity(), ")"));
   }
   if (lora != nullptr && !ops->supports_lora()) {
     return absl::InvalidArgumentError(
-        "LoRA adapters (--lora-modules) are not implemented on this backend; use --device=cpu");
+        "LoRA adapters (--lora-modules, --allow-runtime-lora-updating) are not implemented on "
+        "this backend; use --device=cpu");
   }
   r->buffers_.lora = lora;
   r->config_ = config;
@@ -302,7 +303,7 @@ absl::StatusOr<StepResult> ModelRunner::Execute(const std::vector<ScheduledSeq>&
   }
   int num_tokens = 0, max_query = 0, sampled = 0;
   bool has_lora = false;
-  const int adapters = buffers_.lora == nullptr ? 0 : buffers_.lora->size();
+  const int adapters = buffers_.lora == nullptr ? 0 : buffers_.lora->capacity();
   for (const ScheduledSeq& s : batch) {
     if (s.lora_slot < 0 || s.lora_slot > adapters) {
       return absl::InvalidArgumentError(absl::StrCat("Execute: lora_slot ", s.lora_slot,

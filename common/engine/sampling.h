@@ -78,6 +78,10 @@ struct SamplingParams {
   // the base model). Not a sampling setting, but the request's, carried with
   // them as far as the engine (vLLM's lora_request); Validate checks it.
   std::string lora_name;
+  // The adapter's fingerprint when the caller looked it up (LoraSet::Find;
+  // 0: not checked): the request is refused if the name was given other
+  // weights since, so that what its caller told a peer about it holds.
+  uint64_t lora_fingerprint = 0;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

@@ -170,47 +170,212 @@ absl::StatusOr<HostAdapter> ReadAdapter(const LlamaConfig& config, const LoraMod
   return ad;
 }
 
-// `host` rounded to bf16 (nearest even) and copied to `dst` on `device`.
-absl::Status CopyBf16(Device* device, const std::vector<float>& host, void* dst,
-                      std::vector<uint16_t>* bits) {
-  bits->resize(host.size());
-  ConvertFromF32(host.data(), DType::kBF16, bits->data(), static_cast<int64_t>(host.size()));
-  return device->CopyToDevice(dst, bits->data(), bits->size() * sizeof(uint16_t));
+// The fused weights: their modules, in the order of the stacks of a layer.
+struct Fused {
+  std::vector<int> modules;
+};
+const std::vector<Fused>& FusedWeights() {
+  static const std::vector<Fused> fused = {{{kQ, kK, kV}}, {{kO}}, {{kGate, kUp}}, {{kDown}}};
+  return fused;
 }
 
 }  // namespace
 
-absl::StatusOr<int> LoraSet::Slot(absl::string_view name) const {
-  if (name.empty()) return 0;
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) return static_cast<int>(i) + 1;
+std::vector<const LoraStack*> LoraSet::Stacks() const {
+  std::vector<const LoraStack*> out;
+  for (const Layer& l : layers_) {
+    for (const LoraStack* st : {&l.qkv, &l.o, &l.gate_up, &l.down}) out.push_back(st);
   }
+  return out;
+}
+
+namespace {
+
+// `host`'s matrices in one slot of every stack of `stacks` (LoraImage's
+// order), rounded to bf16 (nearest even), B times its scale.
+void Lay(const LlamaConfig& config, const HostAdapter& host,
+         const std::vector<const LoraStack*>& stacks, std::vector<std::vector<uint16_t>>* a_rows, std::vector<std::vector<uint16_t>>* bt_rows) {
+  const std::vector<Fused>& fused = FusedWeights();
+  a_rows->assign(stacks.size(), {});
+  bt_rows->assign(stacks.size(), {});
+  std::vector<float> ha, hb;
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const LoraStack& st = *stacks[i];
+    if (st.a.data == nullptr) continue;
+    const int l = static_cast<int>(i / fused.size());
+    const Fused& f = fused[i % fused.size()];
+    const int64_t R = st.a.dim(1), in = st.a.dim(2), out = st.bt.dim(2), rank = st.rank;
+    ha.assign(R * in, 0.f);
+    hb.assign(R * out, 0.f);
+    int64_t row0 = 0;
+    for (size_t j = 0; j < f.modules.size(); ++j) {
+      const int m = f.modules[j];
+      const int64_t mo = ShapeOf(config, m).out;
+      auto it = host.pairs.find({l, m});
+      if (it != host.pairs.end()) {
+        const int64_t r = host.rank, col0 = static_cast<int64_t>(j) * rank;
+        std::copy(it->second.a.begin(), it->second.a.end(), ha.begin() + col0 * in);
+        for (int64_t o = 0; o < mo; ++o) {
+          for (int64_t t = 0; t < r; ++t) {
+            hb[(col0 + t) * out + row0 + o] = host.scale * it->second.b[o * r + t];
+          }
+        }
+      }
+      row0 += mo;
+    }
+    for (auto [src, dst] : {std::pair{&ha, &(*a_rows)[i]}, std::pair{&hb, &(*bt_rows)[i]}}) {
+      dst->resize(src->size());
+      ConvertFromF32(src->data(), DType::kBF16, dst->data(), static_cast<int64_t>(src->size()));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> LoraSet::names() const {
+  MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const Slot& s : slots_) {
+    if (!s.name.empty() && !s.draining) out.push_back(s.name);
+  }
+  return out;
+}
+
+std::string LoraSet::LoadedNamesLocked() const {
+  std::vector<std::string> out;
+  for (const Slot& s : slots_) {
+    if (!s.name.empty() && !s.draining) out.push_back(s.name);
+  }
+  return absl::StrJoin(out, ", ");
+}
+
+absl::StatusOr<LoraRef> LoraSet::Find(absl::string_view name) const {
+  if (name.empty()) return LoraRef{};
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].name == name && !slots_[i].draining) {
+      return LoraRef{static_cast<int>(i) + 1, slots_[i].fingerprint};
+    }
+  }
+  const std::string loaded = LoadedNamesLocked();
   return absl::NotFoundError(absl::StrCat(
       "lora_name '", name, "' is not loaded",
-      names_.empty() ? std::string(" (this worker has no --lora-modules)")
-                     : absl::StrCat(" (loaded: ", absl::StrJoin(names_, ", "), ")")));
+      !loaded.empty()  ? absl::StrCat(" (loaded: ", loaded, ")")
+      : updatable_     ? std::string(" (no adapter is loaded)")
+                       : std::string(" (this worker has no --lora-modules)")));
+}
+
+uint64_t LoraSet::Fingerprint(int slot) const {
+  if (slot <= 0) return 0;
+  MutexLock lock(&mu_);
+  return slots_[slot - 1].fingerprint;
+}
+
+std::string LoraSet::SlotName(int slot) const {
+  if (slot <= 0) return "";
+  MutexLock lock(&mu_);
+  return slots_[slot - 1].name;
+}
+
+absl::Status LoraSet::Write(int slot, const LoraImage& image) {
+  const std::vector<const LoraStack*> stacks = Stacks();
+  for (size_t i = 0; i < stacks.size(); ++i) {
+    const LoraStack& st = *stacks[i];
+    if (st.a.data == nullptr) continue;
+    const size_t a_bytes = image.a_[i].size() * sizeof(uint16_t);
+    const size_t bt_bytes = image.bt_[i].size() * sizeof(uint16_t);
+    RETURN_IF_ERROR(device_->CopyToDevice(static_cast<char*>(st.a.data) + slot * a_bytes,
+                                          image.a_[i].data(), a_bytes));
+    RETURN_IF_ERROR(device_->CopyToDevice(static_cast<char*>(st.bt.data) + slot * bt_bytes,
+                                          image.bt_[i].data(), bt_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LoraImage>> LoraSet::Prepare(const LoraModuleSpec& spec) const {
+  if (!updatable_) {
+    return absl::FailedPreconditionError(
+        "adapters are loaded at run time only with --allow-runtime-lora-updating (this worker's "
+        "are fixed at start-up by --lora-modules)");
+  }
+  if (spec.name.empty()) return absl::InvalidArgumentError("lora_name must not be empty");
+  if (spec.path.empty()) return absl::InvalidArgumentError("lora_path must not be empty");
+  ASSIGN_OR_RETURN(HostAdapter host, ReadAdapter(config_, spec, max_rank_));
+  auto image = std::make_unique<LoraImage>();
+  image->name_ = spec.name;
+  image->rank_ = host.rank;
+  image->fingerprint_ = host.fingerprint;
+  Lay(config_, host, Stacks(), &image->a_, &image->bt_);
+  TANDEM_LOG(INFO) << "LoRA adapter '" << spec.name << "' read from " << spec.path << ": rank "
+                   << host.rank << ", scale " << host.scale << ", " << host.pairs.size()
+                   << " pairs of matrices";
+  return image;
+}
+
+absl::StatusOr<int> LoraSet::Add(const LoraImage& image, absl::FunctionRef<bool(int slot)> in_use) {
+  int slot = -1;
+  {
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].name == image.name_ && !slots_[i].draining) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("the LoRA adapter '", image.name_, "' has already been loaded"));
+      }
+    }
+    for (size_t i = 0; i < slots_.size() && slot < 0; ++i) {
+      const Slot& s = slots_[i];
+      if (s.name.empty() || (s.draining && !in_use(static_cast<int>(i) + 1))) {
+        slot = static_cast<int>(i);
+      }
+    }
+    if (slot < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "every one of the ", slots_.size(), " LoRA slots (--max-loras) holds an adapter (",
+          LoadedNamesLocked(), "; unloaded ones until their requests end): unload one first"));
+    }
+  }
+  // No request holds the slot, so no step reads it: its rows may change.
+  RETURN_IF_ERROR(Write(slot, image));
+  MutexLock lock(&mu_);
+  slots_[slot] = Slot{image.name_, image.fingerprint_, false};
+  TANDEM_LOG(INFO) << "LoRA adapter '" << image.name_ << "' loaded into slot " << slot + 1 << " of "
+                   << slots_.size();
+  return slot + 1;
+}
+
+absl::Status LoraSet::Remove(absl::string_view name) {
+  MutexLock lock(&mu_);
+  for (Slot& s : slots_) {
+    if (s.name == name && !s.draining) {
+      s.draining = true;
+      TANDEM_LOG(INFO) << "LoRA adapter '" << name << "' unloaded";
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("the LoRA adapter '", name, "' cannot be found"));
 }
 
 absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config, Device* device,
                                                        const std::vector<LoraModuleSpec>& modules,
-                                                       int max_lora_rank) {
+                                                       int max_lora_rank, int runtime_slots) {
   if (max_lora_rank < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-lora-rank must be >= 1, got ", max_lora_rank));
   }
-  if (config.num_experts > 0 && !modules.empty()) {
+  if (config.num_experts > 0 && (!modules.empty() || runtime_slots > 0)) {
     return absl::InvalidArgumentError(
         "LoRA adapters on a mixture-of-experts model are not implemented");
   }
   std::unique_ptr<LoraSet> set(new LoraSet());
+  set->config_ = config;
+  set->device_ = device;
   set->max_rank_ = max_lora_rank;
+  set->updatable_ = runtime_slots > 0;
   std::vector<HostAdapter> adapters;
   int rank = 0;
   for (const LoraModuleSpec& spec : modules) {
     ASSIGN_OR_RETURN(HostAdapter a, ReadAdapter(config, spec, max_lora_rank));
     rank = std::max(rank, a.rank);
-    set->names_.push_back(spec.name);
-    set->fingerprints_.push_back(a.fingerprint);
     TANDEM_LOG(INFO) << "LoRA adapter '" << spec.name << "' from " << spec.path << ": rank "
                      << a.rank << ", scale " << a.scale << ", " << a.pairs.size()
                      << " pairs of matrices";
@@ -218,20 +383,21 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
   }
   const int L = config.num_hidden_layers;
   set->layers_.resize(L);
-  if (adapters.empty()) return set;
+  const int64_t S = std::max<int64_t>(runtime_slots, static_cast<int64_t>(adapters.size()));
+  set->capacity_ = static_cast<int>(S);
+  {
+    MutexLock lock(&set->mu_);
+    set->slots_.resize(S);
+  }
+  if (S == 0) return set;
+  // Updatable: every weight at the largest rank allowed, for any adapter.
+  if (set->updatable_) rank = max_lora_rank;
 
-  // The fused weights: their modules and each module's first output row.
-  struct Fused {
-    std::vector<int> modules;
-    LoraStack Layer::*stack;
-  };
-  const std::vector<Fused> fused = {{{kQ, kK, kV}, &Layer::qkv},
-                                    {{kO}, &Layer::o},
-                                    {{kGate, kUp}, &Layer::gate_up},
-                                    {{kDown}, &Layer::down}};
-  const int64_t S = static_cast<int64_t>(adapters.size());
-  // Which (layer, fused weight) any adapter targets: only those get stacks.
+  const std::vector<Fused>& fused = FusedWeights();
+  LoraStack Layer::*const members[] = {&Layer::qkv, &Layer::o, &Layer::gate_up, &Layer::down};
+  // Which (layer, fused weight) gets a stack: any an adapter targets, or all.
   auto targeted = [&](int l, const Fused& f) {
+    if (set->updatable_) return true;
     for (const HostAdapter& a : adapters) {
       for (int m : f.modules) {
         if (a.pairs.count({l, m})) return true;
@@ -241,13 +407,14 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
   };
   auto place = [&](Arena* arena) -> absl::Status {
     for (int l = 0; l < L; ++l) {
-      for (const Fused& f : fused) {
+      for (size_t k = 0; k < fused.size(); ++k) {
+        const Fused& f = fused[k];
         if (!targeted(l, f)) continue;
         const int64_t R = rank * static_cast<int64_t>(f.modules.size());
         int64_t out = 0;
         for (int m : f.modules) out += ShapeOf(config, m).out;
         const int64_t in = ShapeOf(config, f.modules[0]).in;
-        LoraStack& st = set->layers_[l].*(f.stack);
+        LoraStack& st = set->layers_[l].*(members[k]);
         ASSIGN_OR_RETURN(st.a, arena->Allocate(DType::kBF16, {S, R, in}));
         ASSIGN_OR_RETURN(st.bt, arena->Allocate(DType::kBF16, {S, R, out}));
         st.rank = rank;
@@ -263,41 +430,20 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
   ASSIGN_OR_RETURN(set->arena_, Arena::Create(device, measure->used(), "lora"));
   RETURN_IF_ERROR(place(set->arena_.get()));
 
-  std::vector<float> ha, hb;
-  std::vector<uint16_t> bits;
-  for (int l = 0; l < L; ++l) {
-    for (const Fused& f : fused) {
-      const LoraStack& st = set->layers_[l].*(f.stack);
-      if (st.a.data == nullptr) continue;
-      const int64_t R = st.a.dim(1), in = st.a.dim(2), out = st.bt.dim(2);
-      ha.assign(S * R * in, 0.f);
-      hb.assign(S * out * R, 0.f);
-      for (int64_t s = 0; s < S; ++s) {
-        int64_t row0 = 0;
-        for (size_t j = 0; j < f.modules.size(); ++j) {
-          const int m = f.modules[j];
-          const int64_t mo = ShapeOf(config, m).out;
-          auto it = adapters[s].pairs.find({l, m});
-          if (it != adapters[s].pairs.end()) {
-            const int64_t r = adapters[s].rank, col0 = static_cast<int64_t>(j) * rank;
-            const float scale = adapters[s].scale;
-            std::copy(it->second.a.begin(), it->second.a.end(),
-                      ha.begin() + (s * R + col0) * in);
-            for (int64_t o = 0; o < mo; ++o) {
-              for (int64_t t = 0; t < r; ++t) {
-                hb[(s * R + col0 + t) * out + row0 + o] = scale * it->second.b[o * r + t];
-              }
-            }
-          }
-          row0 += mo;
-        }
-      }
-      RETURN_IF_ERROR(CopyBf16(device, ha, st.a.data, &bits));
-      RETURN_IF_ERROR(CopyBf16(device, hb, st.bt.data, &bits));
-    }
+  const std::vector<const LoraStack*> stacks = set->Stacks();
+  for (size_t s = 0; s < adapters.size(); ++s) {
+    LoraImage image;
+    image.name_ = modules[s].name;
+    image.rank_ = adapters[s].rank;
+    image.fingerprint_ = adapters[s].fingerprint;
+    Lay(config, adapters[s], stacks, &image.a_, &image.bt_);
+    RETURN_IF_ERROR(set->Write(static_cast<int>(s), image));
+    MutexLock lock(&set->mu_);
+    set->slots_[s] = Slot{image.name_, image.fingerprint_, false};
   }
-  TANDEM_LOG(INFO) << "LoRA: " << S << " adapter(s), stacked rank " << rank << " per module, "
-                   << set->arena_->used() / (1 << 20) << " MiB";
+  TANDEM_LOG(INFO) << "LoRA: " << adapters.size() << " adapter(s) in " << S << " slot(s)"
+                   << (set->updatable_ ? " (runtime updating on)" : "") << ", stacked rank "
+                   << rank << " per module, " << set->arena_->used() / (1 << 20) << " MiB";
   return set;
 }
 

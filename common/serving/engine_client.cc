@@ -1,6 +1,7 @@
 #include "common/serving/engine_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/serving/status_convert.h"
 
 namespace tandem {
 
@@ -74,6 +75,32 @@ void EngineClient::Cancel(const std::string& id) {
   });
 }
 
+void EngineClient::LoadLora(const LoraModuleSpec& spec, uint64_t expect_fingerprint,
+                            LoadDone done) {
+  absl::StatusOr<std::unique_ptr<LoraImage>> image = loop_->lora().Prepare(spec);
+  if (!image.ok()) return done(image.status());
+  if (expect_fingerprint != 0 && (*image)->fingerprint() != expect_fingerprint) {
+    return done(absl::FailedPreconditionError(absl::StrCat(
+        "LoRA adapter '", spec.name, "' (", spec.path,
+        ") holds other weights here than on the worker that asked (fingerprints ",
+        absl::Hex((*image)->fingerprint()), " and ", absl::Hex(expect_fingerprint), ")")));
+  }
+  loop_->Post([image = std::shared_ptr<LoraImage>(std::move(image).value()), expect_fingerprint,
+               done = std::move(done)](LlmEngine& engine) {
+    if (expect_fingerprint != 0) {
+      absl::StatusOr<LoraRef> loaded = engine.lora().Find(image->name());
+      if (loaded.ok() && loaded->fingerprint == expect_fingerprint) return done(expect_fingerprint);
+    }
+    absl::StatusOr<int> slot = engine.LoadLora(*image);
+    if (!slot.ok()) return done(slot.status());
+    done(image->fingerprint());
+  });
+}
+
+void EngineClient::UnloadLora(const std::string& name, std::function<void(absl::Status)> done) {
+  loop_->Post([name, done = std::move(done)](LlmEngine& engine) { done(engine.UnloadLora(name)); });
+}
+
 void EngineClient::ExportKv(std::shared_ptr<KvExporter> exporter, Fill fill) {
   // Whichever comes first: the next layer of a step running now, or the
   // loop's next turn (Post wakes an idle loop). The later one finds the
@@ -99,6 +126,35 @@ void EngineClient::FillOnLoop(const LlmEngine& engine,
     }
     return msg;
   });
+}
+
+void LoadLoraAdapterHere(EngineClient* client, const v1::LoadLoraAdapterRequest& request,
+                         std::function<void(const grpc::Status&, uint64_t fingerprint)> done) {
+  if (request.lora_name().empty() || request.lora_path().empty()) {
+    return done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                             "both lora_name and lora_path must be given"),
+                0);
+  }
+  if (client == nullptr) {
+    return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"), 0);
+  }
+  client->LoadLora({request.lora_name(), request.lora_path()}, request.expect_fingerprint(),
+                   [done = std::move(done)](absl::StatusOr<uint64_t> fingerprint) {
+                     if (!fingerprint.ok()) return done(ToGrpcStatus(fingerprint.status()), 0);
+                     done(grpc::Status::OK, *fingerprint);
+                   });
+}
+
+void UnloadLoraAdapterHere(EngineClient* client, const v1::UnloadLoraAdapterRequest& request,
+                           std::function<void(const grpc::Status&)> done) {
+  if (request.lora_name().empty()) {
+    return done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lora_name must be given"));
+  }
+  if (client == nullptr) {
+    return done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+  }
+  client->UnloadLora(request.lora_name(),
+                     [done = std::move(done)](const absl::Status& s) { done(ToGrpcStatus(s)); });
 }
 
 }  // namespace tandem

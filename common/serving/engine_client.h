@@ -26,6 +26,7 @@
 
 #include "common/serving/engine_loop.h"
 #include "common/serving/kv_transfer.h"
+#include "grpcpp/support/status.h"
 #include "proto/tandem/v1/tandem.pb.h"
 
 namespace tandem {
@@ -67,13 +68,24 @@ class EngineClient {
   using Fill = std::function<void(const NextChunk& next)>;
   void ExportKv(std::shared_ptr<KvExporter> exporter, Fill fill);
 
+  // Runtime LoRA updating. Reads the adapter at `spec.path` on the calling
+  // thread, then puts it into a slot on the loop thread; `done` gets its
+  // fingerprint (or the error) on one of them. `expect_fingerprint` != 0:
+  // the weights must be these, and a name already loaded with them is OK
+  // (a decode worker loading its prefill workers).
+  using LoadDone = std::function<void(absl::StatusOr<uint64_t>)>;
+  void LoadLora(const LoraModuleSpec& spec, uint64_t expect_fingerprint, LoadDone done);
+  // New requests may no longer name the adapter; `done` on the loop thread.
+  void UnloadLora(const std::string& name, std::function<void(absl::Status)> done);
+
   // Start-up facts, immutable once the engine is ready.
   const LlamaConfig& model_config() const { return loop_->model_config(); }
   int max_model_len() const { return loop_->max_model_len(); }
   // Tokens of one step: the most a prefill chunk computes at once.
   int max_num_batched_tokens() const { return loop_->max_num_batched_tokens(); }
   const v1::ModelFingerprint& fingerprint() const { return fingerprint_; }
-  // The adapters requests may name (immutable once the engine is ready).
+  // The adapters requests may name (thread-safe lookups; LoadLora and
+  // UnloadLora change them).
   const LoraSet& lora() const { return loop_->lora(); }
   size_t slot_bytes() const { return slot_bytes_; }
   // One token's K and V in every layer (KvCache::token_bytes).
@@ -95,6 +107,16 @@ class EngineClient {
   size_t token_bytes_;
   int block_size_;
 };
+
+// LoadLoraAdapter and UnloadLoraAdapter on this worker, as both services
+// serve them: the request checked (INVALID_ARGUMENT naming a missing
+// field), UNAVAILABLE while the model loads (`client` null), then
+// EngineClient::LoadLora / UnloadLora; `done` gets the gRPC status (and the
+// loaded adapter's fingerprint) on some thread.
+void LoadLoraAdapterHere(EngineClient* client, const v1::LoadLoraAdapterRequest& request,
+                         std::function<void(const grpc::Status&, uint64_t fingerprint)> done);
+void UnloadLoraAdapterHere(EngineClient* client, const v1::UnloadLoraAdapterRequest& request,
+                           std::function<void(const grpc::Status&)> done);
 
 }  // namespace tandem
 

@@ -1,5 +1,7 @@
 #include "common/serving/engine_flags.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -73,10 +75,17 @@ void EngineFlags::Register(FlagSet* f) {
          "LoRA adapters requests may name, NAME=PATH,... (PEFT directories: adapter_config.json + "
          "adapter_model.safetensors), all loaded at start-up; a request names one by lora_name "
          "(gRPC) or as its model (OpenAI API). Both workers of a pair need the same (cpu only)");
-  f->Add("enable-lora", &enable_lora, "accepted as vLLM's; adapters come from --lora-modules");
+  f->Add("enable-lora", &enable_lora,
+         "accepted as vLLM's; adapters come from --lora-modules and, with "
+         "--allow-runtime-lora-updating, LoadLoraAdapter");
+  f->Add("allow-runtime-lora-updating", &allow_runtime_lora_updating,
+         "adapters may also be loaded and unloaded while serving (gRPC LoadLoraAdapter / "
+         "UnloadLoraAdapter, the OpenAI API's /v1/load_lora_adapter and /v1/unload_lora_adapter: "
+         "vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING), into --max-loras slots of rank "
+         "--max-lora-rank allocated at start-up (cpu only)");
   f->Add("max-loras", &max_loras,
          "adapters resident at once; every --lora-modules adapter is, so at least their number "
-         "(0: that number)");
+         "(0: that number, or 1 with --allow-runtime-lora-updating if more)");
   f->Add("max-lora-rank", &max_lora_rank, "largest rank r an adapter may have");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
@@ -117,6 +126,10 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
         " adapters of --lora-modules, which are all resident"));
   }
   c.max_lora_rank = max_lora_rank;
+  if (allow_runtime_lora_updating) {
+    c.runtime_lora_slots =
+        max_loras > 0 ? max_loras : std::max(1, static_cast<int>(c.lora_modules.size()));
+  }
   return c;
 }
 

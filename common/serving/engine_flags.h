@@ -42,6 +42,7 @@ struct EngineFlags {
   std::string lora_modules;        // NAME=PATH,... as vLLM's --lora-modules
   bool enable_lora = false;        // vLLM's --enable-lora (implied by --lora-modules)
   int max_loras = 0;               // vLLM's --max-loras; 0: as many as --lora-modules
+  bool allow_runtime_lora_updating = false;  // LoadLoraAdapter / UnloadLoraAdapter
   int max_lora_rank = 16;          // vLLM's --max-lora-rank
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}

@@ -325,7 +325,7 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
     vllm_running_->Set(count(RequestState::kRunning));
     vllm_kv_usage_->Set(pool.usage());
     vllm_gpu_cache_usage_->Set(pool.usage());
-    if (engine.lora().size() > 0) {
+    if (engine.lora().capacity() > 0) {
       // The inference gateway's LoRA affinity reads the adapters each server
       // runs and queues; the series' value is when it was set (vLLM's).
       std::vector<std::string> running, waiting;
@@ -342,7 +342,7 @@ void WorkerMetrics::ObserveEngine(LlmEngine& engine) {
         }
         if (vllm_lora_series_ != nullptr) vllm_lora_info_->Remove(vllm_lora_series_);
         vllm_lora_series_ = &vllm_lora_info_->Add(
-            {{"max_lora", std::to_string(engine.lora().size())},
+            {{"max_lora", std::to_string(engine.lora().capacity())},
              {"running_lora_adapters", r},
              {"waiting_lora_adapters", w}});
         vllm_lora_labels_ = labels;

@@ -76,7 +76,7 @@ fs::path Merged(const Adapter& adapter, const std::string& name) {
 
 absl::StatusOr<std::unique_ptr<LlmEngine>> Engine(const std::string& model, M mode,
                                                   std::vector<LoraModuleSpec> loras = {},
-                                                  int max_lora_rank = 16) {
+                                                  int max_lora_rank = 16, int runtime_slots = 0) {
   EngineConfig c;
   c.model = model;
   c.runner.graph.requested_mode = mode;
@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> Engine(const std::string& model, M mo
   c.runner.max_model_len = 256;
   c.lora_modules = std::move(loras);
   c.max_lora_rank = max_lora_rank;
+  c.runtime_lora_slots = runtime_slots;
   return LlmEngine::Create(c);
 }
 
@@ -251,6 +252,122 @@ TEST(LoraTest, WhatIsNotAppliedIsRefusedAtStartUp) {
   auto e = Engine(kBase, M::kNone, {{"x", missing.string()}});
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("adapter_config.json"), std::string::npos) << e.status();
+}
+
+// Reads the adapter at `dir` and puts it into a slot of `e` (runtime updating).
+absl::StatusOr<int> LoadAtRunTime(LlmEngine* e, const std::string& name, const fs::path& dir) {
+  auto image = e->lora().Prepare({name, dir.string()});
+  if (!image.ok()) return image.status();
+  return e->LoadLora(**image);
+}
+
+TEST(LoraTest, AdapterLoadedAtRunTimeEqualsItsMergedWeights) {
+  // Rank 4 in stacks of rank 8 on every weight, the adapter on attention only.
+  const Adapter a = MakeAdapter("runtime", 4, 8.0, {"q_proj", "k_proj", "v_proj", "o_proj"}, 31);
+  const fs::path merged = Merged(a, "runtime_merged");
+  const std::vector<int32_t> prompt = Prompt(21, 3);
+  const Output want = Alone(merged.string(), prompt);
+  const Output base = Alone(kBase, prompt);
+  EXPECT_NE(base.tokens, want.tokens);
+  for (M mode : {M::kFullAndPiecewise, M::kNone}) {
+    SCOPED_TRACE(mode.name());
+    auto e = Engine(kBase, mode, {}, 8, /*runtime_slots=*/2);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->lora().capacity(), 2);
+    EXPECT_TRUE((*e)->lora().names().empty());
+    // Graphs for batches with adapters exist before any adapter does.
+    if (mode == M::kFullAndPiecewise) {
+      bool lora_keys = false;
+      for (const BatchDescriptor& d : (*e)->runner().dispatcher().keys(M::kFull)) {
+        lora_keys = lora_keys || d.has_lora;
+      }
+      EXPECT_TRUE(lora_keys);
+    }
+    ASSERT_EQ(LoadAtRunTime(e->get(), "a", a.dir).value_or(-1), 1);
+    EXPECT_EQ((*e)->lora().names(), std::vector<std::string>{"a"});
+    ASSERT_TRUE((*e)->AddRequest("with", prompt, Greedy("a")).ok());
+    ASSERT_TRUE((*e)->AddRequest("without", prompt, Greedy("")).ok());
+    auto out = RunAll(e->get());
+    ExpectSame(out["with"], want);
+    ExpectSame(out["without"], base);
+    // A second load of the name, loaded, is refused, as vLLM refuses it.
+    absl::StatusOr<int> again = LoadAtRunTime(e->get(), "a", a.dir);
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  }
+}
+
+TEST(LoraTest, UnloadedAdapterDrainsBeforeItsSlotIsReused) {
+  const Adapter a = MakeAdapter("drain_a", 4, 8.0, {}, 32);
+  const Adapter b = MakeAdapter("drain_b", 2, 4.0, {"gate_proj", "up_proj", "down_proj"}, 33);
+  const std::vector<int32_t> prompt = Prompt(30, 4);
+  const Output want_a = Alone(Merged(a, "drain_a_merged").string(), prompt, 16);
+  const Output want_b = Alone(Merged(b, "drain_b_merged").string(), prompt, 16);
+  auto e = Engine(kBase, M::kFullAndPiecewise, {}, 16, /*runtime_slots=*/1);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(LoadAtRunTime(e->get(), "a", a.dir).ok());
+  const uint64_t fingerprint_a = (*e)->lora().Find("a")->fingerprint;
+  ASSERT_TRUE((*e)->AddRequest("running", prompt, Greedy("a", 16)).ok());
+  Output running;
+  for (int i = 0; i < 3; ++i) {
+    auto step = (*e)->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const RequestOutput& o : *step) {
+      running.tokens.insert(running.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      for (const TokenLogprobs& lp : o.logprobs) running.logprobs.push_back(lp.logprob);
+    }
+  }
+  ASSERT_FALSE(running.tokens.empty());
+  ASSERT_TRUE((*e)->UnloadLora("a").ok());
+  // New requests can no longer name it; the one slot is still the running
+  // request's, so another adapter waits for it to end.
+  EXPECT_EQ((*e)->AddRequest("late", prompt, Greedy("a")).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*e)->UnloadLora("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadAtRunTime(e->get(), "b", b.dir).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  std::vector<std::string> run, wait;
+  (*e)->LorasInUse(&run, &wait);
+  EXPECT_EQ(run, std::vector<std::string>{"a"});  // the gateway still sees it run
+  EXPECT_EQ((*e)->lora().Fingerprint(1), fingerprint_a);
+  auto rest = RunAll(e->get());
+  running.tokens.insert(running.tokens.end(), rest["running"].tokens.begin(), rest["running"].tokens.end());
+  running.logprobs.insert(running.logprobs.end(), rest["running"].logprobs.begin(),
+                          rest["running"].logprobs.end());
+  ExpectSame(running, want_a);
+  // Drained: the slot takes b, whose requests get b's weights, not a's.
+  ASSERT_EQ(LoadAtRunTime(e->get(), "b", b.dir).value_or(-1), 1);
+  EXPECT_NE((*e)->lora().Fingerprint(1), fingerprint_a);
+  ASSERT_TRUE((*e)->AddRequest("b", prompt, Greedy("b", 16)).ok());
+  ExpectSame(RunAll(e->get())["b"], want_b);
+  // A request that looked a up before it was replaced is refused, not run
+  // with b's weights.
+  SamplingParams stale = Greedy("b");
+  stale.lora_fingerprint = fingerprint_a;
+  EXPECT_EQ((*e)->AddRequest("stale", prompt, stale).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ((*e)->kv_cache().pool().num_used(), 0);
+}
+
+TEST(LoraTest, RuntimeLoadingIsRefusedWithoutItsSlots) {
+  const Adapter a = MakeAdapter("fixed", 2, 2.0, {"q_proj"}, 34);
+  auto e = Engine(kBase, M::kNone, {{"a", a.dir.string()}});
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_FALSE((*e)->lora().updatable());
+  auto image = (*e)->lora().Prepare({"b", a.dir.string()});
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(image.status().message().find("--allow-runtime-lora-updating"), std::string::npos);
+  // With slots: what start-up refuses is refused at run time too, by name.
+  auto updatable = Engine(kBase, M::kNone, {}, 4, /*runtime_slots=*/1);
+  ASSERT_TRUE(updatable.ok()) << updatable.status();
+  const Adapter big = MakeAdapter("big", 8, 8.0, {"q_proj"}, 35);
+  EXPECT_NE(LoadAtRunTime(updatable->get(), "big", big.dir)
+                .status()
+                .message()
+                .find("rank r = 8 exceeds --max-lora-rank=4"),
+            std::string::npos);
+  EXPECT_EQ(LoadAtRunTime(updatable->get(), "missing", TempDir("none")).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::Status none = (*updatable)->AddRequest("x", Prompt(4, 1), Greedy("a"));
+  EXPECT_NE(none.message().find("'a' is not loaded (no adapter is loaded)"), std::string::npos)
+      << none;
 }
 
 TEST(LoraTest, ParsesLoraModules) {

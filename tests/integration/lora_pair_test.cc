@@ -2,6 +2,8 @@
 // tokens disaggregated as from one aggregated worker, and KV computed without
 // the adapter it names (a prefill worker lacking it, or holding other weights
 // under its name) is never used: the request fails instead of answering wrong.
+// Adapters loaded and unloaded while the pair serves reach both workers or
+// neither.
 #include "gtest/gtest.h"
 #include "tests/engine/lora_fixture.h"
 #include "tests/integration/harness.h"
@@ -80,6 +82,95 @@ TEST(LoraPairTest, AdapterThroughThePairEqualsOneWorker) {
   for (Worker* w : {&decode_bare, &bare, &decode_wrong, &wrong, &decode, &prefill, &alone}) {
     StopWorker(*w);
   }
+}
+
+grpc::Status LoadAdapter(const std::string& address, const std::string& name,
+                         const std::string& path, uint64_t* fingerprint = nullptr) {
+  auto stub = DecodeStub(address);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::LoadLoraAdapterRequest req;
+  req.set_lora_name(name);
+  req.set_lora_path(path);
+  v1::LoadLoraAdapterResponse resp;
+  grpc::Status s = stub->LoadLoraAdapter(&ctx, req, &resp);
+  if (fingerprint != nullptr) *fingerprint = resp.fingerprint();
+  return s;
+}
+
+grpc::Status UnloadAdapter(const std::string& address, const std::string& name) {
+  auto stub = DecodeStub(address);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::UnloadLoraAdapterRequest req;
+  req.set_lora_name(name);
+  v1::UnloadLoraAdapterResponse resp;
+  return stub->UnloadLoraAdapter(&ctx, req, &resp);
+}
+
+TEST(LoraPairTest, AdaptersLoadedAndUnloadedWhileServing) {
+  const std::string a = MakeAdapter("runtime_a", 4, 8.0, {}, 23).dir.string();
+  const std::string b = MakeAdapter("runtime_b", 2, 4.0, {}, 24).dir.string();
+  const std::string model = "--model=" + lora_fixture::kBase;
+  Worker alone = StartWorker("decode_worker", {model, "--lora-modules=a=" + a + ",b=" + b});
+  const GenerateResult want_a = Generate(alone.address(), Request("alone_a", "a"));
+  const GenerateResult want_b = Generate(alone.address(), Request("alone_b", "b"));
+  ASSERT_TRUE(want_a.status.ok() && want_b.status.ok());
+
+  const std::vector<std::string> runtime = {model, "--allow-runtime-lora-updating", "--max-loras=1"};
+  Worker prefill = StartWorker("prefill_worker", runtime);
+  std::vector<std::string> decode_flags = runtime;
+  decode_flags.push_back("--prefill-address=" + prefill.address());
+  Worker decode = StartWorker("decode_worker", decode_flags);
+  EXPECT_EQ(Generate(decode.address(), Request("none", "a")).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  uint64_t fingerprint = 0;
+  grpc::Status loaded = LoadAdapter(decode.address(), "a", a, &fingerprint);
+  ASSERT_TRUE(loaded.ok()) << loaded.error_message();
+  EXPECT_NE(fingerprint, 0u);
+  // Both workers have it: the prefill worker computes the prompt with it.
+  const GenerateResult pair_a = Generate(decode.address(), Request("pair_a", "a"));
+  ASSERT_TRUE(pair_a.status.ok()) << pair_a.status.error_message();
+  EXPECT_EQ(pair_a.tokens, want_a.tokens);
+  EXPECT_EQ(decode.Metric("tandem_kv_transfer_failures_total",
+                          {{"reason", "fingerprint_mismatch"}}),
+            0);
+  EXPECT_EQ(LoadAdapter(decode.address(), "a", a).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  grpc::Status full = LoadAdapter(decode.address(), "b", b);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
+  EXPECT_EQ(LoadAdapter(decode.address(), "", a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Unloaded: new requests are refused; its slot takes b, on both workers.
+  ASSERT_TRUE(UnloadAdapter(decode.address(), "a").ok());
+  EXPECT_EQ(Generate(decode.address(), Request("gone", "a")).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(UnloadAdapter(decode.address(), "a").error_code(), grpc::StatusCode::NOT_FOUND);
+  loaded = LoadAdapter(decode.address(), "b", b);
+  ASSERT_TRUE(loaded.ok()) << loaded.error_message();
+  const GenerateResult pair_b = Generate(decode.address(), Request("pair_b", "b"));
+  ASSERT_TRUE(pair_b.status.ok()) << pair_b.status.error_message();
+  EXPECT_EQ(pair_b.tokens, want_b.tokens);
+
+  // A prefill worker holding other weights under the name refuses it, and
+  // the decode worker's own load is undone: the name is loaded nowhere.
+  Worker other = StartWorker("prefill_worker", {model, "--allow-runtime-lora-updating",
+                                                "--max-loras=2", "--lora-modules=a=" + b});
+  std::vector<std::string> other_flags = runtime;
+  other_flags.push_back("--prefill-address=" + other.address());
+  Worker decode_other = StartWorker("decode_worker", other_flags);
+  grpc::Status refused = LoadAdapter(decode_other.address(), "a", a);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::ALREADY_EXISTS) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("prefill worker " + other.address()), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Generate(decode_other.address(), Request("undone", "a")).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Without --allow-runtime-lora-updating the adapters are fixed.
+  EXPECT_EQ(LoadAdapter(alone.address(), "c", a).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  ExpectBlocksFreed(prefill, decode);
+  ExpectBlocksFreed(other, decode_other);
+  for (Worker* w : {&decode_other, &other, &decode, &prefill, &alone}) StopWorker(*w);
 }
 
 }  // namespace

@@ -9,7 +9,8 @@ decode worker with --http-address, and checks through openai.OpenAI(base_url=...
 completions from token ids equal to `tandem generate --local`; stop strings;
 n samples (seeded: each the single request with seed + j) and batches of prompts;
 an API key (401 without it on /v1/, /health open); --reasoning-parser (a second pair);
-a LoRA adapter served beside the model (--lora-modules, a third pair);
+a LoRA adapter served beside the model (--lora-modules, a third pair), and
+another loaded and unloaded while it serves (/v1/load_lora_adapter);
 structured outputs (a JSON schema, any object, a choice) and forced tool calls;
 errors (400 naming the field, 404 for another model, 503-free health;
 malformed bodies refused without harm to the worker); a
@@ -652,12 +653,16 @@ def lora(bin_dir, model, answer):
     answered under its name, differently from the base model, whose answer is
     unchanged, whole and streamed alike; its completion from token ids equals
     `tandem generate --local` with the same adapter; the decode worker reports
-    the adapters it runs (vllm:lora_requests_info, for the gateway)."""
+    the adapters it runs (vllm:lora_requests_info, for the gateway). With
+    --allow-runtime-lora-updating, /v1/load_lora_adapter and
+    /v1/unload_lora_adapter answer as vLLM's: an adapter loaded under a second
+    name answers as the first (the prefill worker has it too), is listed,
+    then refused once unloaded."""
     out = tempfile.mkdtemp(prefix="tandem_lora_")
     adapter = os.path.join(out, "adapter")
     write_lora_adapter(adapter)
-    flag = f"--lora-modules=sql-lora={adapter}"
-    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2", flag], [flag])
+    flags = [f"--lora-modules=sql-lora={adapter}", "--allow-runtime-lora-updating", "--max-loras=2"]
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2"] + flags, flags)
     try:
         base = f"http://127.0.0.1:{pair.http_port}"
         pair.wait(lambda: http_get(base + "/health")[0] == 200,
@@ -682,7 +687,7 @@ def lora(bin_dir, model, answer):
                 streamed += choice.delta.content or ""
         assert streamed == text, (streamed, text)
         ids = [1, 504, 3458, 282, 4649, 314]
-        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}", flag,
+        local = subprocess.run([f"{bin_dir}/tandem", "generate", "--local", f"--model={model}", *flags,
                                 "--lora-name=sql-lora", "--cudagraph-mode=NONE", "--ignore-eos",
                                 "--max-tokens=8", "--prompt-token-ids=" + ",".join(map(str, ids))],
                                capture_output=True, text=True, check=True)
@@ -699,7 +704,33 @@ def lora(bin_dir, model, answer):
         expect_error(openai.NotFoundError, lambda: client.chat.completions.create(
             model="other-lora", messages=question, max_tokens=4), "sql-lora")
         metrics = http_get(f"http://127.0.0.1:{pair.metrics_port}/metrics")[1]
-        assert 'vllm:lora_requests_info{' in metrics and 'max_lora="1"' in metrics, metrics
+        assert 'vllm:lora_requests_info{' in metrics and 'max_lora="2"' in metrics, metrics
+
+        def post(path, body):
+            return http_post(base + path, json.dumps(body))
+        status, body = post("/v1/load_lora_adapter", {"lora_name": "sql-copy", "lora_path": adapter})
+        assert (status, body) == (200, "Success: LoRA adapter 'sql-copy' added successfully."), (status, body)
+        models = {m.id: m for m in client.models.list().data}
+        assert set(models) == {"smollm2", "sql-lora", "sql-copy"}, models
+        assert models["sql-copy"].model_extra["parent"] == "smollm2", models["sql-copy"]
+        copy = client.chat.completions.create(model="sql-copy", messages=question, temperature=0,
+                                              max_tokens=24)
+        assert copy.model == "sql-copy" and copy.choices[0].message.content == text, (copy, text)
+        status, body = post("/v1/load_lora_adapter", {"lora_name": "sql-copy", "lora_path": adapter})
+        assert status == 409 and "has already been loaded" in body, (status, body)
+        status, body = post("/v1/load_lora_adapter", {"lora_name": "third", "lora_path": adapter})
+        assert status == 429 and "--max-loras" in body, (status, body)
+        status, body = post("/v1/load_lora_adapter", {"lora_name": "third"})
+        assert status == 400 and "Both 'lora_name' and 'lora_path' must be provided." in body, (status, body)
+        status, body = post("/v1/load_lora_adapter", {"lora_name": "third", "lora_path": out + "/none"})
+        assert status == 404 and "adapter_config.json" in body, (status, body)
+        status, body = post("/v1/unload_lora_adapter", {"lora_name": "sql-copy"})
+        assert (status, body) == (200, "Success: LoRA adapter 'sql-copy' removed successfully."), (status, body)
+        assert {m.id for m in client.models.list().data} == {"smollm2", "sql-lora"}
+        expect_error(openai.NotFoundError, lambda: client.chat.completions.create(
+            model="sql-copy", messages=question, max_tokens=4), "sql-copy")
+        status, body = post("/v1/unload_lora_adapter", {"lora_name": "sql-copy"})
+        assert status == 404 and "cannot be found" in body, (status, body)
     finally:
         codes = pair.stop(timeout=60)
     assert codes == [0, 0], f"workers exited with {codes}; logs in {out}"
