@@ -331,9 +331,12 @@ using PrefillRpc = void (*)(v1::Prefill::Stub::async_interface* stub, grpc::Clie
 
 // Calls `rpc` with `request` on every endpoint at once; `done` gets their
 // statuses and responses, in endpoint order, once all have answered (on a
-// gRPC thread; at once when there are none).
+// gRPC thread; at once when there are none). The calls are `host`'s clients
+// (Opened / Closed) until then, so that a host that stops cancels and waits
+// for them.
 template <typename Req, typename Resp>
-void CallEveryPrefill(const std::vector<PrefillPool::Endpoint*>& endpoints, Req request,
+void CallEveryPrefill(PrefillClient::Host* host,
+                      const std::vector<PrefillPool::Endpoint*>& endpoints, Req request,
                       PrefillRpc<Req, Resp> rpc,
                       std::function<void(const std::vector<grpc::Status>&, const std::vector<Resp>&)> done) {
   if (endpoints.empty()) return done({}, {});
@@ -345,6 +348,7 @@ void CallEveryPrefill(const std::vector<PrefillPool::Endpoint*>& endpoints, Req 
     std::vector<Resp> responses;
     std::atomic<size_t> left{0};
     std::function<void(const std::vector<grpc::Status>&, const std::vector<Resp>&)> done;
+    PrefillClient::Host* host = nullptr;
   };
   auto st = std::make_shared<State>();
   st->request = std::move(request);
@@ -352,17 +356,20 @@ void CallEveryPrefill(const std::vector<PrefillPool::Endpoint*>& endpoints, Req 
   st->responses.resize(endpoints.size());
   st->left = endpoints.size();
   st->done = std::move(done);
+  st->host = host;
   const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
   for (PrefillPool::Endpoint* e : endpoints) {
     st->stubs.push_back(v1::Prefill::NewStub(e->channel));
     st->contexts.push_back(std::make_unique<grpc::ClientContext>());
     st->contexts.back()->set_deadline(deadline);
+    host->Opened(st->contexts.back().get());
   }
   for (size_t i = 0; i < endpoints.size(); ++i) {
     rpc(st->stubs[i]->async(), st->contexts[i].get(), &st->request, &st->responses[i],
         [st, i](grpc::Status s) {
           st->statuses[i] = std::move(s);
           if (st->left.fetch_sub(1) == 1) st->done(st->statuses, st->responses);
+          st->host->Closed(st->contexts[i].get());
         });
   }
 }
@@ -380,6 +387,27 @@ void CallUnload(v1::Prefill::Stub::async_interface* stub, grpc::ClientContext* c
 }
 
 }  // namespace
+
+bool DecodeServiceImpl::LoadLoraOn(PrefillPool::Endpoint* endpoint, const std::string& name,
+                                   uint64_t fingerprint,
+                                   std::function<void(const grpc::Status&)> done) {
+  v1::LoadLoraAdapterRequest request;
+  {
+    MutexLock lock(&runtime_loras_mu_);
+    auto it = runtime_loras_.find(name);
+    if (it == runtime_loras_.end() || it->second.fingerprint != fingerprint) return false;
+    request.set_lora_path(it->second.path);
+  }
+  request.set_lora_name(name);
+  request.set_expect_fingerprint(fingerprint);
+  CallEveryPrefill<v1::LoadLoraAdapterRequest, v1::LoadLoraAdapterResponse>(
+      this, {endpoint}, std::move(request), &CallLoad,
+      [done = std::move(done)](const std::vector<grpc::Status>& statuses,
+                               const std::vector<v1::LoadLoraAdapterResponse>&) {
+        done(statuses[0]);
+      });
+  return true;
+}
 
 std::vector<std::string> DecodeServiceImpl::LoraAdapters() const {
   EngineClient* client = client_.load();
@@ -407,8 +435,9 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::LoadLoraAdapter(
     there.set_expect_fingerprint(fingerprint);
     const std::vector<PrefillPool::Endpoint*> endpoints = PrefillEndpoints();
     CallEveryPrefill<v1::LoadLoraAdapterRequest, v1::LoadLoraAdapterResponse>(
-        endpoints, there, &CallLoad,
-        [reactor, client, endpoints, name = here.lora_name()](
+        this, endpoints, there, &CallLoad,
+        [this, reactor, client, endpoints, name = here.lora_name(), path = here.lora_path(),
+         fingerprint](
             const std::vector<grpc::Status>& statuses,
             const std::vector<v1::LoadLoraAdapterResponse>&) {
           std::vector<std::string> failed;
@@ -427,6 +456,10 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::LoadLoraAdapter(
           if (failed.empty()) {
             TANDEM_LOG(INFO) << "LoRA adapter '" << name << "' loaded here and on "
                              << endpoints.size() << " prefill worker(s)";
+            {
+              MutexLock lock(&runtime_loras_mu_);
+              runtime_loras_[name] = {path, fingerprint};
+            }
             return reactor->Finish(grpc::Status::OK);
           }
           // Undone everywhere: a name the pair cannot serve is not half loaded.
@@ -438,7 +471,7 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::LoadLoraAdapter(
           undo.set_lora_name(name);
           client->UnloadLora(name, [](const absl::Status&) {});
           CallEveryPrefill<v1::UnloadLoraAdapterRequest, v1::UnloadLoraAdapterResponse>(
-              loaded, undo, &CallUnload,
+              this, loaded, undo, &CallUnload,
               [reactor, error](const std::vector<grpc::Status>&,
                                const std::vector<v1::UnloadLoraAdapterResponse>&) {
                 reactor->Finish(error);
@@ -455,9 +488,13 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::UnloadLoraAdapter(
   UnloadLoraAdapterHere(client_.load(), *request, [this, reactor, req = *request](
                                                       const grpc::Status& s) {
     if (!s.ok()) return reactor->Finish(s);
+    {
+      MutexLock lock(&runtime_loras_mu_);
+      runtime_loras_.erase(req.lora_name());
+    }
     const std::vector<PrefillPool::Endpoint*> endpoints = PrefillEndpoints();
     CallEveryPrefill<v1::UnloadLoraAdapterRequest, v1::UnloadLoraAdapterResponse>(
-        endpoints, req, &CallUnload,
+        this, endpoints, req, &CallUnload,
         [reactor, endpoints, name = req.lora_name()](
             const std::vector<grpc::Status>& statuses,
             const std::vector<v1::UnloadLoraAdapterResponse>&) {

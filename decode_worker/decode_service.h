@@ -152,6 +152,8 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   void Fail(const std::shared_ptr<GenerateCall>& call, const grpc::Status& status) override;
   void Opened(grpc::ClientContext* context) override;
   void Closed(grpc::ClientContext* context) override;
+  bool LoadLoraOn(PrefillPool::Endpoint* endpoint, const std::string& name, uint64_t fingerprint,
+                  std::function<void(const grpc::Status&)> done) override;
 
   WorkerState* state_;
   WorkerMetrics* metrics_;
@@ -166,6 +168,14 @@ class DecodeServiceImpl final : public v1::Decode::CallbackService, private Pref
   InFlightIds in_flight_;
   absl::Notification stop_;
   std::thread watcher_;
+  // The adapters LoadLoraAdapter loaded (not --lora-modules'), for prefill
+  // workers that lack one later (LoadLoraOn).
+  struct RuntimeLora {
+    std::string path;
+    uint64_t fingerprint = 0;
+  };
+  Mutex runtime_loras_mu_;
+  absl::flat_hash_map<std::string, RuntimeLora> runtime_loras_ ABSL_GUARDED_BY(runtime_loras_mu_);
   Mutex clients_mu_;
   absl::flat_hash_set<grpc::ClientContext*> clients_ ABSL_GUARDED_BY(clients_mu_);  // alive
 };

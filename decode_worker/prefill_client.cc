@@ -269,6 +269,26 @@ void PrefillClient::Decide() {
       TANDEM_LOG(WARNING) << "request " << call_->id << ": prefill on " << endpoint_->target
                           << ": " << s.error_message() << "; retrying on " << next->target;
       Retry(next);
+    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND && !call_->params.lora_name.empty() &&
+               !args_.lora_given && std::chrono::system_clock::now() < args_.deadline &&
+               host_->LoadLoraOn(
+                   endpoint_, call_->params.lora_name, args_.lora_fingerprint,
+                   [host = host_, endpoint = endpoint_, call = call_, again = Args(args_), s](
+                       const grpc::Status& loaded) mutable {
+                     if (!loaded.ok()) {
+                       return host->Fail(call, grpc::Status(
+                                                   s.error_code(),
+                                                   absl::StrCat("prefill worker: ", s.error_message(),
+                                                                "; loading it there failed: ",
+                                                                loaded.error_message())));
+                     }
+                     ++again.attempt;
+                     again.lora_given = true;
+                     (new PrefillClient(host, endpoint, call, std::move(again)))->Start();
+                   })) {
+      TANDEM_LOG(WARNING) << "request " << call_->id << ": prefill on " << endpoint_->target
+                          << ": " << s.error_message() << "; loading the adapter there, then "
+                          << "retrying";
     } else {
       grpc::Status failed(s.error_code(), absl::StrCat("prefill worker: ", s.error_message()));
       const bool recoverable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||

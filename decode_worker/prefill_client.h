@@ -78,6 +78,12 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
     // waits for them, for they call into it.
     virtual void Opened(grpc::ClientContext* context) = 0;
     virtual void Closed(grpc::ClientContext* context) = 0;
+    // The endpoint lacks the call's LoRA adapter (NOT_FOUND): if this worker
+    // loaded it at run time with these weights, has the endpoint load it too
+    // (a prefill worker restarted, or added, since) and returns true; `done`
+    // gets that call's status. False: the adapter is not one to give it.
+    virtual bool LoadLoraOn(PrefillPool::Endpoint* endpoint, const std::string& name,
+                            uint64_t fingerprint, std::function<void(const grpc::Status&)> done) = 0;
   };
 
   struct Args {
@@ -91,6 +97,9 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
     absl::Duration first_message_timeout = absl::Seconds(5);
     int num_streams = 1;  // streams the KV is split over (at most the endpoint's stubs)
     uint64_t lora_fingerprint = 0;  // the KV's adapter, as the stream's header must say
+    // An endpoint was given the adapter for this prefill (Host::LoadLoraOn):
+    // once, whatever the attempts spent on an unreachable one before.
+    bool lora_given = false;
   };
   static constexpr int kMaxAttempts = 3;
 

@@ -90,6 +90,11 @@ void EngineClient::LoadLora(const LoraModuleSpec& spec, uint64_t expect_fingerpr
     if (expect_fingerprint != 0) {
       absl::StatusOr<LoraRef> loaded = engine.lora().Find(image->name());
       if (loaded.ok() && loaded->fingerprint == expect_fingerprint) return done(expect_fingerprint);
+      if (loaded.ok()) {
+        return done(absl::AlreadyExistsError(absl::StrCat(
+            "the LoRA adapter '", image->name(), "' is loaded here with other weights (fingerprint ",
+            absl::Hex(loaded->fingerprint), ", not ", absl::Hex(expect_fingerprint), ")")));
+      }
     }
     absl::StatusOr<int> slot = engine.LoadLora(*image);
     if (!slot.ok()) return done(slot.status());

@@ -115,7 +115,8 @@ TEST(LoraPairTest, AdaptersLoadedAndUnloadedWhileServing) {
   Worker alone = StartWorker("decode_worker", {model, "--lora-modules=a=" + a + ",b=" + b});
   const GenerateResult want_a = Generate(alone.address(), Request("alone_a", "a"));
   const GenerateResult want_b = Generate(alone.address(), Request("alone_b", "b"));
-  ASSERT_TRUE(want_a.status.ok() && want_b.status.ok());
+  ASSERT_TRUE(want_a.status.ok()) << want_a.status.error_message();
+  ASSERT_TRUE(want_b.status.ok()) << want_b.status.error_message();
 
   const std::vector<std::string> runtime = {model, "--allow-runtime-lora-updating", "--max-loras=1"};
   Worker prefill = StartWorker("prefill_worker", runtime);
@@ -150,6 +151,16 @@ TEST(LoraPairTest, AdaptersLoadedAndUnloadedWhileServing) {
   const GenerateResult pair_b = Generate(decode.address(), Request("pair_b", "b"));
   ASSERT_TRUE(pair_b.status.ok()) << pair_b.status.error_message();
   EXPECT_EQ(pair_b.tokens, want_b.tokens);
+  // A prefill worker started since lacks it: the decode worker gives it the
+  // adapter it loaded, then retries there.
+  const int prefill_port = prefill.grpc_port;
+  StopWorker(prefill);
+  prefill = StartWorker("prefill_worker", runtime, prefill_port);
+  // Once the decode worker has reconnected (its health counts usable prefill workers).
+  ASSERT_TRUE(WaitForServing(decode.address(), std::chrono::seconds(20)));
+  const GenerateResult healed = Generate(decode.address(), Request("healed", "b"));
+  ASSERT_TRUE(healed.status.ok()) << healed.status.error_message();
+  EXPECT_EQ(healed.tokens, want_b.tokens);
 
   // A prefill worker holding other weights under the name refuses it, and
   // the decode worker's own load is undone: the name is loaded nowhere.
