@@ -36,6 +36,10 @@ struct LoraWeights {
               // is zero outside module m's output columns
   int64_t rank = 0;
   std::vector<int64_t> splits;  // module m's output columns [splits[m], splits[m + 1])
+  // Host memory, [S, modules]: the rank adapter s has on module m (0: it does
+  // not target it), its rows past that being zero, which LoraAdd skips; read
+  // when the op runs (a replay sees slots loaded since). Null: `rank` for all.
+  const int32_t* slot_ranks = nullptr;
 };
 
 // Attention metadata in persistent buffers, read by the attention op when it

@@ -194,10 +194,12 @@ namespace {
 // `host`'s matrices in one slot of every stack of `stacks` (LoraImage's
 // order), rounded to bf16 (nearest even), B times its scale.
 void Lay(const LlamaConfig& config, const HostAdapter& host,
-         const std::vector<const LoraStack*>& stacks, std::vector<std::vector<uint16_t>>* a_rows, std::vector<std::vector<uint16_t>>* bt_rows) {
+         const std::vector<const LoraStack*>& stacks, std::vector<std::vector<uint16_t>>* a_rows,
+         std::vector<std::vector<uint16_t>>* bt_rows, std::vector<std::vector<int32_t>>* ranks) {
   const std::vector<Fused>& fused = FusedWeights();
   a_rows->assign(stacks.size(), {});
   bt_rows->assign(stacks.size(), {});
+  ranks->assign(stacks.size(), {});
   std::vector<float> ha, hb;
   for (size_t i = 0; i < stacks.size(); ++i) {
     const LoraStack& st = *stacks[i];
@@ -212,6 +214,7 @@ void Lay(const LlamaConfig& config, const HostAdapter& host,
       const int m = f.modules[j];
       const int64_t mo = ShapeOf(config, m).out;
       auto it = host.pairs.find({l, m});
+      (*ranks)[i].push_back(it != host.pairs.end() ? host.rank : 0);
       if (it != host.pairs.end()) {
         const int64_t r = host.rank, col0 = static_cast<int64_t>(j) * rank;
         std::copy(it->second.a.begin(), it->second.a.end(), ha.begin() + col0 * in);
@@ -282,6 +285,8 @@ absl::Status LoraSet::Write(int slot, const LoraImage& image) {
   for (size_t i = 0; i < stacks.size(); ++i) {
     const LoraStack& st = *stacks[i];
     if (st.a.data == nullptr) continue;
+    std::copy(image.ranks_[i].begin(), image.ranks_[i].end(),
+              slot_ranks_[i].begin() + slot * image.ranks_[i].size());
     const size_t a_bytes = image.a_[i].size() * sizeof(uint16_t);
     const size_t bt_bytes = image.bt_[i].size() * sizeof(uint16_t);
     RETURN_IF_ERROR(device_->CopyToDevice(static_cast<char*>(st.a.data) + slot * a_bytes,
@@ -305,7 +310,7 @@ absl::StatusOr<std::unique_ptr<LoraImage>> LoraSet::Prepare(const LoraModuleSpec
   image->name_ = spec.name;
   image->rank_ = host.rank;
   image->fingerprint_ = host.fingerprint;
-  Lay(config_, host, Stacks(), &image->a_, &image->bt_);
+  Lay(config_, host, Stacks(), &image->a_, &image->bt_, &image->ranks_);
   TANDEM_LOG(INFO) << "LoRA adapter '" << spec.name << "' read from " << spec.path << ": rank "
                    << host.rank << ", scale " << host.scale << ", " << host.pairs.size()
                    << " pairs of matrices";
@@ -429,6 +434,15 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
   RETURN_IF_ERROR(place(measure.get()));
   ASSIGN_OR_RETURN(set->arena_, Arena::Create(device, measure->used(), "lora"));
   RETURN_IF_ERROR(place(set->arena_.get()));
+  // Every slot's ranks 0 until an adapter is written there (reserved: the
+  // stacks keep pointers into them).
+  set->slot_ranks_.reserve(4 * set->layers_.size());
+  for (Layer& layer : set->layers_) {
+    for (LoraStack* st : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) {
+      set->slot_ranks_.emplace_back(st->a.data == nullptr ? 0 : S * (st->splits.size() - 1), 0);
+      st->slot_ranks = set->slot_ranks_.back().data();
+    }
+  }
 
   const std::vector<const LoraStack*> stacks = set->Stacks();
   for (size_t s = 0; s < adapters.size(); ++s) {
@@ -436,7 +450,7 @@ absl::StatusOr<std::unique_ptr<LoraSet>> LoraSet::Load(const LlamaConfig& config
     image.name_ = modules[s].name;
     image.rank_ = adapters[s].rank;
     image.fingerprint_ = adapters[s].fingerprint;
-    Lay(config, adapters[s], stacks, &image.a_, &image.bt_);
+    Lay(config, adapters[s], stacks, &image.a_, &image.bt_, &image.ranks_);
     RETURN_IF_ERROR(set->Write(static_cast<int>(s), image));
     MutexLock lock(&set->mu_);
     set->slots_[s] = Slot{image.name_, image.fingerprint_, false};

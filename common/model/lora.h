@@ -84,9 +84,11 @@ class LoraImage {
   int rank_ = 0;
   uint64_t fingerprint_ = 0;
   // Per stack in the set's order (layer by layer: qkv, o, gate_up, down),
-  // its slot's a rows [R, in] and bt rows [R, out]; empty where the set has
-  // no stack.
+  // its slot's a rows [R, in] and bt rows [R, out], and the adapter's rank on
+  // each module of the stack (0: not targeted); empty where the set has no
+  // stack.
   std::vector<std::vector<uint16_t>> a_, bt_;
+  std::vector<std::vector<int32_t>> ranks_;
 };
 
 // An adapter's slot and fingerprint, as one lookup found them.
@@ -163,6 +165,8 @@ class LoraSet {
   int64_t max_stack_rank_ = 0;
   std::unique_ptr<Arena> arena_;
   std::vector<Layer> layers_;
+  // Per stack (Stacks()' order): [S, modules] ranks, the stacks' slot_ranks.
+  std::vector<std::vector<int32_t>> slot_ranks_;
   mutable Mutex mu_;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
 };

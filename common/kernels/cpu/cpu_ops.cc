@@ -444,6 +444,8 @@ class CpuOps : public Ops {
         << w.bt.ShapeString() << " out " << out.ShapeString();
     const float* xs = x.f32();
     const int32_t* sl = slots.i32();
+    const int32_t* slot_ranks = w.slot_ranks;
+    const int64_t modules = static_cast<int64_t>(splits.size()) - 1;
     const uint16_t* as = w.a.as<uint16_t>();
     const uint16_t* bts = w.bt.as<uint16_t>();
     float* u = scratch.f32();
@@ -461,23 +463,43 @@ class CpuOps : public Ops {
           t = e;
         }
       };
+      // Adapter s's rank on module m: its A rows (u's columns) and B rows
+      // past it are zero, and none at all where it does not target m (an
+      // adapter of lower rank than the stacks, or of other modules).
+      const auto rank_of = [&](int64_t s, int64_t m) -> int64_t {
+        return slot_ranks == nullptr ? rank : slot_ranks[s * modules + m];
+      };
       // u = x . a^T (the bf16 rows widened as they stream, as a bf16
-      // model's weights): rows split over the pool.
+      // model's weights) over the columns of each module's rank, those of
+      // modules one after another in one call: rows split over the pool.
       pool->ParallelFor(n, 1, [&](int64_t t0, int64_t t1) {
         for_runs(t0, t1, [&](int64_t r0, int64_t r1, int64_t s) {
-          cpu::MatmulBf16(xs + r0 * in, in, r1 - r0, as + s * big_r * in, in, 0, big_r,
-                          u + r0 * big_r, big_r);
+          int64_t j0 = 0, j1 = 0;  // the span of columns not yet multiplied
+          for (int64_t m = 0; m <= modules; ++m) {
+            const int64_t c0 = m * rank, c1 = m < modules ? c0 + rank_of(s, m) : c0;
+            if (c0 == j1 && c1 > c0) {
+              j1 = c1;
+              continue;
+            }
+            if (j1 > j0) {
+              cpu::MatmulBf16(xs + r0 * in, in, r1 - r0, as + s * big_r * in, in, j0, j1,
+                              u + r0 * big_r, big_r);
+            }
+            j0 = c0;
+            j1 = c1;
+          }
         });
       });
       // out += u . bt, each module over its own columns only (bt is zero
       // elsewhere): output columns split over the pool.
       pool->ParallelFor(width, 16, [&](int64_t j0, int64_t j1) {
         for_runs(0, n, [&](int64_t r0, int64_t r1, int64_t s) {
-          for (size_t m = 0; m + 1 < splits.size(); ++m) {
+          for (int64_t m = 0; m < modules; ++m) {
             const int64_t c0 = std::max(j0, splits[m]), c1 = std::min(j1, splits[m + 1]);
-            if (c0 >= c1) continue;
-            const int64_t k0 = static_cast<int64_t>(m) * rank;
-            cpu::AddProductBf16(u + r0 * big_r + k0, big_r, r1 - r0, rank,
+            const int64_t r = rank_of(s, m);
+            if (c0 >= c1 || r == 0) continue;
+            const int64_t k0 = m * rank;
+            cpu::AddProductBf16(u + r0 * big_r + k0, big_r, r1 - r0, r,
                                 bts + (s * big_r + k0) * width + c0, width, c1 - c0,
                                 o + r0 * width + c0, width);
           }
