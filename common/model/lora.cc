@@ -237,19 +237,15 @@ void Lay(const LlamaConfig& config, const HostAdapter& host,
 
 std::vector<std::string> LoraSet::names() const {
   MutexLock lock(&mu_);
+  return LoadedNamesLocked();
+}
+
+std::vector<std::string> LoraSet::LoadedNamesLocked() const {
   std::vector<std::string> out;
   for (const Slot& s : slots_) {
     if (!s.name.empty() && !s.draining) out.push_back(s.name);
   }
   return out;
-}
-
-std::string LoraSet::LoadedNamesLocked() const {
-  std::vector<std::string> out;
-  for (const Slot& s : slots_) {
-    if (!s.name.empty() && !s.draining) out.push_back(s.name);
-  }
-  return absl::StrJoin(out, ", ");
 }
 
 absl::StatusOr<LoraRef> LoraSet::Find(absl::string_view name) const {
@@ -260,7 +256,7 @@ absl::StatusOr<LoraRef> LoraSet::Find(absl::string_view name) const {
       return LoraRef{static_cast<int>(i) + 1, slots_[i].fingerprint};
     }
   }
-  const std::string loaded = LoadedNamesLocked();
+  const std::string loaded = absl::StrJoin(LoadedNamesLocked(), ", ");
   return absl::NotFoundError(absl::StrCat(
       "lora_name '", name, "' is not loaded",
       !loaded.empty()  ? absl::StrCat(" (loaded: ", loaded, ")")
@@ -336,7 +332,8 @@ absl::StatusOr<int> LoraSet::Add(const LoraImage& image, absl::FunctionRef<bool(
     if (slot < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "every one of the ", slots_.size(), " LoRA slots (--max-loras) holds an adapter (",
-          LoadedNamesLocked(), "; unloaded ones until their requests end): unload one first"));
+          absl::StrJoin(LoadedNamesLocked(), ", "),
+          "; unloaded ones until their requests end): unload one first"));
     }
   }
   // No request holds the slot, so no step reads it: its rows may change.

@@ -155,7 +155,8 @@ class LoraSet {
   // Every stack, in LoraImage's order.
   std::vector<const LoraStack*> Stacks() const;
   absl::Status Write(int slot, const LoraImage& image);
-  std::string LoadedNamesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The loaded names (draining ones left out), in slot order.
+  std::vector<std::string> LoadedNamesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   LlamaConfig config_;
   Device* device_ = nullptr;
