@@ -30,6 +30,17 @@ const char* kSchema = R"({"type": "object", "properties": {"name": {"type": "str
 const char* kReply = R"({"name": "Ana Lima", "age": 31, "tags": ["pilot", "chess"], "city": "Lyon"})";
 const char* kRegex = R"re(\{"name": "[A-Z][a-z]+( [A-Z][a-z]+)?", "age": \d{1,3}, "tags": \[("[a-z]+"(, )?)*\], "city": "(Paris|Lyon|Nice)"\})re";
 const char* kCounted = R"(.{0,80}x)";
+// A string bounded in length (each count a state of its own).
+const char* kBounded = R"({"type": "object", "properties": {"story": {"type": "string", "maxLength": 200}}})";
+const char* kStory = R"({"story": "Ana Lima flew her small plane over the hills at dawn, counting the villages below and the rivers that ran between them, until the fog rolled in from the sea."})";
+// Any JSON object, as a GBNF grammar (the shape of llama.cpp's json.gbnf).
+const char* kJsonGbnf = R"g(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::= "{" ws (string ":" ws value ("," ws string ":" ws value)*)? "}"
+array  ::= "[" ws (value ("," ws value)*)? "]"
+string ::= "\"" ([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\""
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
+ws     ::= [ \t\n]{0,20})g";
 
 void BM_VocabularyIndex(benchmark::State& state) {
   const Tokenizer& tok = SmolLm2();
@@ -40,14 +51,20 @@ BENCHMARK(BM_VocabularyIndex)->Unit(benchmark::kMillisecond);
 // One mask per byte of the reply (a decode step is one token, a few bytes):
 // the mean over every point of the reply, structure and strings alike.
 // Arg 0: the JSON schema; 1: a regex (its DFA) for a reply of the same shape;
-// 2: a counted regex whose NFA would hold up to 80 states at once.
+// 2: a counted regex whose NFA would hold up to 80 states at once; 3: a
+// GBNF grammar of any JSON object, for the schema's reply; 4: a schema whose
+// string has a maxLength, along a 150-character story.
 void BM_MaskAlongAReply(benchmark::State& state) {
   const auto vocab = TokenVocabularyOf(SmolLm2());
   auto g = state.range(0) == 0   ? JsonGrammar::FromSchema(kSchema)
            : state.range(0) == 1 ? JsonGrammar::FromRegex(kRegex)
-                                 : JsonGrammar::FromRegex(kCounted);
+           : state.range(0) == 2 ? JsonGrammar::FromRegex(kCounted)
+           : state.range(0) == 3 ? JsonGrammar::FromEbnf(kJsonGbnf)
+                                 : JsonGrammar::FromSchema(kBounded);
   if (!g.ok()) std::abort();
-  const std::string reply = state.range(0) == 2 ? std::string(70, 'a') + "x" : kReply;
+  const std::string reply = state.range(0) == 2 ? std::string(70, 'a') + "x"
+                            : state.range(0) == 4 ? kStory
+                                                  : kReply;
   std::vector<uint8_t> allowed(vocab->size());
   for (auto _ : state) {
     GrammarMatcher m(*g);
@@ -59,7 +76,7 @@ void BM_MaskAlongAReply(benchmark::State& state) {
   state.counters["masks"] = benchmark::Counter(static_cast<double>(reply.size()) * state.iterations(),
                                                benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
-BENCHMARK(BM_MaskAlongAReply)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MaskAlongAReply)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tandem

@@ -100,15 +100,16 @@ class Fields {
 
 // Structured outputs, in any of the forms clients send: OpenAI's
 // response_format (json_object, json_schema), vLLM's structured_outputs
-// (json, json_object, choice, regex) and its older guided_json /
-// guided_choice / guided_regex. At most one; the schema or regex is
-// compiled where the request runs (FromProto).
+// (json, json_object, choice, regex, grammar) and its older guided_json /
+// guided_choice / guided_regex / guided_grammar. At most one; the schema,
+// regex or grammar is compiled where the request runs (FromProto).
 std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingParams* s) {
   Fields f(body);
   std::vector<const char*> given;
   Json schema;                   // a JSON schema, or null
   const Json* choices = nullptr;  // a list of strings, or null
   const Json* regex = nullptr;    // a string, or null
+  const Json* grammar = nullptr;  // a string, or null
   if (f.Has("response_format")) {
     const Json& format = body["response_format"];
     if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
@@ -149,10 +150,12 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
         choices = &value;
       } else if (key == "regex") {
         regex = &value;
+      } else if (key == "grammar") {
+        grammar = &value;
       } else {
         return Fields::Bad("structured_outputs", absl::StrCat("structured_outputs.", key,
                                                               " is not supported (json, json_object, "
-                                                              "choice or regex)"));
+                                                              "choice, regex or grammar)"));
       }
       given.push_back("structured_outputs");
     }
@@ -169,6 +172,10 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
     regex = &body["guided_regex"];
     given.push_back("guided_regex");
   }
+  if (f.Has("guided_grammar")) {
+    grammar = &body["guided_grammar"];
+    given.push_back("guided_grammar");
+  }
   if (given.empty()) return std::nullopt;
   if (given.size() > 1) {
     return Fields::Bad(given[1], absl::StrCat("give one structured output, not ", given.size(), " (",
@@ -177,6 +184,13 @@ std::optional<HttpError> ParseStructuredOutput(const Json& body, v1::SamplingPar
   if (regex != nullptr) {
     if (!regex->is_string()) return Fields::Bad(given[0], "the regex must be a string");
     s->set_structured_regex(regex->get<std::string>());
+    return std::nullopt;
+  }
+  if (grammar != nullptr) {
+    if (!grammar->is_string() || grammar->get<std::string>().empty()) {
+      return Fields::Bad(given[0], "the grammar must be a non-empty string (GBNF / EBNF)");
+    }
+    s->set_structured_grammar(grammar->get<std::string>());
     return std::nullopt;
   }
   if (choices != nullptr) {
@@ -209,7 +223,8 @@ std::optional<HttpError> ForcedToolCall(const Json& body, CompletionSpec* spec, 
   if (!tools.is_array() || tools.empty()) {
     return Fields::Bad("tool_choice", absl::StrCat("tool_choice=", choice.dump(), " needs tools"));
   }
-  if (!s->structured_json_schema().empty() || s->structured_choice_size() > 0) {
+  if (!s->structured_json_schema().empty() || s->structured_choice_size() > 0 ||
+      !s->structured_regex().empty() || !s->structured_grammar().empty()) {
     return Fields::Bad("tool_choice", "tool_choice forces a call, a structured output of its own: "
                                       "send it without response_format or structured_outputs");
   }
@@ -349,10 +364,6 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   s->set_min_tokens(static_cast<uint32_t>(i.value_or(0)));
   i.reset();
   if (auto e = ParseStructuredOutput(body, s)) return e;
-  // vLLM's fields that would constrain or score the output otherwise:
-  // refused rather than ignored, so that no client takes free text for
-  // constrained text.
-  if (auto e = f.Neutral("guided_grammar", nullptr)) return e;
   std::vector<int32_t> allowed;
   if (auto e = f.TokenIds("allowed_token_ids", &allowed)) return e;
   if (f.Has("allowed_token_ids") && allowed.empty()) {

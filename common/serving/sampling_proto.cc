@@ -45,10 +45,11 @@ absl::Status EncodeBadWords(const Tokenizer* tokenizer, SamplingParams* s) {
 absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, const Tokenizer* tokenizer) {
   SamplingParams s;
   const int structured = !p.structured_json_schema().empty() + (p.structured_choice_size() > 0) +
-                         !p.structured_regex().empty();
+                         !p.structured_regex().empty() + !p.structured_grammar().empty();
   if (structured > 1) {
     return absl::InvalidArgumentError(
-        "sampling.structured_json_schema, structured_choice and structured_regex: give one of the three");
+        "sampling.structured_json_schema, structured_choice, structured_regex and structured_grammar: "
+        "give one of the four");
   }
   absl::StatusOr<std::shared_ptr<const JsonGrammar>> g = nullptr;
   const char* field = "";
@@ -61,6 +62,9 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, const Toke
   } else if (!p.structured_regex().empty()) {
     g = JsonGrammar::FromRegex(p.structured_regex());
     field = "sampling.structured_regex: ";
+  } else if (!p.structured_grammar().empty()) {
+    g = JsonGrammar::FromEbnf(p.structured_grammar());
+    field = "sampling.structured_grammar: ";
   }
   if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat(field, g.status().message()));
   s.grammar = *std::move(g);
@@ -108,6 +112,7 @@ void FirstTokenSampling(const SamplingParams& s, uint32_t prior_output_tokens,
     p->set_structured_json_schema(s.grammar->schema());
     p->mutable_structured_choice()->Add(s.grammar->choices().begin(), s.grammar->choices().end());
     p->set_structured_regex(s.grammar->regex());
+    p->set_structured_grammar(s.grammar->grammar());
   }
   // A first token that min_tokens keeps from stopping the output: its stop
   // ids are banned there too.

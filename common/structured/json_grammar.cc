@@ -7,36 +7,15 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/json.h"
+#include "common/structured/grammar_node.h"
 
 namespace tandem {
 
 using Json = nlohmann::ordered_json;
-
-// A compiled schema node.
-struct JsonGrammar::Node {
-  enum Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull, kUnion, kLiteral, kRegex };
-  Kind kind = kAny;
-  // kObject: each property's key (a texts_ index, the key as JSON, quoted)
-  // and value node; which are required; the node of other keys' values, or
-  // -1 when no other key is allowed.
-  std::vector<std::pair<int, int>> properties;
-  uint64_t required = 0;
-  int additional = -1;
-  // kArray
-  int items = 0;
-  int min_items = 0, max_items = -1;
-  // kString (characters)
-  int min_length = 0, max_length = -1;
-  // kString: its text's pattern; kRegex: the reply's. A regexes_ index, or -1.
-  int regex = -1;
-  // kUnion: the alternatives; kLiteral: texts_ indices, one of which is the value
-  std::vector<int> alternatives;
-  // A choice: the text exactly, no whitespace before it (JSON values may have some).
-  bool exact = false;
-};
 
 namespace {
 
@@ -382,7 +361,11 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromRegex(const 
 
 namespace {
 
-enum FrameKind : uint8_t { kValue, kObjectFrame, kArrayFrame, kStringFrame, kNumberFrame, kLitFrame, kRegexFrame };
+enum FrameKind : uint8_t {
+  kValue, kObjectFrame, kArrayFrame, kStringFrame, kNumberFrame, kLitFrame, kRegexFrame,
+  kSeqFrame,     // a grammar's sequence: element `a` runs above it, or (on top) comes next
+  kRepeatFrame,  // a grammar's repetition: `a` repetitions whole
+};
 
 // Object phases
 enum : uint8_t { kObjStart, kObjNeedKey, kObjInKey, kObjColon, kObjInValue, kObjAfterValue };
@@ -398,7 +381,9 @@ struct Frame {
   uint8_t phase = 0;
   int32_t node = 0;  // kValue, object, array, string: the schema node; kLit: the text
   int32_t a = 0;     // object: the key's property (-1 another key); array: items; string:
-                     // characters; number: bytes; literal: position; regex: its state
+                     // characters; number: bytes; literal: position; regex: its state;
+                     // sequence: its element; repetition: the count (capped at min_items
+                     // when unbounded: more changes nothing)
   uint64_t seen = 0; // object: properties seen (bit i); string with a pattern: its state
 
   bool operator==(const Frame& o) const {
@@ -406,6 +391,10 @@ struct Frame {
   }
   bool operator<(const Frame& o) const {
     return std::tie(kind, phase, node, a, seen) < std::tie(o.kind, o.phase, o.node, o.a, o.seen);
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const Frame& f) {
+    return H::combine(std::move(h), f.kind, f.phase, f.node, f.a, f.seen);
   }
 };
 
@@ -417,23 +406,79 @@ struct Thread {
   bool operator<(const Thread& o) const {
     return std::tie(ws, stack) < std::tie(o.ws, o.stack);
   }
+  template <typename H>
+  friend H AbslHashValue(H h, const Thread& t) {
+    return H::combine(std::move(h), t.ws, t.stack);
+  }
 };
 
 bool NumberAccepts(uint8_t phase) { return phase == kNumZero || phase == kNumInt || phase == kNumFrac || phase == kNumExp; }
 
+// A grammar's limits while matching: frames on one alternative's stack
+// (nesting that is not at a rule's end: "(" expr ")"; recursion at the end
+// replaces its frame), and Feed calls for one byte over all alternatives (an
+// ambiguous grammar's ways of starting can multiply: r0 ::= r1 | r1, r1 ::=
+// r2 | r2, ...); past either, the alternative ends, so a hostile grammar costs
+// bounded work a byte, and FillMask and Accept still agree.
+constexpr size_t kMaxGrammarStack = 1024;
+constexpr int64_t kMaxGrammarFeeds = 1 << 16;
+// Nesting of kValue frames entered without a byte taken for a grammar (its
+// left recursion is refused at compile time, so this bounds nothing a
+// grammar can reach) against kMaxUnionDepth for a schema's unions.
+constexpr int kMaxGrammarDepth = 1 << 20;
+
 class Stepper {
  public:
   Stepper(const std::vector<JsonGrammar::Node>& nodes, const std::vector<std::string>& texts,
-          const std::vector<ByteRegex>& regexes)
-      : nodes_(nodes), texts_(texts), regexes_(regexes) {}
+          const std::vector<ByteRegex>& regexes, bool grammar)
+      : nodes_(nodes), texts_(texts), regexes_(regexes), grammar_(grammar),
+        max_depth_(grammar ? kMaxGrammarDepth : kMaxUnionDepth) {}
+
+  // Before each byte: a grammar's Feed calls for it start again.
+  void NewByte() const { feeds_ = 0; }
 
   // The threads `t` becomes after byte `c` (none: `c` cannot come).
   // `depth` counts unions entered without a byte taken: a schema whose
   // alternatives lead back to themselves ($ref "#" in an anyOf) stops there.
   void Feed(Thread t, uint8_t c, std::vector<Thread>* out, int depth = 0) const {
     if (t.stack.empty()) return;  // the value is whole: nothing may follow
+    if (grammar_ && (++feeds_ > kMaxGrammarFeeds || t.stack.size() > kMaxGrammarStack)) return;
     Frame& f = t.stack.back();
     switch (f.kind) {
+      case kSeqFrame: {
+        // Element a starts: on top of the sequence, or in its place when it
+        // is the last (the sequence would end with it).
+        const JsonGrammar::Node& n = nodes_[f.node];
+        Frame e;
+        e.kind = kValue;
+        e.node = n.alternatives[f.a];
+        if (static_cast<size_t>(f.a) + 1 == n.alternatives.size()) {
+          f = e;
+        } else {
+          t.stack.push_back(e);
+        }
+        return Feed(std::move(t), c, out, depth + 1);
+      }
+      case kRepeatFrame: {
+        const JsonGrammar::Node& n = nodes_[f.node];
+        if (f.a >= n.min_items) {  // it may end here: the byte goes to what follows
+          Thread done = t;
+          Complete(&done);
+          Feed(std::move(done), c, out, depth + 1);
+        }
+        if (n.max_items < 0 || f.a < n.max_items) {  // another repetition
+          Frame e;
+          e.kind = kValue;
+          e.node = n.items;
+          if (n.max_items >= 0 && f.a + 1 == n.max_items) {
+            t.stack.back() = e;
+          } else {
+            t.stack.push_back(e);
+          }
+          Feed(std::move(t), c, out, depth + 1);
+        }
+        return;
+      }
       case kValue: return FeedValue(std::move(t), c, out, depth);
       case kObjectFrame: return FeedObject(std::move(t), c, out);
       case kArrayFrame: return FeedArray(std::move(t), c, out);
@@ -476,21 +521,32 @@ class Stepper {
   }
 
  private:
-  // The top frame's value is whole: pop it and tell its parent.
+  // The top frame's value is whole: pop it and tell its parent (a
+  // grammar's sequence or repetition that this ends is whole in turn).
   void Complete(Thread* t) const {
-    t->stack.pop_back();
-    if (t->stack.empty()) return;
-    Frame& p = t->stack.back();
-    if (p.kind == kObjectFrame) {
-      p.phase = p.phase == kObjInKey ? kObjColon : kObjAfterValue;
-    } else if (p.kind == kArrayFrame) {
-      p.phase = kArrAfterValue;
-      ++p.a;
+    while (true) {
+      t->stack.pop_back();
+      if (t->stack.empty()) return;
+      Frame& p = t->stack.back();
+      if (p.kind == kObjectFrame) {
+        p.phase = p.phase == kObjInKey ? kObjColon : kObjAfterValue;
+      } else if (p.kind == kArrayFrame) {
+        p.phase = kArrAfterValue;
+        ++p.a;
+      } else if (p.kind == kSeqFrame) {
+        if (static_cast<size_t>(++p.a) == nodes_[p.node].alternatives.size()) continue;
+      } else if (p.kind == kRepeatFrame) {
+        const JsonGrammar::Node& n = nodes_[p.node];
+        ++p.a;
+        if (n.max_items >= 0 && p.a >= n.max_items) continue;
+        if (n.max_items < 0) p.a = std::min(p.a, n.min_items);
+      }
+      return;
     }
   }
 
   void FeedValue(Thread t, uint8_t c, std::vector<Thread>* out, int depth) const {
-    if (depth > kMaxUnionDepth) return;
+    if (depth > max_depth_) return;
     const int node = t.stack.back().node;
     const JsonGrammar::Node& n = nodes_[node];
     if (!n.exact && Whitespace(&t, c)) return out->push_back(std::move(t));
@@ -553,6 +609,24 @@ class Stepper {
       case JsonGrammar::Node::kLiteral:
         for (int text : n.alternatives) literal(text);
         return;
+      case JsonGrammar::Node::kSequence: {
+        if (n.alternatives.empty()) {  // the empty text: the byte goes to what follows
+          Complete(&t);
+          return Feed(std::move(t), c, out, depth + 1);
+        }
+        Frame f;
+        f.kind = kSeqFrame;
+        f.node = node;
+        t.stack.back() = f;
+        return Feed(std::move(t), c, out, depth + 1);
+      }
+      case JsonGrammar::Node::kRepeat: {
+        Frame f;
+        f.kind = kRepeatFrame;
+        f.node = node;
+        t.stack.back() = f;
+        return Feed(std::move(t), c, out, depth + 1);
+      }
     }
   }
 
@@ -783,6 +857,9 @@ class Stepper {
   const std::vector<JsonGrammar::Node>& nodes_;
   const std::vector<std::string>& texts_;
   const std::vector<ByteRegex>& regexes_;
+  const bool grammar_;
+  const int max_depth_;
+  mutable int64_t feeds_ = 0;
 };
 
 void Dedupe(std::vector<Thread>* threads) {
@@ -804,6 +881,7 @@ std::vector<Thread> Advance(const Stepper& s, const std::vector<Thread>& from, s
   std::vector<Thread> cur = from, next;
   for (char ch : bytes) {
     next.clear();
+    s.NewByte();
     for (const Thread& t : cur) s.Feed(t, static_cast<uint8_t>(ch), &next);
     Dedupe(&next);
     cur.swap(next);
@@ -812,9 +890,113 @@ std::vector<Thread> Advance(const Stepper& s, const std::vector<Thread>& from, s
   return cur;
 }
 
-bool ThreadCanEnd(const Thread& t) {
-  return t.stack.empty() ||
-         (t.stack.size() == 1 && t.stack[0].kind == kNumberFrame && NumberAccepts(t.stack[0].phase));
+}  // namespace
+
+// The matcher's states (sets of threads) met while masking, each numbered
+// once, with the state each byte leads to filled in as it is first needed:
+// a deterministic automaton built lazily over the grammar's pushdown
+// states. A mask walks the vocabulary through it, so a state met again
+// (inside a string, after every character; in a run of digits) costs table
+// lookups, not a thread set fed byte by byte: a GBNF grammar of any JSON
+// object along a reply of SmolLM2's tokens took 25 ms a mask fed byte by
+// byte (structured_benchmark, docs/benchmarks.md). At most kMaxStates
+// states (1 KiB of table each); past them the bytes are followed as threads.
+struct GrammarMatcher::Automaton {
+  static constexpr int32_t kDead = -1, kUnknown = -2, kFull = -3;
+  static constexpr size_t kMaxStates = 1024;
+
+  int32_t Intern(const std::vector<Thread>& threads) {
+    auto it = ids_.find(threads);
+    if (it != ids_.end()) return it->second;
+    if (states_.size() >= kMaxStates) return kFull;
+    it = ids_.emplace(threads, static_cast<int32_t>(states_.size())).first;
+    states_.push_back(&it->first);
+    next_.resize(next_.size() + 256, kUnknown);
+    return it->second;
+  }
+
+  // The state after byte c from state `id`: kDead (c cannot come), or
+  // kFull (the state is new and there is no room for it).
+  int32_t Step(const Stepper& s, int32_t id, uint8_t c) {
+    const size_t at = static_cast<size_t>(id) * 256 + c;
+    if (next_[at] != kUnknown) return next_[at];
+    const char ch = static_cast<char>(c);
+    const std::vector<Thread> after = Advance(s, *states_[id], std::string_view(&ch, 1));
+    const int32_t next = after.empty() ? kDead : Intern(after);
+    if (next != kFull) next_[at] = next;
+    return next;
+  }
+
+  const std::vector<Thread>& threads(int32_t id) const { return *states_[id]; }
+
+  // The token mask of a state FillMask made before (its tokens, EOS aside),
+  // for the first kMaxMasks states masked: a state met again at a step
+  // (inside a string, again and again) is a copy.
+  struct Kept {
+    bool any = false;              // some token is allowed
+    std::vector<uint8_t> allowed;  // FillMask's, before EOS (bytes: a copy is a memcpy)
+  };
+  const Kept* Mask(int32_t id, int32_t limit) const {
+    auto it = masks_.find(id);
+    return it == masks_.end() || it->second.allowed.size() != static_cast<size_t>(limit) ? nullptr
+                                                                                         : &it->second;
+  }
+  void KeepMask(int32_t id, const std::vector<uint8_t>& allowed, int32_t limit, bool any) {
+    if (masks_.size() >= kMaxMasks || masks_.count(id) != 0) return;
+    masks_.emplace(id, Kept{any, std::vector<uint8_t>(allowed.begin(), allowed.begin() + limit)});
+  }
+
+  const TokenVocabulary* vocabulary() const { return vocabulary_; }
+  void Clear(const TokenVocabulary* vocabulary) {
+    ids_.clear();
+    states_.clear();
+    next_.clear();
+    masks_.clear();
+    vocabulary_ = vocabulary;
+  }
+
+ private:
+  static constexpr size_t kMaxMasks = 16;  // 48 KiB each for SmolLM2's 49,152 tokens
+
+  absl::node_hash_map<std::vector<Thread>, int32_t> ids_;  // node: states_ points at its keys
+  std::vector<const std::vector<Thread>*> states_;         // id -> its key in ids_
+  std::vector<int32_t> next_;                        // [id][byte]
+  std::map<int32_t, Kept> masks_;
+  const TokenVocabulary* vocabulary_ = nullptr;      // the masks' (and so the states')
+};
+
+namespace {
+
+// Every frame, from the top down, may end without another byte: a number
+// that has its digits, a grammar's node that may match the empty text, a
+// sequence whose elements still to come may, a repetition that has (or with
+// the one running will have) its minimum.
+bool ThreadCanEnd(const Thread& t, const std::vector<JsonGrammar::Node>& nodes) {
+  for (size_t i = t.stack.size(); i-- > 0;) {
+    const Frame& f = t.stack[i];
+    const bool top = i + 1 == t.stack.size();
+    switch (f.kind) {
+      case kNumberFrame:
+        if (!top || !NumberAccepts(f.phase)) return false;
+        break;
+      case kValue:
+        if (!top || !nodes[f.node].nullable) return false;
+        break;
+      case kSeqFrame: {
+        const JsonGrammar::Node& n = nodes[f.node];
+        for (size_t e = f.a + (top ? 0 : 1); e < n.alternatives.size(); ++e) {
+          if (!nodes[n.alternatives[e]].nullable) return false;
+        }
+        break;
+      }
+      case kRepeatFrame:
+        if (f.a + (top ? 0 : 1) < nodes[f.node].min_items) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
 }
 
 // Inside a string of any length: every plain byte leaves the state as it is.
@@ -872,16 +1054,22 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const JsonGrammar> grammar)
 }
 
 GrammarMatcher::~GrammarMatcher() = default;
+
+GrammarMatcher::Automaton& GrammarMatcher::automaton() const {
+  if (automaton_ == nullptr) automaton_ = std::make_unique<Automaton>();
+  return *automaton_;
+}
 GrammarMatcher::GrammarMatcher(const GrammarMatcher& o)
     : grammar_(o.grammar_), state_(std::make_unique<State>(*o.state_)) {}
 GrammarMatcher& GrammarMatcher::operator=(const GrammarMatcher& o) {
   grammar_ = o.grammar_;
   state_ = std::make_unique<State>(*o.state_);
+  automaton_.reset();  // another grammar's, perhaps
   return *this;
 }
 
 bool GrammarMatcher::Accept(std::string_view bytes) {
-  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_);
+  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_, !grammar_->grammar_.empty());
   std::vector<Thread> next = Advance(s, state_->threads, bytes);
   if (next.empty()) return false;
   state_->threads = std::move(next);
@@ -889,7 +1077,8 @@ bool GrammarMatcher::Accept(std::string_view bytes) {
 }
 
 bool GrammarMatcher::CanEnd() const {
-  return std::any_of(state_->threads.begin(), state_->threads.end(), ThreadCanEnd);
+  return std::any_of(state_->threads.begin(), state_->threads.end(),
+                     [&](const Thread& t) { return ThreadCanEnd(t, grammar_->nodes_); });
 }
 
 bool GrammarMatcher::Done() const {
@@ -900,7 +1089,7 @@ bool GrammarMatcher::Done() const {
 void GrammarMatcher::FillMask(const TokenVocabulary& vocab, const std::vector<int32_t>& eos_ids,
                               std::vector<uint8_t>* allowed) const {
   std::fill(allowed->begin(), allowed->end(), 0);
-  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_);
+  const Stepper s(grammar_->nodes_, grammar_->texts_, grammar_->regexes_, !grammar_->grammar_.empty());
   const std::vector<Thread>& base = state_->threads;
   const int32_t limit = std::min<int32_t>(vocab.size(), static_cast<int32_t>(allowed->size()));
   bool any = false;
@@ -942,34 +1131,52 @@ void GrammarMatcher::FillMask(const TokenVocabulary& vocab, const std::vector<in
         }
       }
     } else {
-      // The ids in byte order: the states after each prefix of the previous
-      // token are kept, so a token costs only the bytes it does not share,
-      // and a dead prefix rules out every token that starts with it.
-      std::vector<std::vector<Thread>> at(1, base);  // at[j]: after j bytes
-      size_t valid = 0;                               // at[0..valid] hold for the previous id
-      size_t dead_at = SIZE_MAX;                      // the previous id died at this byte
-      for (size_t i = 0; i < vocab.order_.size(); ++i) {
-        const int32_t id = vocab.order_[i];
-        const std::string& b = vocab.bytes_[id];
-        const size_t shared = vocab.lcp_[i];
-        if (dead_at != SIZE_MAX && shared > dead_at) continue;  // starts with a dead prefix
-        dead_at = SIZE_MAX;
-        size_t j = std::min(shared, valid);
-        if (at.size() < b.size() + 1) at.resize(b.size() + 1);
-        for (; j < b.size(); ++j) {
-          at[j + 1].clear();
-          for (const Thread& t : at[j]) s.Feed(t, static_cast<uint8_t>(b[j]), &at[j + 1]);
-          Dedupe(&at[j + 1]);
-          if (at[j + 1].empty()) {
-            dead_at = j;
-            break;
+      // The ids in byte order over the automaton's states: the state after
+      // each prefix of the previous token is kept, so a token costs only the
+      // bytes it does not share, a dead prefix rules out every token that
+      // starts with it, and a byte already seen in a state is a lookup.
+      Automaton& a = automaton();
+      int32_t start = a.Intern(base);
+      if (start == Automaton::kFull || a.vocabulary() != &vocab) {
+        a.Clear(&vocab);
+        start = a.Intern(base);
+      }
+      if (const Automaton::Kept* kept = a.Mask(start, limit)) {
+        std::copy(kept->allowed.begin(), kept->allowed.end(), allowed->begin());
+        any = kept->any;
+      } else {
+        std::vector<int32_t> at(1, start);  // at[j]: the state after j bytes
+        size_t valid = 0;                   // at[0..valid] hold for the previous id
+        size_t dead_at = SIZE_MAX;          // the previous id died at this byte
+        for (size_t i = 0; i < vocab.order_.size(); ++i) {
+          const int32_t id = vocab.order_[i];
+          const std::string& b = vocab.bytes_[id];
+          const size_t shared = vocab.lcp_[i];
+          if (dead_at != SIZE_MAX && shared > dead_at) continue;  // starts with a dead prefix
+          dead_at = SIZE_MAX;
+          size_t j = std::min(shared, valid);
+          if (at.size() < b.size() + 1) at.resize(b.size() + 1);
+          bool alive = true;
+          for (; j < b.size(); ++j) {
+            const int32_t next = a.Step(s, at[j], static_cast<uint8_t>(b[j]));
+            if (next == Automaton::kDead) {
+              dead_at = j;
+              alive = false;
+              break;
+            }
+            if (next == Automaton::kFull) {  // past its states: the rest by threads
+              alive = !Advance(s, a.threads(at[j]), std::string_view(b).substr(j)).empty();
+              break;
+            }
+            at[j + 1] = next;
+          }
+          valid = j;
+          if (alive && id < limit) {
+            (*allowed)[id] = 1;
+            any = true;
           }
         }
-        valid = dead_at == SIZE_MAX ? b.size() : dead_at;
-        if (dead_at == SIZE_MAX && id < limit) {
-          (*allowed)[id] = 1;
-          any = true;
-        }
+        a.KeepMask(start, *allowed, limit, any);
       }
     }
   }

@@ -16,12 +16,15 @@
 // $comment, deprecated, readOnly, writeOnly. A keyword that asserts
 // something else (minimum, multipleOf, ...) is refused by name rather than
 // ignored. A reply may also be held to a regex (vLLM's structured_outputs
-// regex): its text, not a JSON value, fully matches it. Keys may come in any order; whitespace between tokens
+// regex): its text, not a JSON value, fully matches it; or to a context-free
+// grammar (structured_outputs grammar, FromEbnf). Keys may come in any order; whitespace between tokens
 // is allowed up to kMaxWhitespace bytes in a row, none after the value.
 //
 // Matching is byte by byte over a set of alternatives (a stack of frames
 // each), so unions and keys that share a prefix stay open until a byte
-// tells them apart.
+// tells them apart. FillMask numbers the sets it meets and keeps the set each
+// byte leads to (a DFA built lazily over the pushdown states), so a state
+// met again costs table lookups.
 #ifndef TANDEM_COMMON_STRUCTURED_JSON_GRAMMAR_H_
 #define TANDEM_COMMON_STRUCTURED_JSON_GRAMMAR_H_
 
@@ -65,11 +68,27 @@ class JsonGrammar {
   static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromChoices(std::vector<std::string> choices);
   // The reply's text fully matches `pattern` (ByteRegex's subset).
   static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromRegex(const std::string& pattern);
+  // The reply's text is a sentence of a context-free grammar in GBNF, the
+  // EBNF of llama.cpp's `grammar` and XGrammar's (vLLM's
+  // structured_outputs.grammar): rules `name ::= ...` (names of letters,
+  // digits, _ and -; the reply is the rule `root`), string literals "..."
+  // and character classes [...] / [^...] with ranges and the escapes \n \r
+  // \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH, `.` (any character), groups
+  // ( ), alternatives |, and x* x+ x? x{m} x{m,} x{,n} x{m,n}; # comments to
+  // the end of a line; newlines are spaces (a rule ends where the next
+  // `name ::=` starts). Refused, with the line and column: left recursion
+  // (a rule that can reach itself before a character: write it on the
+  // right), a repetition other than ? of something that may be empty,
+  // XGrammar's lookahead assertions (= ...), undefined or twice-defined
+  // rules. No whitespace is implied anywhere: the grammar says where it goes.
+  static absl::StatusOr<std::shared_ptr<const JsonGrammar>> FromEbnf(const std::string& grammar);
 
-  // What it was made from: a schema's text, the choices, or the regex.
+  // What it was made from: a schema's text, the choices, the regex or the
+  // grammar's text.
   const std::string& schema() const { return schema_; }
   const std::vector<std::string>& choices() const { return choices_; }
   const std::string& regex() const { return regex_; }
+  const std::string& grammar() const { return grammar_; }
 
   struct Node;
   ~JsonGrammar();
@@ -77,6 +96,7 @@ class JsonGrammar {
  private:
   friend class GrammarMatcher;
   friend class SchemaCompiler;
+  friend class EbnfCompiler;
   JsonGrammar();
   std::vector<Node> nodes_;
   std::vector<std::string> texts_;  // literals: keys (quoted), enum values (as JSON), choices
@@ -85,6 +105,7 @@ class JsonGrammar {
   std::string schema_;
   std::vector<std::string> choices_;
   std::string regex_;
+  std::string grammar_;
 };
 
 // A reply's progress through a grammar. Copyable.
@@ -110,10 +131,16 @@ class GrammarMatcher {
                 std::vector<uint8_t>* allowed) const;
 
   struct State;
+  struct Automaton;
 
  private:
+  Automaton& automaton() const;
+
   std::shared_ptr<const JsonGrammar> grammar_;
   std::unique_ptr<State> state_;
+  // FillMask's states and their moves, kept between steps (a cache: a copy
+  // of the matcher starts without it).
+  mutable std::unique_ptr<Automaton> automaton_;
 };
 
 }  // namespace tandem

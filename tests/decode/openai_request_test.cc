@@ -72,12 +72,14 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       {chat, "{" + user + R"(, "response_format": {"type": 5}})", "response_format", "must be an object with a type"},
       {chat, "{" + user + R"(, "response_format": {"type": "xml"}})", "response_format", "\"xml\" is not supported"},
       {chat, "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})", "response_format", "response_format.json_schema.schema must be an object"},
-      {chat, "{" + user + R"(, "structured_outputs": {"grammar": "root ::= x"}})", "structured_outputs", "structured_outputs.grammar is not supported"},
+      {chat, "{" + user + R"(, "structured_outputs": {"whitespace_pattern": " "}})", "structured_outputs", "structured_outputs.whitespace_pattern is not supported"},
+      {chat, "{" + user + R"(, "structured_outputs": {"grammar": ""}})", "structured_outputs", "the grammar must be a non-empty string"},
       {chat, "{" + user + R"(, "guided_regex": 5})", "guided_regex", "the regex must be a string"},
       {chat, "{" + user + R"(, "guided_choice": [], "max_tokens": 3})", "guided_choice", "choice must be a non-empty list"},
       {chat, "{" + user + R"(, "guided_json": "{not json"})", "guided_json", "the JSON schema must be an object"},
       {chat, "{" + user + R"(, "guided_json": {}, "response_format": {"type": "json_object"}})", "guided_json", "give one structured output, not 2 (response_format, guided_json)"},
-      {chat, "{" + user + R"(, "guided_grammar": "a"})", "guided_grammar", "guided_grammar=\"a\" is not supported"},
+      {chat, "{" + user + R"(, "guided_grammar": 5})", "guided_grammar", "the grammar must be a non-empty string"},
+      {chat, "{" + user + R"(, "guided_grammar": "root ::= \"a\"", "guided_regex": "a"})", "guided_grammar", "give one structured output, not 2 (guided_regex, guided_grammar)"},
       {chat, R"({"messages": [{"role": "user", "content": [{"type": 5, "text": "x"}]}]})", "messages", "messages[0].content: only text parts"},
       // Token ids wrapped into int32 (4294967297 became 1).
       {comp, R"({"prompt": [1, 4294967297]})", "prompt", "prompt[1] must be a token id (an integer in [0, 2147483647]), got 4294967297"},
@@ -243,10 +245,13 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
     std::string fields, schema;
     std::vector<std::string> choices;
     std::string regex = "";
+    std::string grammar = "";
   };
   const Case cases[] = {
       {R"("guided_regex": "\\d+")", "", {}, "\\d+"},
       {R"j("structured_outputs": {"regex": "(yes|no)"})j", "", {}, "(yes|no)"},
+      {R"("guided_grammar": "root ::= [0-9]+")", "", {}, "", "root ::= [0-9]+"},
+      {R"("structured_outputs": {"grammar": "root ::= \"a\" | \"b\""})", "", {}, "", R"(root ::= "a" | "b")"},
       {R"("response_format": {"type": "json_object"})", R"({"type":"object"})", {}},
       {R"("response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": )" + schema + "}}",
        Json::parse(schema).dump(), {}},
@@ -266,6 +271,7 @@ TEST_F(OpenAiRequestTest, StructuredOutputsInEachForm) {
     EXPECT_EQ(s.structured_json_schema(), c.schema);
     EXPECT_EQ(std::vector<std::string>(s.structured_choice().begin(), s.structured_choice().end()), c.choices);
     EXPECT_EQ(s.structured_regex(), c.regex);
+    EXPECT_EQ(s.structured_grammar(), c.grammar);
   }
 }
 

@@ -247,8 +247,8 @@ def main():
             model="smollm2", messages=question, logit_bias={"99999999": 1}),
             "logit_bias names token 99999999, outside the vocabulary [0, 49152)")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, extra_body={"guided_grammar": "root ::= x"}),
-            "guided_grammar")
+            model="smollm2", messages=question, extra_body={"guided_grammar": "root ::= root \"a\" | \"a\""}),
+            'rule "root" is left-recursive')
         passed += 1
 
         # Structured outputs through the pair (the prefill worker samples the
@@ -300,6 +300,22 @@ def main():
                 seed=5, max_tokens=20, extra_body=body)
             assert phone.choices[0].finish_reason == "stop", phone
             assert re.fullmatch(r"\d{3}-\d{4}", phone.choices[0].message.content), phone
+        # A context-free grammar (vLLM's guided_grammar /
+        # structured_outputs.grammar, GBNF), sampled and streamed: the whole
+        # text is a sentence of it, its first token (the prefill worker's)
+        # included.
+        cities = 'root ::= city (", " city){0,2}\ncity ::= "Paris" | "Lyon" | "Nice" | "Lille"  # French\n'
+        sentence = r"(Paris|Lyon|Nice|Lille)(, (Paris|Lyon|Nice|Lille)){0,2}"
+        for body in ({"guided_grammar": cities}, {"structured_outputs": {"grammar": cities}}):
+            listed = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "Name French cities."}],
+                temperature=1.0, seed=4, max_tokens=30, extra_body=body)
+            assert listed.choices[0].finish_reason == "stop", listed
+            assert re.fullmatch(sentence, listed.choices[0].message.content), listed
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Name French cities."}], temperature=1.0,
+            seed=6, max_tokens=30, stream=True, extra_body={"guided_grammar": cities}) if chunk.choices)
+        assert re.fullmatch(sentence, streamed), streamed
         dated = client.chat.completions.create(
             model="smollm2", messages=ask, temperature=1.0, seed=9, max_tokens=40,
             response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": {

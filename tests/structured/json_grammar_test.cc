@@ -310,5 +310,139 @@ TEST(JsonGrammarTest, TheMaskOfARegexLeavesOutBranchesThatCannotEnd) {
             absl::StatusCode::kInvalidArgument);
 }
 
+
+// Context-free grammars (GBNF / XGrammar's EBNF: structured_outputs.grammar).
+
+std::shared_ptr<const JsonGrammar> Ebnf(const std::string& text) {
+  auto g = JsonGrammar::FromEbnf(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *g : nullptr;
+}
+
+std::string EbnfError(const std::string& text) {
+  auto g = JsonGrammar::FromEbnf(text);
+  EXPECT_FALSE(g.ok()) << text;
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(g.status().message());
+}
+
+// XGrammar's documented example, rules over several lines and comments.
+TEST(EbnfGrammarTest, ArithmeticOverSeveralRules) {
+  const auto g = Ebnf(R"g(# equations
+root ::= expr ("=" expr)*
+expr ::= term ([-+*/] term)*
+term ::= num
+       | "(" expr ")"   # nested
+num  ::= [0-9]+)g");
+  for (const char* ok : {"1+2", "(3*4)-5=7", "2=2=2", "((1))", "10/2-3"}) EXPECT_TRUE(Whole(g, ok)) << ok;
+  EXPECT_FALSE(Whole(g, "1+"));
+  EXPECT_FALSE(Whole(g, "(1"));
+  EXPECT_TRUE(Prefix(g, "(1"));
+  EXPECT_FALSE(Prefix(g, "a"));
+  EXPECT_FALSE(Prefix(g, "1 + 2"));  // no whitespace the grammar does not name
+  EXPECT_FALSE(Prefix(g, "1)"));
+}
+
+TEST(EbnfGrammarTest, RepetitionRanges) {
+  const auto g = Ebnf(R"g(root ::= "a"{2,3} "b"{2} "c"{2,} "d"{,1} "e"?)g");
+  EXPECT_TRUE(Whole(g, "aabbcc"));
+  EXPECT_TRUE(Whole(g, "aaabbccccde"));
+  EXPECT_TRUE(Whole(g, "aabbcce"));
+  EXPECT_FALSE(Prefix(g, "aaaa"));
+  EXPECT_FALSE(Whole(g, "aabbc"));
+  EXPECT_FALSE(Prefix(g, "aabbbc"));
+  EXPECT_FALSE(Prefix(g, "aabbccdd"));
+  EXPECT_FALSE(Whole(g, "abbcc"));
+}
+
+TEST(EbnfGrammarTest, ClassesLiteralsAndAnyCharacter) {
+  const auto g = Ebnf(R"g(root ::= "\"" [^"\\]* "\"" " " [a-zA-Z_\-] [α-ω]+ "é\t" . "\x41\u00e9")g");
+  EXPECT_TRUE(Whole(g, "\"x y\\\" -\xce\xb1\xce\xb2\xc3\xa9\t\nA\xc3\xa9") == false);  // \ inside
+  EXPECT_TRUE(Whole(g, "\"x y\" -\xce\xb1\xce\xb2\xc3\xa9\t\nA\xc3\xa9"));
+  EXPECT_TRUE(Whole(g, "\"\" _\xcf\x89\xc3\xa9\t\xe2\x9c\x93" "A\xc3\xa9"));  // . takes any character
+  EXPECT_FALSE(Prefix(g, "\"\" 1"));
+  EXPECT_TRUE(Prefix(g, "\"\" a\xce"));  // the first byte of a Greek letter
+  EXPECT_FALSE(Prefix(g, "\"\" a\xc3"));
+  EXPECT_FALSE(Prefix(g, "\"\" ab"));  // Latin after the class, not Greek
+}
+
+// Nullable rules, an empty literal, and the end allowed where what is left
+// may be empty.
+TEST(EbnfGrammarTest, EmptyAlternativesAndTheEnd) {
+  const auto g = Ebnf(R"g(root ::= ws item (ws "," ws item)* ws
+ws ::= [ \n]*
+item ::= "x" | "y" opt
+opt ::= "" | "!")g");
+  EXPECT_TRUE(Whole(g, "x"));
+  EXPECT_TRUE(Whole(g, " x , y! ,y \n"));
+  EXPECT_FALSE(Whole(g, "x,"));
+  GrammarMatcher m(g);
+  EXPECT_FALSE(m.CanEnd());
+  ASSERT_TRUE(m.Accept("y"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(m.Done());
+  const auto optional = Ebnf(R"g(root ::= "a"?)g");
+  GrammarMatcher o(optional);
+  EXPECT_TRUE(o.CanEnd());
+  ASSERT_TRUE(o.Accept("a"));
+  EXPECT_TRUE(o.Done());
+}
+
+// Recursion at a rule's end costs no frame: a list of 5000 items matches;
+// nesting in the middle takes one a level, up to the limit.
+TEST(EbnfGrammarTest, LongRepliesAndDeepNesting) {
+  const auto list = Ebnf(R"g(root ::= "a" ("," root)?)g");
+  std::string text = "a";
+  for (int i = 0; i < 5000; ++i) text += ",a";
+  EXPECT_TRUE(Whole(list, text));
+  const auto nest = Ebnf(R"g(root ::= "(" root ")" | "x")g");
+  EXPECT_TRUE(Whole(nest, std::string(500, '(') + "x" + std::string(500, ')')));
+  EXPECT_FALSE(Prefix(nest, std::string(2000, '(')));
+}
+
+// An ambiguous grammar whose ways of starting double with each rule (2^40)
+// costs a bounded number of steps a byte.
+TEST(EbnfGrammarTest, AmbiguityCostsBoundedWork) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) absl::StrAppend(&text, "r", i, " ::= r", i + 1, " | r", i + 1, "\n");
+  absl::StrAppend(&text, "r40 ::= \"a\"+\nroot ::= r0");
+  const auto g = Ebnf(text);
+  EXPECT_TRUE(Prefix(g, "a"));
+}
+
+TEST(EbnfGrammarTest, TheMaskIsEveryTokenThatCanComeNext) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  const auto g = Ebnf(R"g(root ::= "{" (pair ("," " "? pair)*)? "}"
+pair ::= "\"" [a-z]{1,3} "\":" " "? value
+value ::= "-"? [0-9]+ ("." [0-9]+)? ("e" [0-9]+)? | "nut" | "tax" | root)g");
+  const std::string reply = R"g({"a": 1.5e10,"tx":nut, "u": {"e": -0}})g";
+  GrammarMatcher m(g);
+  ExpectMaskAlong(vocab, eos, reply, &m);
+  EXPECT_TRUE(m.Done());
+}
+
+TEST(EbnfGrammarTest, MistakesAreRefusedWithWhereTheyAre) {
+  EXPECT_EQ(EbnfError(R"g(start ::= "a")g"), "grammar: no rule is named \"root\"");
+  EXPECT_EQ(EbnfError("root ::= \"a\" b\n"), "grammar: line 1 column 14: rule \"b\" is used but not defined");
+  EXPECT_EQ(EbnfError("root ::= \"a\"\nroot ::= \"b\""), "grammar: line 2 column 1: rule \"root\" is defined twice");
+  EXPECT_NE(EbnfError(R"g(root ::= root "a" | "b")g").find("rule \"root\" is left-recursive"), std::string::npos);
+  // Through another rule and an optional prefix.
+  EXPECT_NE(EbnfError("root ::= x\nx ::= \"a\"? y\ny ::= root \"b\" | \"c\"").find("left-recursive"),
+            std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= ("a"?)*)g").find("line 1 column 16: a repetition of something that may "
+                                                  "match the empty text"),
+            std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= (= "a") "a")g").find("lookahead"), std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= "a\q")g").find("unknown escape \\q"), std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= "a)g").find("not closed"), std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= [z-a])g").find("backwards"), std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= "a"{3,2})g").find("n is below m"), std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= ("a")g").find("not closed"), std::string::npos);
+  EXPECT_NE(EbnfError("root ::= \"a\"\n  ::= \"b\"").find("line 2 column 3: unexpected \":\""),
+            std::string::npos);
+  EXPECT_NE(EbnfError(R"g(root ::= [])g").find("empty character class"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem
