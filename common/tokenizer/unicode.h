@@ -14,14 +14,12 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "common/base/utf8.h"  // AppendUtf8
 
 namespace tandem {
 
 // `bytes` as valid UTF-8, invalid subparts replaced by U+FFFD.
 std::string Utf8Lossy(absl::string_view bytes);
-
-// Appends code point `cp` as UTF-8.
-void AppendUtf8(uint32_t cp, std::string* out);
 
 // Splits valid UTF-8 into its code points' byte lengths (1-4); an invalid
 // byte counts as a length-1 unit.
