@@ -232,6 +232,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     return writer.get();
   }
   params->lora_name = request->lora_name();
+  params->priority = request->priority();
   absl::StatusOr<LoraRef> lora = client_.load()->lora().Find(params->lora_name);
   if (!lora.ok()) {
     writer->End(ToGrpcStatus(lora.status()));

@@ -295,6 +295,15 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (i) s->mutable_seed()->set_value(static_cast<uint64_t>(*i));
   i.reset();
   if (auto e = f.Int("best_of", 1, 1, &i)) return e;
+  i.reset();
+  // vLLM's `priority` (--scheduling-policy=priority; the engine refuses a
+  // value other than 0 under fcfs).
+  if (auto e = f.Int("priority", std::numeric_limits<int32_t>::min(),
+                     std::numeric_limits<int32_t>::max(), &i)) {
+    return e;
+  }
+  if (i) req->set_priority(static_cast<int32_t>(*i));
+  i.reset();
   bool flag = false;
   if (auto e = f.Bool("ignore_eos", &flag)) return e;
   s->set_ignore_eos(flag);
@@ -561,7 +570,7 @@ std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
   *chat = Json::object();
   for (const char* key : {"model", "temperature", "top_p", "stream", "user", "seed", "top_k",
                           "min_p", "repetition_penalty", "stop", "tools", "tool_choice",
-                          "parallel_tool_calls"}) {
+                          "parallel_tool_calls", "priority"}) {
     if (f.Has(key)) (*chat)[key] = body[key];
   }
   if (f.Has("previous_response_id")) {

@@ -78,6 +78,7 @@ void PrefillClient::Start() {
     request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
     request_.set_lora_name(call_->params.lora_name);
+    request_.set_priority(call_->params.priority);
     // Past the prompt: output of a preempted request, prefilled again.
     FirstTokenSampling(call_->params,
                        static_cast<uint32_t>(args_.tokens.size() - call_->prompt.size()),

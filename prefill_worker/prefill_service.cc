@@ -341,6 +341,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
     return writer.get();
   }
   params->lora_name = request->lora_name();
+  params->priority = request->priority();
   absl::StatusOr<LoraRef> lora = client->lora().Find(params->lora_name);
   if (!lora.ok()) {
     writer->End(ToGrpcStatus(lora.status()));

@@ -162,6 +162,7 @@ int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& pro
   if (params.seed.has_value()) p->mutable_seed()->set_value(*params.seed);
   p->set_ignore_eos(params.ignore_eos);
   request.set_lora_name(params.lora_name);
+  request.set_priority(params.priority);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
@@ -226,6 +227,9 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("lora-name", &params.lora_name,
             "the LoRA adapter to run with (a --lora-modules name: the worker's, or with --local "
             "this process's); empty: the base model");
+  flags.Add("priority", &params.priority,
+            "the request's priority under --scheduling-policy=priority (a lower value first); 0 "
+            "under fcfs");
   double timeout_s = 300;
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
   TlsFiles tls;

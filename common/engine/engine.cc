@@ -75,7 +75,8 @@ absl::StatusOr<std::unique_ptr<LlmEngine>> LlmEngine::Create(const EngineConfig&
   e->scheduler_ = std::make_unique<Scheduler>(config.runner.max_num_batched_tokens,
                                               config.runner.max_num_seqs, e->kv_cache_.get(),
                                               config.waiting_timeout,
-                                              static_cast<int>(e->runner_->max_logit_rows()));
+                                              static_cast<int>(e->runner_->max_logit_rows()),
+                                              config.scheduling_policy);
   e->batch_.reserve(config.runner.max_num_seqs);
   return e;
 }
@@ -99,6 +100,12 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  if (params.priority != 0 && config_.scheduling_policy != SchedulingPolicy::kPriority) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priority is ", params.priority,
+        ", but priority scheduling is not enabled (--scheduling-policy=fcfs; give "
+        "--scheduling-policy=priority to every worker of the pair, or priority 0)"));
+  }
   ASSIGN_OR_RETURN(const LoraRef lora, lora_->Find(params.lora_name));
   if (params.lora_fingerprint != 0 && params.lora_fingerprint != lora.fingerprint) {
     return absl::AbortedError(absl::StrCat("the LoRA adapter '", params.lora_name,

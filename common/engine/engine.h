@@ -56,6 +56,8 @@ struct EngineConfig {
   // /v1/load_lora_adapter), into this many slots allocated at start-up
   // (vLLM's --max-loras); at least one per lora_modules entry.
   int runtime_lora_slots = 0;
+  // vLLM's --scheduling-policy: fcfs, or priority (SamplingParams::priority).
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
 };
 
 // Speculative decoding counters since start-up (vLLM's SpecDecodingStats).

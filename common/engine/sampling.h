@@ -82,6 +82,10 @@ struct SamplingParams {
   // 0: not checked): the request is refused if the name was given other
   // weights since, so that what its caller told a peer about it holds.
   uint64_t lora_fingerprint = 0;
+  // The request's place in line under --scheduling-policy=priority (vLLM's
+  // `priority`: a lower value is served first, ties by arrival); must be 0
+  // under fcfs. Not a sampling setting either: carried as lora_name is.
+  int32_t priority = 0;
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

@@ -1,20 +1,59 @@
 #include "common/engine/scheduler.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 
 namespace tandem {
 
+absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name) {
+  if (name == "fcfs") return SchedulingPolicy::kFcfs;
+  if (name == "priority") return SchedulingPolicy::kPriority;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--scheduling-policy=", name, ": expected fcfs or priority"));
+}
+
+const char* SchedulingPolicyName(SchedulingPolicy policy) {
+  return policy == SchedulingPolicy::kPriority ? "priority" : "fcfs";
+}
+
+namespace {
+// vLLM's order of a priority queue: a lower priority value first, then the
+// earlier arrival.
+std::pair<int32_t, uint64_t> Key(const Request* r) { return {r->params.priority, r->arrival}; }
+}  // namespace
+
 void Scheduler::Erase(std::vector<Request*>* v, Request* r) {
   v->erase(std::remove(v->begin(), v->end(), r), v->end());
+}
+
+void Scheduler::Enqueue(Request* r, bool front) {
+  if (policy_ == SchedulingPolicy::kPriority) {
+    waiting_.insert(std::upper_bound(waiting_.begin(), waiting_.end(), r,
+                                     [](const Request* a, const Request* b) {
+                                       return Key(a) < Key(b);
+                                     }),
+                    r);
+  } else if (front) {
+    waiting_.push_front(r);
+  } else {
+    waiting_.push_back(r);
+  }
+}
+
+Request* Scheduler::Victim() const {
+  if (policy_ == SchedulingPolicy::kFcfs) return running_.back();
+  return *std::max_element(running_.begin(), running_.end(),
+                           [](const Request* a, const Request* b) { return Key(a) < Key(b); });
 }
 
 void Scheduler::AddWaiting(Request* r) {
   r->state = RequestState::kWaiting;
   r->needs_remote_kv = r->kind == RequestKind::kRemotePrefill;
-  waiting_.push_back(r);
+  Enqueue(r, /*front=*/false);
 }
 
 void Scheduler::Preempt(Request* r) {
@@ -28,7 +67,7 @@ void Scheduler::Preempt(Request* r) {
   // Recomputed where its prefill was computed (its cached prefix, if still
   // there, is taken back on admission).
   r->needs_remote_kv = r->kind == RequestKind::kRemotePrefill;
-  waiting_.push_front(r);
+  Enqueue(r, /*front=*/true);
   TANDEM_LOG(DEBUG) << "preempted request " << r->id << " (KV cache full)";
 }
 
@@ -36,7 +75,7 @@ void Scheduler::RemoteKvArrived(Request* r) {
   Erase(&remote_, r);
   r->needs_remote_kv = false;
   r->state = RequestState::kWaiting;
-  waiting_.push_back(r);
+  Enqueue(r, /*front=*/false);
 }
 
 void Scheduler::ComputeLocally(Request* r) {
@@ -44,7 +83,7 @@ void Scheduler::ComputeLocally(Request* r) {
   r->kind = RequestKind::kGenerate;
   r->needs_remote_kv = false;
   r->state = RequestState::kWaiting;
-  waiting_.push_front(r);
+  Enqueue(r, /*front=*/true);
 }
 
 void Scheduler::Remove(Request* r, bool free_blocks) {
@@ -130,8 +169,21 @@ SchedulerOutput Scheduler::Schedule() {
       ++i;
       continue;
     }
-    // No block: preempt the latest admitted request that is not yet scheduled.
-    Request* victim = running_.back();
+    // No block: preempt the latest admitted request (kFcfs: one not yet
+    // scheduled) or the one of lowest priority (kPriority: perhaps one
+    // already scheduled, whose chunk is withdrawn).
+    Request* victim = Victim();
+    const size_t at = std::find(running_.begin(), running_.end(), victim) - running_.begin();
+    if (at < i) {
+      const auto c = std::find_if(out.chunks.begin(), out.chunks.end(),
+                                  [victim](const ScheduledChunk& c) { return c.request == victim; });
+      if (c != out.chunks.end()) {
+        budget += c->num_tokens;
+        rows += c->logit_rows();
+        out.chunks.erase(c);
+      }
+      --i;
+    }
     Preempt(victim);
     preempted = true;
     if (victim == r) break;
@@ -140,10 +192,18 @@ SchedulerOutput Scheduler::Schedule() {
   // does not block the ones behind it: a request whose KV was transferred in
   // already holds its blocks, and holding it back behind a request waiting
   // for those very blocks would deadlock.
+  // kPriority: the priority of the first new request that did not fit; new
+  // requests of lower priority (larger values) wait behind it.
   const absl::Time now = absl::Now();
+  std::optional<int32_t> held_back_above;
   for (auto it = waiting_.begin(); !preempted && budget > 0 && it != waiting_.end();) {
     Request* r = *it;
     if (!r->needs_remote_kv && static_cast<int>(running_.size()) >= max_seqs_) {
+      ++it;
+      continue;
+    }
+    const bool holds_blocks = kv_->BlockTable(r->id) != nullptr;
+    if (held_back_above.has_value() && !holds_blocks && r->params.priority > *held_back_above) {
       ++it;
       continue;
     }
@@ -163,6 +223,9 @@ SchedulerOutput Scheduler::Schedule() {
       const bool timed_out = r->preemptions == 0 && kv_->BlockTable(r->id) == nullptr &&
                              now - r->queued_at > waiting_timeout_;
       if (!never && !timed_out) {
+        if (policy_ == SchedulingPolicy::kPriority && !holds_blocks && !held_back_above) {
+          held_back_above = r->params.priority;
+        }
         ++it;  // wait for blocks to free up
         continue;
       }

@@ -26,6 +26,16 @@
 // it that do; a new one that waits longer than `waiting_timeout` fails with
 // RESOURCE_EXHAUSTED, as does one that cannot fit even in an empty cache.
 //
+// Policies (vLLM's --scheduling-policy): kFcfs as above. kPriority (vLLM's
+// "priority"): requests wait in order of (SamplingParams::priority, arrival),
+// a lower value first, a preempted or re-queued request back at its place in
+// that order; when a running request has no block, the running request with
+// the largest (priority, arrival) is preempted, even one already scheduled
+// this step (its chunk is withdrawn, its budget given back), as vLLM's
+// scheduler does. Beyond vLLM, a waiting request that does not fit holds back
+// the new requests of lower priority behind it (they would otherwise take the
+// blocks it waits for); those of its own priority still go ahead, as above.
+//
 // Not thread-safe: owned by the engine thread.
 #ifndef TANDEM_COMMON_ENGINE_SCHEDULER_H_
 #define TANDEM_COMMON_ENGINE_SCHEDULER_H_
@@ -34,6 +44,8 @@
 #include <deque>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/engine/request.h"
 #include "common/model/kv_cache.h"
@@ -70,18 +82,26 @@ struct PrefixCacheStats {
   int64_t hits = 0;
 };
 
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+// "fcfs" or "priority" (vLLM's names); INVALID_ARGUMENT names the flag.
+absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name);
+const char* SchedulingPolicyName(SchedulingPolicy policy);
+
 class Scheduler {
  public:
   // `waiting_timeout`: how long a new request may wait for admission
   // (absl::InfiniteDuration(): no limit); `max_logit_rows`: rows of logits a
   // step can compute (0: as many as tokens).
   Scheduler(int max_num_batched_tokens, int max_num_seqs, KvCache* kv_cache,
-            absl::Duration waiting_timeout = absl::InfiniteDuration(), int max_logit_rows = 0)
+            absl::Duration waiting_timeout = absl::InfiniteDuration(), int max_logit_rows = 0,
+            SchedulingPolicy policy = SchedulingPolicy::kFcfs)
       : budget_(max_num_batched_tokens),
         max_seqs_(max_num_seqs),
         max_logit_rows_(max_logit_rows > 0 ? max_logit_rows : max_num_batched_tokens),
         kv_(kv_cache),
-        waiting_timeout_(waiting_timeout) {}
+        waiting_timeout_(waiting_timeout),
+        policy_(policy) {}
 
   void AddWaiting(Request* r);
   // Builds the next step.
@@ -112,12 +132,19 @@ class Scheduler {
   // its cached prefix first when it holds none); true when it now has them.
   bool Admit(Request* r, int budget, int* n);
   static void Erase(std::vector<Request*>* v, Request* r);
+  // Puts r in line: at the front (kFcfs, `front`) or the back (kFcfs), or at
+  // its (priority, arrival) place (kPriority).
+  void Enqueue(Request* r, bool front);
+  // The running request to preempt when one has no block: the latest
+  // admitted (kFcfs) or the one of largest (priority, arrival) (kPriority).
+  Request* Victim() const;
 
   int budget_;
   int max_seqs_;
   int max_logit_rows_;
   KvCache* kv_;
   absl::Duration waiting_timeout_;
+  SchedulingPolicy policy_;
   std::vector<Request*> running_;  // admission order
   std::deque<Request*> waiting_;   // WAITING and PREEMPTED, in line
   std::vector<Request*> remote_;   // WAITING_FOR_REMOTE_KV

@@ -87,6 +87,11 @@ void EngineFlags::Register(FlagSet* f) {
          "adapters resident at once; every --lora-modules adapter is, so at least their number "
          "(0: that number, or 1 with --allow-runtime-lora-updating if more)");
   f->Add("max-lora-rank", &max_lora_rank, "largest rank r an adapter may have");
+  f->Add("scheduling-policy", &scheduling_policy,
+         "fcfs (first come, first served) or priority (vLLM's: requests are served in order of "
+         "their `priority`, a lower value first, ties by arrival, and a request of lower priority "
+         "is preempted first); under fcfs a request giving a priority other than 0 is refused. "
+         "Both workers of a pair need the same");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
   f->Add("debug-async-kv-reads", &debug_async_kv_reads,
@@ -126,6 +131,7 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
         " adapters of --lora-modules, which are all resident"));
   }
   c.max_lora_rank = max_lora_rank;
+  ASSIGN_OR_RETURN(c.scheduling_policy, ParseSchedulingPolicy(scheduling_policy));
   if (allow_runtime_lora_updating) {
     c.runtime_lora_slots =
         max_loras > 0 ? max_loras : std::max(1, static_cast<int>(c.lora_modules.size()));

@@ -44,6 +44,7 @@ struct EngineFlags {
   int max_loras = 0;               // vLLM's --max-loras; 0: as many as --lora-modules
   bool allow_runtime_lora_updating = false;  // LoadLoraAdapter / UnloadLoraAdapter
   int max_lora_rank = 16;          // vLLM's --max-lora-rank
+  std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}
   void Register(FlagSet* flags);

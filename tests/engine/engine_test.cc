@@ -121,6 +121,40 @@ TEST(EngineTest, ValidationErrors) {
   EXPECT_EQ(e->Abort("a").code(), absl::StatusCode::kNotFound);
 }
 
+// vLLM's priority: refused under fcfs, as vLLM refuses it; under priority a
+// request of a lower value runs first though it came later.
+TEST(EngineTest, PriorityOrdersRequestsOnlyUnderThePriorityPolicy) {
+  auto fcfs = MakeEngine(M::kNone);
+  SamplingParams urgent = IgnoringEos(3);
+  urgent.priority = -2;
+  const absl::Status refused = fcfs->AddRequest("a", Prompt(4, 1), urgent);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("priority is -2, but priority scheduling is not enabled "
+                                   "(--scheduling-policy=fcfs"),
+            std::string::npos)
+      << refused;
+
+  EngineConfig c;
+  c.model = "synthetic";
+  c.runner.max_num_batched_tokens = 64;
+  c.runner.max_num_seqs = 1;
+  c.runner.max_model_len = 512;
+  c.scheduling_policy = SchedulingPolicy::kPriority;
+  auto e = LlmEngine::Create(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->AddRequest("first", Prompt(4, 1), IgnoringEos(3)).ok());
+  ASSERT_TRUE((*e)->AddRequest("urgent", Prompt(4, 2), urgent).ok());
+  std::vector<std::string> finished;
+  for (int guard = 0; (*e)->HasWork() && guard < 100; ++guard) {
+    auto step = (*e)->Step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    for (const auto& o : *step) {
+      if (o.finished) finished.push_back(o.id);
+    }
+  }
+  EXPECT_EQ(finished, (std::vector<std::string>{"urgent", "first"}));
+}
+
 // vLLM's allowed_token_ids: only those tokens come out, greedy or sampled,
 // speculated or not, whatever the bias says of others.
 TEST(EngineTest, AllowedTokenIdsAreTheOnlyOnesSampled) {

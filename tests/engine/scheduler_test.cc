@@ -14,18 +14,22 @@ namespace {
 class SchedulerTest : public ::testing::Test {
  protected:
   void Make(int num_blocks, int budget = 64, int max_seqs = 8,
-            absl::Duration timeout = absl::InfiniteDuration()) {
+            absl::Duration timeout = absl::InfiniteDuration(),
+            SchedulingPolicy policy = SchedulingPolicy::kFcfs) {
     device_ = CreateCpuDevice();
     kv_ = KvCache::Create(device_.get(), DType::kF32, 1, num_blocks, 4, 1, 4,
                           /*enable_prefix_caching=*/true)
               .value();
-    sched_ = std::make_unique<Scheduler>(budget, max_seqs, kv_.get(), timeout);
+    sched_ = std::make_unique<Scheduler>(budget, max_seqs, kv_.get(), timeout,
+                                         /*max_logit_rows=*/0, policy);
   }
   Request* Add(const std::string& id, int n, int start = 10,
-               RequestKind kind = RequestKind::kGenerate) {
+               RequestKind kind = RequestKind::kGenerate, int32_t priority = 0) {
     auto r = std::make_unique<Request>();
     r->id = id;
     r->kind = kind;
+    r->arrival = next_arrival_++;  // as LlmEngine::AddRequest numbers them
+    r->params.priority = priority;
     for (int i = 0; i < n; ++i) r->tokens.push_back(start + i);
     r->prompt_len = n;
     r->queued_at = absl::Now();
@@ -48,6 +52,7 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Scheduler> sched_;
   std::vector<std::unique_ptr<Request>> requests_;
+  uint64_t next_arrival_ = 0;
 };
 
 TEST_F(SchedulerTest, WaitingThenRunningWithChunkedPrefill) {
@@ -226,6 +231,113 @@ TEST_F(SchedulerTest, AWaitingRequestThatDoesNotFitGivesItsPrefixBack) {
   EXPECT_EQ(kv_->BlockTable("b"), nullptr);  // holds nothing while it waits
   EXPECT_EQ(kv_->BlockTable("filler")->size(), 4u);  // its decode took the last block
   EXPECT_EQ(kv_->pool().num_used(), 4);
+}
+
+TEST(SchedulingPolicyTest, ParsesVllmsNames) {
+  EXPECT_EQ(ParseSchedulingPolicy("fcfs").value(), SchedulingPolicy::kFcfs);
+  EXPECT_EQ(ParseSchedulingPolicy("priority").value(), SchedulingPolicy::kPriority);
+  const absl::Status bad = ParseSchedulingPolicy("lifo").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(), "--scheduling-policy=lifo: expected fcfs or priority");
+}
+
+TEST_F(SchedulerTest, PriorityServesTheLowestValueFirstThenTheEarliest) {
+  Make(16, 64, /*max_seqs=*/1, absl::InfiniteDuration(), SchedulingPolicy::kPriority);
+  Request* late = Add("late", 4, 10, RequestKind::kGenerate, 5);
+  Request* first = Add("first", 4, 20, RequestKind::kGenerate, 0);
+  Request* second = Add("second", 4, 30, RequestKind::kGenerate, 0);
+  Request* urgent = Add("urgent", 4, 40, RequestKind::kGenerate, -3);
+  for (Request* expected : {urgent, first, second, late}) {
+    SchedulerOutput s = sched_->Schedule();
+    ASSERT_EQ(s.chunks.size(), 1u);
+    EXPECT_EQ(s.chunks[0].request, expected) << s.chunks[0].request->id;
+    sched_->Remove(expected);
+  }
+  EXPECT_TRUE(sched_->empty());
+}
+
+TEST_F(SchedulerTest, FcfsIgnoresPriority) {
+  Make(16, 64, /*max_seqs=*/1);
+  Request* a = Add("a", 4, 10, RequestKind::kGenerate, 5);
+  Add("b", 4, 20, RequestKind::kGenerate, 0);
+  SchedulerOutput s = sched_->Schedule();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].request, a);
+}
+
+// The same cache pressure under both policies: a low-priority request
+// admitted first, a high-priority one after it; both need a block and one
+// is left.
+class PreemptionPolicyTest : public SchedulerTest {
+ protected:
+  void Start(SchedulingPolicy policy) {
+    Make(5, 64, 8, absl::InfiniteDuration(), policy);  // 20 slots
+    low_ = Add("low", 8, 10, RequestKind::kGenerate, 9);
+    Complete(sched_->Schedule());  // low: 2 blocks, 9 tokens
+    high_ = Add("high", 8, 50, RequestKind::kGenerate, 0);
+    Complete(sched_->Schedule());  // low takes a third block; high 2 blocks, 9 tokens
+    ASSERT_EQ(kv_->pool().num_free(), 0);
+    ASSERT_EQ(sched_->running(), (std::vector<Request*>{low_, high_}));
+  }
+  Request* low_ = nullptr;
+  Request* high_ = nullptr;
+};
+
+TEST_F(PreemptionPolicyTest, FcfsPreemptsTheNewest) {
+  Start(SchedulingPolicy::kFcfs);
+  // low's 10th token fits its third block; high needs a third: high, the
+  // newest, is preempted.
+  SchedulerOutput s = sched_->Schedule();
+  EXPECT_EQ(high_->state, RequestState::kPreempted);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].request, low_);
+}
+
+TEST_F(PreemptionPolicyTest, PriorityPreemptsTheLowestEvenOnceScheduled) {
+  Start(SchedulingPolicy::kPriority);
+  // low was scheduled first, then high finds no block: low, of larger
+  // priority value, is preempted, its chunk withdrawn, and high takes a block.
+  SchedulerOutput s = sched_->Schedule();
+  EXPECT_EQ(low_->state, RequestState::kPreempted);
+  EXPECT_EQ(low_->num_computed, 0);
+  EXPECT_EQ(sched_->num_preemptions(), 1);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].request, high_);
+  EXPECT_EQ(s.chunks[0].num_tokens, 1);
+  EXPECT_EQ(sched_->running(), std::vector<Request*>{high_});
+  Complete(s);
+  sched_->Remove(high_);
+  // low is back in line and recomputed, its cached prefix first.
+  s = sched_->Schedule();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].request, low_);
+  EXPECT_EQ(low_->num_cached_tokens, 8);
+  sched_->Remove(low_);
+  EXPECT_EQ(kv_->pool().num_used(), 0);
+}
+
+TEST_F(SchedulerTest, PriorityHoldsBackLowerPriorityBehindARequestThatDoesNotFit) {
+  for (const SchedulingPolicy policy : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority}) {
+    SCOPED_TRACE(SchedulingPolicyName(policy));
+    requests_.clear();
+    Make(4, 64, 8, absl::InfiniteDuration(), policy);  // 16 slots
+    Request* x = Add("x", 6, 10);
+    Complete(sched_->Schedule());  // x: 2 blocks, 7 tokens
+    Request* big = Add("big", 12, 20, RequestKind::kGenerate, 1);   // 3 blocks: no
+    Request* low = Add("low", 3, 40, RequestKind::kGenerate, 2);    // 1 block
+    Request* peer = Add("peer", 3, 50, RequestKind::kGenerate, 1);  // 1 block
+    SchedulerOutput s = sched_->Schedule();
+    std::vector<Request*> scheduled;
+    for (const ScheduledChunk& c : s.chunks) scheduled.push_back(c.request);
+    EXPECT_EQ(big->state, RequestState::kWaiting);
+    if (policy == SchedulingPolicy::kFcfs) {
+      EXPECT_EQ(scheduled, (std::vector<Request*>{x, low, peer}));
+    } else {
+      // low would take a block big waits for; peer, of big's priority, goes.
+      EXPECT_EQ(scheduled, (std::vector<Request*>{x, peer}));
+      EXPECT_EQ(low->state, RequestState::kWaiting);
+    }
+  }
 }
 
 }  // namespace

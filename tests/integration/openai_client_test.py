@@ -249,6 +249,10 @@ def main():
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, extra_body={"guided_grammar": "root ::= root \"a\" | \"a\""}),
             'rule "root" is left-recursive')
+        # vLLM's priority, refused by a pair scheduling first come, first served.
+        expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
+            model="smollm2", messages=question, extra_body={"priority": 1}),
+            "priority is 1, but priority scheduling is not enabled")
         passed += 1
 
         # Structured outputs through the pair (the prefill worker samples the

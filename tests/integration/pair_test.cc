@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include <fstream>
@@ -126,6 +127,10 @@ TEST_F(PairTest, BadInputsNameFieldValueAndLimit) {
                    grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
   cases.push_back({"max_tokens big", MakeRequest("bad-5", {1, 2}, 100000),
                    grpc::StatusCode::INVALID_ARGUMENT, "max_tokens"});
+  auto urgent = MakeRequest("bad-priority", {1, 2}, 4);
+  urgent.set_priority(3);
+  cases.push_back({"priority under fcfs", urgent, grpc::StatusCode::INVALID_ARGUMENT,
+                   "priority is 3, but priority scheduling is not enabled"});
   auto temp = MakeRequest("bad-6", {1, 2}, 4);
   temp.mutable_sampling()->set_temperature(-1);
   cases.push_back({"temperature", temp, grpc::StatusCode::INVALID_ARGUMENT, "temperature"});
@@ -323,6 +328,50 @@ TEST(PairFailureTest, CacheFullWaitsThenResourceExhausted) {
   EXPECT_NE(waiter.status.error_message().find("KV cache full"), std::string::npos);
   EXPECT_GE(waited, std::chrono::milliseconds(200));
   EXPECT_TRUE(Generate(decode.address(), MakeRequest("after-full", Prompt(20, 3), 2)).status.ok());
+  ExpectBlocksFreed(prefill, decode);
+}
+
+// --scheduling-policy=priority on both workers: while one request holds the
+// decode worker's only sequence slot, a request of priority 5 and then one of
+// priority -1 wait (their KV in); the second is served first.
+TEST(PairPriorityTest, TheLowerValueIsServedFirst) {
+  Worker prefill = StartWorker("prefill_worker", {"--model=synthetic:smollm2-135m",
+                                                  "--scheduling-policy=priority", "--max-capture-size=8"});
+  Worker decode = StartWorker(
+      "decode_worker", {"--model=synthetic:smollm2-135m", "--scheduling-policy=priority",
+                        "--max-num-seqs=1", "--prefill-address=" + prefill.address()});
+  std::mutex mu;
+  std::vector<std::string> finished;
+  const auto run = [&](const std::string& id, int seed, uint32_t max_tokens, int32_t priority) {
+    v1::GenerateRequest r = MakeRequest(id, Prompt(16, seed), max_tokens);
+    r.set_priority(priority);
+    const GenerateResult g = Generate(decode.address(), r);
+    EXPECT_TRUE(g.status.ok()) << id << ": " << g.status.error_message();
+    EXPECT_EQ(g.tokens.size(), max_tokens) << id;
+    std::lock_guard<std::mutex> lock(mu);
+    finished.push_back(id);
+  };
+  // The holder decodes for seconds (however fast the machine, the two below
+  // are queued long before it ends: the wait is on the gauge, bounded).
+  std::thread holder([&] { run("holder", 1, 200, 0); });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (decode.Metric("tandem_requests_running") < 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::thread low([&] { run("low", 2, 4, 5); });
+  while (decode.Metric("tandem_requests_waiting") < 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::thread urgent([&] { run("urgent", 3, 4, -1); });
+  while (decode.Metric("tandem_requests_waiting") < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double running = decode.Metric("tandem_requests_running");
+  holder.join();
+  low.join();
+  urgent.join();
+  EXPECT_EQ(running, 1) << "the holder ended before both were queued: the order says nothing";
+  EXPECT_EQ(finished, (std::vector<std::string>{"holder", "urgent", "low"}));
   ExpectBlocksFreed(prefill, decode);
 }
 
