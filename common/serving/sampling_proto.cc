@@ -1,14 +1,75 @@
 #include "common/serving/sampling_proto.h"
 
 #include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/mutex.h"
 #include "common/base/status_macros.h"
 
 namespace tandem {
 
 namespace {
+
+// Grammars compiled for earlier requests, by what they were compiled from: a
+// request with the same schema, choices, regex or grammar as a recent one
+// takes the same JsonGrammar, so it is not compiled again and its replies
+// start with the automaton and kept masks earlier replies built (XGrammar's
+// compiled-grammar cache, for the same reason). The least recently used goes
+// past kEntries: what a grammar holds for masking is bounded (at most 2,048
+// states of 1 KiB and 16 masks of a byte a token), so the cache is too.
+class GrammarCache {
+ public:
+  static constexpr size_t kEntries = 16;
+
+  absl::StatusOr<std::shared_ptr<const JsonGrammar>> Get(
+      const std::string& key,
+      const std::function<absl::StatusOr<std::shared_ptr<const JsonGrammar>>()>& compile) {
+    {
+      MutexLock lock(&mu_);
+      for (Entry& e : entries_) {
+        if (e.key == key) {
+          e.used = ++clock_;
+          return e.grammar;
+        }
+      }
+    }
+    // Compiled without the lock (a large schema takes milliseconds); a
+    // request that compiled the same meanwhile keeps the one first cached.
+    ASSIGN_OR_RETURN(std::shared_ptr<const JsonGrammar> grammar, compile());
+    MutexLock lock(&mu_);
+    for (Entry& e : entries_) {
+      if (e.key == key) return e.grammar;
+    }
+    if (entries_.size() < kEntries) {
+      entries_.push_back({key, grammar, ++clock_});
+    } else {
+      *std::min_element(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+        return a.used < b.used;
+      }) = {key, grammar, ++clock_};
+    }
+    return grammar;
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    std::shared_ptr<const JsonGrammar> grammar;
+    uint64_t used = 0;
+  };
+  Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+GrammarCache& Grammars() {
+  static GrammarCache* cache = new GrammarCache();  // never destroyed: used until exit
+  return *cache;
+}
 
 absl::Status EncodeBadWords(const Tokenizer* tokenizer, SamplingParams* s) {
   if (s->bad_words.empty()) return absl::OkStatus();
@@ -53,17 +114,25 @@ absl::StatusOr<SamplingParams> FromProto(const v1::SamplingParams& p, const Toke
   }
   absl::StatusOr<std::shared_ptr<const JsonGrammar>> g = nullptr;
   const char* field = "";
+  // The cache's key: the kind, then the text (each choice after its length).
   if (!p.structured_json_schema().empty()) {
-    g = JsonGrammar::FromSchema(p.structured_json_schema());
+    g = Grammars().Get(absl::StrCat("s", p.structured_json_schema()),
+                       [&] { return JsonGrammar::FromSchema(p.structured_json_schema()); });
     field = "sampling.structured_json_schema: ";
   } else if (p.structured_choice_size() > 0) {
-    g = JsonGrammar::FromChoices({p.structured_choice().begin(), p.structured_choice().end()});
+    std::string key = "c";
+    for (const std::string& c : p.structured_choice()) absl::StrAppend(&key, c.size(), ":", c);
+    g = Grammars().Get(key, [&] {
+      return JsonGrammar::FromChoices({p.structured_choice().begin(), p.structured_choice().end()});
+    });
     field = "sampling.structured_";
   } else if (!p.structured_regex().empty()) {
-    g = JsonGrammar::FromRegex(p.structured_regex());
+    g = Grammars().Get(absl::StrCat("r", p.structured_regex()),
+                       [&] { return JsonGrammar::FromRegex(p.structured_regex()); });
     field = "sampling.structured_regex: ";
   } else if (!p.structured_grammar().empty()) {
-    g = JsonGrammar::FromEbnf(p.structured_grammar());
+    g = Grammars().Get(absl::StrCat("g", p.structured_grammar()),
+                       [&] { return JsonGrammar::FromEbnf(p.structured_grammar()); });
     field = "sampling.structured_grammar: ";
   }
   if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat(field, g.status().message()));

@@ -23,8 +23,9 @@
 // Matching is byte by byte over a set of alternatives (a stack of frames
 // each), so unions and keys that share a prefix stay open until a byte
 // tells them apart. FillMask numbers the sets it meets and keeps the set each
-// byte leads to (a DFA built lazily over the pushdown states), so a state
-// met again costs table lookups.
+// byte leads to (a DFA built lazily over the pushdown states, shared by every
+// reply held to the same JsonGrammar), so a state met again, by this reply
+// or an earlier one, costs table lookups.
 #ifndef TANDEM_COMMON_STRUCTURED_JSON_GRAMMAR_H_
 #define TANDEM_COMMON_STRUCTURED_JSON_GRAMMAR_H_
 
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/mutex.h"
 #include "common/structured/byte_regex.h"
 
 namespace tandem {
@@ -59,6 +61,9 @@ class TokenVocabulary {
   std::vector<uint32_t> lcp_;     // bytes shared with the previous id of order_
   std::vector<uint8_t> plain_;    // every byte may stand as it is inside a JSON string
 };
+
+// FillMask's states and their moves (json_grammar.cc).
+struct GrammarAutomaton;
 
 class JsonGrammar {
  public:
@@ -106,6 +111,13 @@ class JsonGrammar {
   std::vector<std::string> choices_;
   std::string regex_;
   std::string grammar_;
+  // FillMask's automaton, one for every reply held to this grammar (a
+  // cache: it depends on the grammar and the vocabulary only), so a request
+  // whose grammar another request met before starts with its states built
+  // and its first masks kept. The lock: engines on several threads may mask
+  // with one grammar (SamplingParams from FromProto share it).
+  mutable Mutex automaton_mu_;
+  mutable std::unique_ptr<GrammarAutomaton> automaton_ ABSL_GUARDED_BY(automaton_mu_);
 };
 
 // A reply's progress through a grammar. Copyable.
@@ -131,16 +143,10 @@ class GrammarMatcher {
                 std::vector<uint8_t>* allowed) const;
 
   struct State;
-  struct Automaton;
 
  private:
-  Automaton& automaton() const;
-
   std::shared_ptr<const JsonGrammar> grammar_;
   std::unique_ptr<State> state_;
-  // FillMask's states and their moves, kept between steps (a cache: a copy
-  // of the matcher starts without it).
-  mutable std::unique_ptr<Automaton> automaton_;
 };
 
 }  // namespace tandem

@@ -33,6 +33,48 @@ TEST(SamplingProtoTest, FieldsReachTheEngineWithTheirNeutralDefaults) {
   EXPECT_EQ(s.min_tokens, 3u);
 }
 
+// Requests with the same structured output share one compiled grammar
+// (and the automaton its replies build); another text, another grammar.
+TEST(SamplingProtoTest, TheSameStructuredOutputIsOneGrammar) {
+  const auto grammar = [](const v1::SamplingParams& p) {
+    absl::StatusOr<SamplingParams> s = FromProto(p);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->grammar.get() : nullptr;
+  };
+  v1::SamplingParams a;
+  a.set_max_tokens(4);
+  a.set_structured_json_schema(R"({"type": "object", "properties": {"x": {"type": "string"}}})");
+  v1::SamplingParams b = a;
+  b.set_structured_json_schema(R"({"type": "object", "properties": {"y": {"type": "string"}}})");
+  const JsonGrammar* first = grammar(a);
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(grammar(a), first);
+  EXPECT_NE(grammar(b), first);
+  EXPECT_EQ(grammar(a), first);
+  // Choices are told apart by where each ends, not only by their bytes.
+  v1::SamplingParams c1, c2;
+  c1.set_max_tokens(4);
+  c2.set_max_tokens(4);
+  for (const char* c : {"ab", "c"}) c1.add_structured_choice(c);
+  for (const char* c : {"a", "bc"}) c2.add_structured_choice(c);
+  EXPECT_NE(grammar(c1), grammar(c2));
+  EXPECT_EQ(grammar(c1)->choices(), (std::vector<std::string>{"ab", "c"}));
+  // A regex and a grammar of the same text are different grammars.
+  v1::SamplingParams r, g;
+  r.set_max_tokens(4);
+  g.set_max_tokens(4);
+  r.set_structured_regex("root");
+  g.set_structured_grammar("root ::= \"a\"");
+  EXPECT_EQ(grammar(r)->regex(), "root");
+  EXPECT_EQ(grammar(g)->grammar(), "root ::= \"a\"");
+  // A refused one is refused again, not cached.
+  v1::SamplingParams bad;
+  bad.set_max_tokens(4);
+  bad.set_structured_grammar("root ::= root \"a\"");
+  EXPECT_EQ(FromProto(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FromProto(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SamplingProtoTest, TheFirstTokensSamplingCarriesTheDistributionAndMinTokensBans) {
   SamplingParams s;
   s.max_tokens = 50;

@@ -4,6 +4,8 @@
 #include "common/structured/json_grammar.h"
 
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -420,6 +422,61 @@ value ::= "-"? [0-9]+ ("." [0-9]+)? ("e" [0-9]+)? | "nut" | "tax" | root)g");
   GrammarMatcher m(g);
   ExpectMaskAlong(vocab, eos, reply, &m);
   EXPECT_TRUE(m.Done());
+}
+
+// Replies held to one grammar share its automaton: a reply along states an
+// earlier reply built (and masks it kept) still gets exactly the tokens that
+// can come next, for a grammar and for a schema.
+TEST(SharedGrammarTest, LaterRepliesMaskExactlyAlongEarlierRepliesStates) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  const auto g = Ebnf(R"g(root ::= "{" (pair ("," " "? pair)*)? "}"
+pair ::= "\"" [a-z]{1,3} "\":" " "? value
+value ::= "-"? [0-9]+ ("." [0-9]+)? | "nut" | root)g");
+  const auto s = Schema(R"({"type": "object", "properties": {"t": {"type": "string", "maxLength": 4},
+      "n": {"type": "number"}}})");
+  for (const auto& [grammar, replies] :
+       std::vector<std::pair<std::shared_ptr<const JsonGrammar>, std::vector<std::string>>>{
+           {g, {R"({"a": 1.5,"tx":nut})", R"({"a": {"e": -10}, "u": nut})", R"({"a": 1.5,"tx":nut})"}},
+           {s, {R"({"t": "ax", "n": 1})", R"({"n": -0.5, "t": "a\n"})", R"({"t": "ax", "n": 1})"}}}) {
+    for (const std::string& reply : replies) {
+      GrammarMatcher m(grammar);
+      ExpectMaskAlong(vocab, eos, reply, &m);
+      EXPECT_TRUE(m.Done()) << reply;
+    }
+  }
+}
+
+// Engines on two threads masking with one grammar at once (the automaton is
+// locked): each reply's masks equal those of a grammar of its own.
+TEST(SharedGrammarTest, TwoThreadsMaskWithOneGrammar) {
+  int32_t eos = 0;
+  const TokenVocabulary vocab = TestVocabulary(&eos);
+  const std::string text = R"({"type": "object", "properties": {"t": {"type": "string",
+      "maxLength": 6}, "u": {"type": "array", "items": {"type": "integer"}}}})";
+  const std::vector<std::string> replies = {R"({"t": "abc", "u": [1, 20]})", R"({"u": [], "t": "x"})"};
+  const auto masks = [&](const std::shared_ptr<const JsonGrammar>& grammar, const std::string& reply) {
+    std::vector<std::vector<uint8_t>> out;
+    GrammarMatcher m(grammar);
+    for (size_t i = 0; i <= reply.size(); ++i) {
+      out.emplace_back(vocab.size());
+      m.FillMask(vocab, {eos}, &out.back());
+      if (i < reply.size()) EXPECT_TRUE(m.Accept(reply.substr(i, 1)));
+    }
+    return out;
+  };
+  std::vector<std::vector<std::vector<uint8_t>>> expected;
+  for (const std::string& reply : replies) expected.push_back(masks(Schema(text), reply));
+  const auto shared = Schema(text);
+  std::vector<std::vector<std::vector<uint8_t>>> got(replies.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < replies.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) got[t] = masks(shared, replies[t]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got, expected);
 }
 
 TEST(EbnfGrammarTest, MistakesAreRefusedWithWhereTheyAre) {
