@@ -77,6 +77,12 @@ int main(int argc, char** argv) {
             "name in metrics and gRPC's ModelInfo)");
   flags.Add("chat-template", &chat_template_path,
             "a Jinja2 chat template file, instead of the model's own");
+  std::string generation_config = "auto";
+  flags.Add("generation-config", &generation_config,
+            "default sampling for OpenAI requests that leave fields out (vLLM's): auto (the "
+            "model's recommendation: a Hugging Face directory's generation_config.json, a GGUF's "
+            "general.sampling.* keys), vllm (the API's neutral defaults), or a directory holding "
+            "a generation_config.json");
   std::string reasoning_parser;
   flags.Add("reasoning-parser", &reasoning_parser,
             "return chat replies' reasoning (<think>...</think>) in `reasoning`, apart from "
@@ -136,6 +142,19 @@ int main(int argc, char** argv) {
   if (!chat_template.ok()) {
     std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
     return 1;
+  }
+  auto defaults = tandem::LoadGenerationDefaults(config.model, generation_config);
+  if (!defaults.ok()) {
+    std::cerr << "decode_worker: --generation-config=" << generation_config << ": "
+              << defaults.status().message() << std::endl;
+    return 1;
+  }
+  openai.generation_defaults = *defaults;
+  if (!defaults->empty()) {
+    TANDEM_LOG(INFO) << "default sampling from the model's generation config: "
+                     << defaults->ToString()
+                     << " (requests that set a field keep theirs; --generation-config=vllm: the "
+                        "API's neutral defaults)";
   }
   auto parser = tandem::ReasoningParserByName(reasoning_parser);
   if (!parser.ok()) {

@@ -987,7 +987,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   OpenAiRequest parsed = ParseOpenAiRequest(
       route, request.body,
       {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
-       LoraAdapters()});
+       LoraAdapters(), options_.generation_defaults});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

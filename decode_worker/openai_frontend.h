@@ -35,6 +35,7 @@
 
 #include "common/chat/chat_template.h"
 #include "common/serving/http_server.h"
+#include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
 #include "common/serving/worker_state.h"
 #include "common/tokenizer/tokenizer.h"
@@ -62,6 +63,9 @@ struct OpenAiOptions {
   // its metrics on its API port): the inference gateway's endpoint picker
   // scrapes the InferencePool's target port unless told another.
   std::function<std::string()> metrics_text;
+  // The model's recommended sampling for fields requests leave out
+  // (--generation-config).
+  GenerationDefaults generation_defaults;
 };
 
 class OpenAiFrontend final : public FrontDoor {

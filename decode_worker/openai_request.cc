@@ -267,8 +267,11 @@ std::optional<HttpError> ForcedToolCall(const Json& body, CompletionSpec* spec, 
 
 // Fills `req` with what chat and completions share; `default_max_tokens`
 // when the client gives none.
+// `defaults`: the model's recommended sampling, for the fields the body
+// leaves out (and max_tokens' cap), as vLLM applies its generation config.
 std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t default_max_tokens,
-                                     int max_model_len, v1::GenerateRequest* req, CompletionSpec* spec) {
+                                     int max_model_len, const GenerationDefaults& defaults,
+                                     v1::GenerateRequest* req, CompletionSpec* spec) {
   Fields f(body);
   v1::SamplingParams* s = req->mutable_sampling();
   std::optional<int64_t> i;
@@ -280,15 +283,19 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   const bool echo = !chat && f.Has("echo") && body["echo"].is_boolean() && body["echo"].get<bool>();
   if (auto e = f.Int(max_name, echo ? 0 : 1, token_limit, &i)) return e;
   spec->echo_only = i == 0;
-  s->set_max_tokens(static_cast<uint32_t>(spec->echo_only ? 1 : i.value_or(default_max_tokens)));
+  int64_t max_tokens = i.value_or(default_max_tokens);
+  if (defaults.max_tokens) max_tokens = std::min(max_tokens, *defaults.max_tokens);
+  s->set_max_tokens(static_cast<uint32_t>(spec->echo_only ? 1 : max_tokens));
   i.reset();
   d.reset();
   if (auto e = f.Number("temperature", 0, 2, &d)) return e;
-  s->set_temperature(static_cast<float>(d.value_or(1.0)));
+  s->set_temperature(static_cast<float>(d.value_or(defaults.temperature.value_or(1.0))));
   d.reset();
   if (auto e = f.Number("top_p", 1e-9, 1, &d)) return e;
+  if (!d) d = defaults.top_p;
   if (d) s->set_top_p(static_cast<float>(*d));
   if (auto e = f.Int("top_k", -1, 1 << 30, &i)) return e;
+  if (!i) i = defaults.top_k;
   if (i) s->set_top_k(static_cast<int32_t>(*i));
   i.reset();
   if (auto e = f.Int("seed", INT64_MIN, INT64_MAX, &i)) return e;
@@ -330,7 +337,7 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   s->set_include_stop_str_in_output(flag);
   d.reset();
   if (auto e = f.Number("min_p", 0, 1, &d)) return e;
-  s->set_min_p(static_cast<float>(d.value_or(0)));
+  s->set_min_p(static_cast<float>(d.value_or(defaults.min_p.value_or(0))));
   d.reset();
   if (auto e = f.Number("presence_penalty", -2, 2, &d)) return e;
   s->set_presence_penalty(static_cast<float>(d.value_or(0)));
@@ -345,6 +352,8 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
                                                             "> 0 (1 = off), got ", v.dump()));
     }
     s->set_repetition_penalty(static_cast<float>(v.get<double>()));
+  } else if (defaults.repetition_penalty) {
+    s->set_repetition_penalty(static_cast<float>(*defaults.repetition_penalty));
   }
   if (f.Has("logit_bias")) {
     // OpenAI's form: {"<token id>": bias}; biases are clamped to [-100, 100]
@@ -898,7 +907,8 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   spec.tool_properties = std::move(tool_properties);
   if (auto e = Fields(body).Bool("parallel_tool_calls", &spec.parallel_tool_calls)) return Error(*e);
   v1::GenerateRequest common;
-  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len, &common, &spec)) {
+  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len,
+                           context.generation_defaults, &common, &spec)) {
     return Error(*e);
   }
   common.set_lora_name(lora_name);

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "common/base/json.h"
 #include "common/chat/chat_template.h"
+#include "common/serving/tokenizer_loader.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "proto/tandem/v1/tandem.pb.h"
@@ -90,6 +91,9 @@ struct OpenAiContext {
   // LoRA adapters (--lora-modules names): a request whose model is one runs
   // with that adapter (vLLM's multi-LoRA serving), and is answered under it.
   std::vector<std::string> lora_adapters;
+  // The model's recommended sampling (--generation-config): what a request
+  // that leaves a field out gets.
+  GenerationDefaults generation_defaults;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

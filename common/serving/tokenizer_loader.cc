@@ -1,7 +1,9 @@
 #include "common/serving/tokenizer_loader.h"
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -139,6 +141,111 @@ std::shared_ptr<const TokenVocabulary> TokenVocabularyOf(const Tokenizer& tokeni
     if (!never[id]) bytes[id] = tokenizer.TokenBytes(id);
   }
   return std::make_shared<const TokenVocabulary>(std::move(bytes), never);
+}
+
+bool GenerationDefaults::empty() const {
+  return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && !max_tokens;
+}
+
+std::string GenerationDefaults::ToString() const {
+  std::string out;
+  const auto add = [&](const char* name, const auto& v) {
+    if (v) absl::StrAppend(&out, out.empty() ? "" : " ", name, "=", *v);
+  };
+  add("temperature", temperature);
+  add("top_p", top_p);
+  add("top_k", top_k);
+  add("min_p", min_p);
+  add("repetition_penalty", repetition_penalty);
+  add("max_tokens", max_tokens);
+  return out.empty() ? "none" : out;
+}
+
+namespace {
+
+// One recommendation: kept unless it is transformers' own default (vLLM
+// reads the file through GenerationConfig.to_diff_dict); refused outside
+// the range the API accepts.
+absl::Status Recommend(double value, double hf_default, double lo, double hi, bool lo_open,
+                       const std::string& source, const char* key, std::optional<double>* out) {
+  if (!std::isfinite(value) || value > hi || (lo_open ? value <= lo : value < lo)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", key, " = ", value, " is outside ",
+                                                   lo_open ? "(" : "[", lo, ", ", hi, "]"));
+  }
+  if (value != hf_default) *out = value;
+  return absl::OkStatus();
+}
+
+absl::Status RecommendInt(double value, int64_t hf_default, int64_t lo, const std::string& source,
+                          const char* key, std::optional<int64_t>* out) {
+  if (!std::isfinite(value) || value != std::floor(value) || value < lo || value > (1 << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", key, " = ", value, " must be an integer >= ", lo));
+  }
+  if (static_cast<int64_t>(value) != hf_default) *out = static_cast<int64_t>(value);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationDefaults> FromGenerationConfigJson(const std::string& path) {
+  GenerationDefaults d;
+  auto text = ReadFile(path);
+  if (!text.ok()) return d;  // no file: no recommendation
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  const auto number = [&](const char* key) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    if (!j[key].is_number()) return std::numeric_limits<double>::quiet_NaN();  // refused below
+    return j[key].get<double>();
+  };
+  if (auto v = number("temperature")) RETURN_IF_ERROR(Recommend(*v, 1, 0, 2, false, path, "temperature", &d.temperature));
+  if (auto v = number("top_p")) RETURN_IF_ERROR(Recommend(*v, 1, 0, 1, true, path, "top_p", &d.top_p));
+  if (auto v = number("min_p")) RETURN_IF_ERROR(Recommend(*v, -1, 0, 1, false, path, "min_p", &d.min_p));
+  if (auto v = number("repetition_penalty")) {
+    RETURN_IF_ERROR(Recommend(*v, 1, 0, 1e9, true, path, "repetition_penalty", &d.repetition_penalty));
+  }
+  // transformers' top_k 0 is off, as vLLM's -1 (the API's default).
+  if (auto v = number("top_k")) RETURN_IF_ERROR(RecommendInt(*v, 50, 0, path, "top_k", &d.top_k));
+  if (d.top_k == 0) d.top_k = -1;
+  if (auto v = number("max_new_tokens")) RETURN_IF_ERROR(RecommendInt(*v, -1, 1, path, "max_new_tokens", &d.max_tokens));
+  return d;
+}
+
+absl::StatusOr<GenerationDefaults> FromGgufSampling(const std::string& spec) {
+  GenerationDefaults d;
+  ASSIGN_OR_RETURN(auto file, GgufFile::Open(spec));
+  const auto number = [&](const char* key) -> absl::StatusOr<std::optional<double>> {
+    if (file->Find(key) == nullptr) return std::optional<double>();
+    ASSIGN_OR_RETURN(double v, file->GetFloat(key));
+    return std::optional<double>(v);
+  };
+  ASSIGN_OR_RETURN(auto temp, number("general.sampling.temp"));
+  if (temp) RETURN_IF_ERROR(Recommend(*temp, 1, 0, 2, false, spec, "general.sampling.temp", &d.temperature));
+  ASSIGN_OR_RETURN(auto top_p, number("general.sampling.top_p"));
+  if (top_p) RETURN_IF_ERROR(Recommend(*top_p, 1, 0, 1, true, spec, "general.sampling.top_p", &d.top_p));
+  ASSIGN_OR_RETURN(auto min_p, number("general.sampling.min_p"));
+  if (min_p) RETURN_IF_ERROR(Recommend(*min_p, -1, 0, 1, false, spec, "general.sampling.min_p", &d.min_p));
+  ASSIGN_OR_RETURN(auto penalty, number("general.sampling.penalty_repeat"));
+  if (penalty) {
+    RETURN_IF_ERROR(Recommend(*penalty, 1, 0, 1e9, true, spec, "general.sampling.penalty_repeat",
+                              &d.repetition_penalty));
+  }
+  ASSIGN_OR_RETURN(auto top_k, number("general.sampling.top_k"));
+  if (top_k) RETURN_IF_ERROR(RecommendInt(*top_k, 50, 0, spec, "general.sampling.top_k", &d.top_k));
+  if (d.top_k == 0) d.top_k = -1;
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationDefaults> LoadGenerationDefaults(const std::string& spec,
+                                                          const std::string& mode) {
+  if (mode == "vllm") return GenerationDefaults();
+  if (mode != "auto") return FromGenerationConfigJson(mode + "/generation_config.json");
+  if (IsSyntheticSpec(spec)) return GenerationDefaults();
+  if (IsGgufSpec(spec)) return FromGgufSampling(spec);
+  return FromGenerationConfigJson(spec + "/generation_config.json");
 }
 
 }  // namespace tandem

@@ -4,7 +4,9 @@
 #ifndef TANDEM_COMMON_SERVING_TOKENIZER_LOADER_H_
 #define TANDEM_COMMON_SERVING_TOKENIZER_LOADER_H_
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,30 @@ std::shared_ptr<const TokenVocabulary> TokenVocabularyOf(const Tokenizer& tokeni
 // conversation for want of a feature is refused here, at start-up.
 absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_spec,
                                                                const std::string& override_path);
+
+// The model creator's recommended sampling (vLLM's
+// ModelConfig.get_diff_sampling_param): what the OpenAI API uses for a field
+// a request leaves out, before its own defaults; max_tokens also caps what a
+// request asks for (vLLM's get_max_tokens).
+struct GenerationDefaults {
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int64_t> top_k, max_tokens;
+  bool empty() const;
+  // "temperature=0.6 top_p=0.9", or "none".
+  std::string ToString() const;
+};
+
+// vLLM's --generation-config: "auto", the model's own (a Hugging Face
+// directory's generation_config.json; a GGUF's general.sampling.* keys, which
+// llama.cpp's converter writes from that file: temp, top_p, top_k, min_p,
+// penalty_repeat), "vllm" (none: the API's neutral defaults), or a directory
+// holding a generation_config.json. As vLLM reads it through transformers'
+// to_diff_dict, a value equal to transformers' own default (temperature 1,
+// top_p 1, top_k 50, repetition_penalty 1) is not a recommendation. A model
+// without any: none. INVALID_ARGUMENT names the file, the key and the value
+// out of range.
+absl::StatusOr<GenerationDefaults> LoadGenerationDefaults(const std::string& model_spec,
+                                                          const std::string& mode);
 
 }  // namespace tandem
 

@@ -534,6 +534,51 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
   EXPECT_EQ(r.error->message, "prompt is a batch of 129 prompts; the limit is 128");
 }
 
+// The model's recommended sampling (--generation-config) fills the fields a
+// request leaves out, never those it sets; its max_tokens caps the request's,
+// as vLLM's get_max_tokens.
+TEST_F(OpenAiRequestTest, TheModelsGenerationConfigFillsWhatTheRequestLeavesOut) {
+  context_.generation_defaults.temperature = 0.6;
+  context_.generation_defaults.top_p = 0.9;
+  context_.generation_defaults.top_k = 20;
+  context_.generation_defaults.min_p = 0.05;
+  context_.generation_defaults.repetition_penalty = 1.1;
+  context_.generation_defaults.max_tokens = 40;
+  const std::string user = R"("messages": [{"role": "user", "content": "hi"}])";
+  OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, "{" + user + "}");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  const v1::SamplingParams* s = &r.choices[0].generate.sampling();
+  EXPECT_FLOAT_EQ(s->temperature(), 0.6f);
+  EXPECT_FLOAT_EQ(s->top_p(), 0.9f);
+  EXPECT_EQ(s->top_k(), 20);
+  EXPECT_FLOAT_EQ(s->min_p(), 0.05f);
+  EXPECT_FLOAT_EQ(s->repetition_penalty(), 1.1f);
+  EXPECT_EQ(s->max_tokens(), 40u);  // not the rest of the context
+  r = Parse(OpenAiRoute::kChatCompletions,
+            "{" + user + R"(, "temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0,
+                "repetition_penalty": 1, "max_tokens": 100})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  s = &r.choices[0].generate.sampling();
+  EXPECT_FLOAT_EQ(s->temperature(), 0.f);
+  EXPECT_FLOAT_EQ(s->top_p(), 1.f);
+  EXPECT_EQ(s->top_k(), -1);
+  EXPECT_FLOAT_EQ(s->min_p(), 0.f);
+  EXPECT_FLOAT_EQ(s->repetition_penalty(), 1.f);
+  EXPECT_EQ(s->max_tokens(), 40u);  // capped
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "max_tokens": 8})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 8u);
+  EXPECT_FLOAT_EQ(r.choices[0].generate.sampling().temperature(), 0.6f);
+  // None: the API's own defaults.
+  context_.generation_defaults = GenerationDefaults();
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x"})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  s = &r.choices[0].generate.sampling();
+  EXPECT_FLOAT_EQ(s->temperature(), 1.f);
+  EXPECT_EQ(s->max_tokens(), 16u);
+  EXPECT_EQ(s->top_k(), 0);  // unset: off
+}
+
 // The Responses API's body is read as the chat completion it asks for:
 // instructions first, input items as messages (a turn's calls in one
 // assistant message, their outputs as tool messages), function tools and

@@ -761,13 +761,29 @@ def reasoning(bin_dir, model, answer):
     """A pair with --reasoning-parser: SmolLM2 never closes a <think>, so a
     whole reply is reasoning (as a reply cut by max_tokens would be), in
     `reasoning` and `reasoning_content`, whole and streamed; with thinking
-    turned off it is content again."""
+    turned off it is content again. The same pair's decode worker takes its
+    default sampling from a generation_config.json (--generation-config=DIR,
+    temperature 0): requests that give no temperature are greedy."""
     out = tempfile.mkdtemp(prefix="tandem_reasoning_")
-    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2", "--reasoning-parser=deepseek_r1"])
+    config_dir = os.path.join(out, "generation_config")
+    os.makedirs(config_dir)
+    with open(os.path.join(config_dir, "generation_config.json"), "w") as f:
+        json.dump({"temperature": 0.0, "top_k": 50}, f)
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2", "--reasoning-parser=deepseek_r1",
+                                      f"--generation-config={config_dir}"])
     try:
         base = f"http://127.0.0.1:{pair.http_port}"
         pair.wait(lambda: http_get(base + "/health")[0] == 200,
                   "the decode worker's /health never answered 200")
+        assert "default sampling from the model's generation config: temperature=0 (" in pair.log("decode"), \
+            pair.log("decode")
+        poem = [{"role": "user", "content": "Write a short poem about the sea."}]
+        plain = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
+        greedy = plain.chat.completions.create(model="smollm2", messages=poem, temperature=0, max_tokens=32)
+        for _ in range(2):  # no temperature: the file's 0, not the API's 1
+            again = plain.chat.completions.create(model="smollm2", messages=poem, max_tokens=32)
+            assert again.choices[0].message.model_extra["reasoning"] == \
+                greedy.choices[0].message.model_extra["reasoning"], (again, greedy)
         client = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
         question = [{"role": "user", "content": "What is the capital of France?"}]
         whole = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
