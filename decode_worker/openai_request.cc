@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/algorithm/container.h"
@@ -574,6 +575,34 @@ int HttpStatusFor(absl::StatusCode code) {
   }
 }
 
+// transformers' apply_chat_template(continue_final_message=True): the
+// rendered chat ends where the final message's text does (its end-of-turn
+// and whatever follows cut off), found as the last occurrence of that text
+// stripped of surrounding whitespace; its trailing whitespace is kept where
+// the template kept it (and the text has no leading whitespace). An empty
+// final message is refused (transformers would leave its end-of-turn in).
+std::optional<HttpError> CutAfterFinalMessage(const Json& messages, std::string* rendered) {
+  const Json* content = messages.is_array() && !messages.empty() && messages.back().is_object() &&
+                                messages.back().contains("content")
+                            ? &messages.back()["content"]
+                            : nullptr;
+  if (content == nullptr || !content->is_string()) {
+    return HttpError{400, "continue_final_message is set but we could not find any text to continue "
+                          "in the final message!", "continue_final_message"};
+  }
+  const std::string text = content->get<std::string>();
+  const absl::string_view stripped = absl::StripAsciiWhitespace(text);
+  const absl::string_view left = absl::StripLeadingAsciiWhitespace(text);
+  const size_t at = rendered->rfind(std::string(stripped));
+  if (stripped.empty() || at == std::string::npos) {
+    return HttpError{400, "continue_final_message is set but the final message does not appear in "
+                          "the chat after applying the chat template!", "continue_final_message"};
+  }
+  const bool kept = rendered->compare(at, left.size(), text) == 0;  // as transformers compares
+  rendered->resize(at + (kept ? left.size() : stripped.size()));
+  return std::nullopt;
+}
+
 std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
   const Fields f(body);
   *chat = Json::object();
@@ -814,6 +843,18 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     }
     bool add_generation_prompt = true;
     if (auto e = Fields(body).Bool("add_generation_prompt", &add_generation_prompt)) return Error(*e);
+    // vLLM's continue_final_message: the reply continues the last message
+    // (a prefilled start of the answer) instead of opening a new one, so no
+    // generation prompt (unless asked for, which is refused as vLLM does).
+    bool continue_final = false;
+    if (auto e = Fields(body).Bool("continue_final_message", &continue_final)) return Error(*e);
+    if (continue_final) {
+      if (body.contains("add_generation_prompt") && add_generation_prompt) {
+        return Error({400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                      "continue_final_message"});
+      }
+      add_generation_prompt = false;
+    }
     Json kwargs = body.value("chat_template_kwargs", Json());
     if (!kwargs.is_null() && !kwargs.is_object()) {
       return Error({400, "chat_template_kwargs must be an object", "chat_template_kwargs"});
@@ -825,6 +866,9 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (!rendered.ok()) {
       return Error({HttpStatusFor(rendered.status().code()), std::string(rendered.status().message()),
                     "messages"});
+    }
+    if (continue_final) {
+      if (auto e = CutAfterFinalMessage(messages, &*rendered)) return Error(*e);
     }
     // The template writes the special tokens itself (transformers and vLLM
     // tokenize its output without adding any).

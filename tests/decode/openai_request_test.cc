@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -532,6 +533,38 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
   r = Parse(OpenAiRoute::kCompletions, "{\"prompt\": " + batch + "]}");
   ASSERT_TRUE(r.error.has_value());
   EXPECT_EQ(r.error->message, "prompt is a batch of 129 prompts; the limit is 128");
+}
+
+// vLLM's continue_final_message: the prompt ends inside the final message,
+// which the reply continues (no end of turn, no new generation prompt).
+TEST_F(OpenAiRequestTest, ContinueFinalMessageLeavesTheLastMessageOpen) {
+  const auto prompt_of = [&](const std::string& body) {
+    const OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, body);
+    EXPECT_FALSE(r.error.has_value()) << r.error->message;
+    if (r.error.has_value()) return std::string();
+    const auto& ids = r.choices[0].generate.prompt_token_ids();
+    return tokenizer_->Decode(std::vector<int32_t>(ids.begin(), ids.end()));
+  };
+  const std::string turns = R"("messages": [{"role": "user", "content": "Capital of France?"},
+      {"role": "assistant", "content": "The capital is)";
+  std::string p = prompt_of("{" + turns + R"("}], "continue_final_message": true})");
+  EXPECT_TRUE(absl::EndsWith(p, "<|im_start|>assistant\nThe capital is")) << p;
+  // Its trailing space stays where the template keeps it; with
+  // add_generation_prompt false said too, the same.
+  p = prompt_of("{" + turns + R"( "}], "continue_final_message": true, "add_generation_prompt": false})");
+  EXPECT_TRUE(absl::EndsWith(p, "<|im_start|>assistant\nThe capital is ")) << p;
+  // Without it the turn is closed and a new one opened.
+  p = prompt_of("{" + turns + R"("}]})");
+  EXPECT_TRUE(absl::EndsWith(p, "The capital is<|im_end|>\n<|im_start|>assistant\n")) << p;
+  OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions,
+                          "{" + turns + R"("}], "continue_final_message": true, "add_generation_prompt": true})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  r = Parse(OpenAiRoute::kChatCompletions,
+            R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}],
+                "continue_final_message": true})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->param, "continue_final_message");
 }
 
 // The model's recommended sampling (--generation-config) fills the fields a

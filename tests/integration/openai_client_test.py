@@ -124,6 +124,12 @@ def main():
         assert answer == "The capital of France is Paris.", answer
         assert whole.choices[0].finish_reason == "stop", whole
         assert whole.usage.prompt_tokens == 37 and whole.usage.completion_tokens == 8, whole.usage
+        # vLLM's continue_final_message: the reply continues a prefilled start.
+        cont = client.chat.completions.create(
+            model="smollm2", temperature=0, max_tokens=64,
+            messages=question + [{"role": "assistant", "content": "The capital of France"}],
+            extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        assert cont.choices[0].message.content == " is Paris.", cont
         parts, usage, finish = [], None, None
         for chunk in client.chat.completions.create(model="smollm2", messages=question,
                                                     temperature=0, max_tokens=64, stream=True,
