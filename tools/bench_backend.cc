@@ -75,6 +75,7 @@ class GrpcBackend final : public BenchBackend {
     }
     request.mutable_sampling()->set_max_tokens(p.output_len);
     request.mutable_sampling()->set_ignore_eos(o_.ignore_eos);
+    request.set_priority(p.priority);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1e3)));
@@ -145,6 +146,7 @@ class OpenAiBackend final : public BenchBackend {
                            {"stream_options", {{"include_usage", true}}},
                            {"ignore_eos", o_.ignore_eos},
                            {"return_token_ids", true}};
+    if (p.priority != 0) body["priority"] = p.priority;  // vLLM's; servers without it refuse it
     if (chat_) {
       body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", p.text}}});
     } else if (!p.text.empty()) {

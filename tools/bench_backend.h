@@ -25,6 +25,7 @@ struct Planned {
   std::vector<int32_t> ids;  // or
   std::string text;
   int output_len = 0;
+  int32_t priority = 0;
   double arrival_s = 0;
 };
 

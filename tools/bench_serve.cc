@@ -200,7 +200,7 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
             "random: every prompt starts with the same N tokens (a shared system prompt), "
             "then its own --input-len");
   flags.Add("mix", &c->mix,
-            "random: a mixed workload, [NAME=]IN/OUT:WEIGHT,... e.g. "
+            "random: a mixed workload, [NAME=]IN/OUT:WEIGHT[@PRIORITY],... e.g. "
             "chat=128/64:0.8,doc=1024/16:0.2 (overrides --input-len/--output-len)");
   flags.Add("prompts-file", &c->prompts_file,
             "prompts: a file of prompts, one per line: text, or {\"prompt\": \"...\"} (JSONL)");
@@ -280,6 +280,7 @@ absl::StatusOr<std::vector<Planned>> BuildWorkload(const ServeConfig& c, int voc
     for (Planned& p : plan) {
       const RequestClass& k = classes[pick(rng)];
       p.klass = k.name;
+      p.priority = k.priority;
       p.ids = prefix;
       p.ids.resize(prefix.size() + SampleLength(k.input_len, c.range_ratio, rng));
       for (size_t i = prefix.size(); i < p.ids.size(); ++i) p.ids[i] = token(rng);

@@ -16,8 +16,8 @@ absl::StatusOr<std::vector<RequestClass>> ParseMix(absl::string_view text) {
   for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("--mix entry '", entry, "': ", why,
-                                                     " (expected [NAME=]IN/OUT:WEIGHT, e.g. "
-                                                     "chat=128/64:0.8)"));
+                                                     " (expected [NAME=]IN/OUT:WEIGHT[@PRIORITY], "
+                                                     "e.g. chat=128/64:0.8@0)"));
     };
     RequestClass c;
     absl::string_view rest = entry;
@@ -37,7 +37,14 @@ absl::StatusOr<std::vector<RequestClass>> ParseMix(absl::string_view text) {
         c.output_len < 1) {
       return bad("output length must be an integer >= 1");
     }
-    if (!absl::SimpleAtod(rest.substr(colon + 1), &c.weight) || !(c.weight > 0) ||
+    absl::string_view weight = rest.substr(colon + 1);
+    if (const size_t at = weight.find('@'); at != absl::string_view::npos) {
+      if (!absl::SimpleAtoi(weight.substr(at + 1), &c.priority)) {
+        return bad("priority must be an integer");
+      }
+      weight = weight.substr(0, at);
+    }
+    if (!absl::SimpleAtod(weight, &c.weight) || !(c.weight > 0) ||
         !std::isfinite(c.weight)) {
       return bad("weight must be a number > 0");
     }

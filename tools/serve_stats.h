@@ -33,10 +33,12 @@ struct RequestClass {
   int input_len = 0;
   int output_len = 0;
   double weight = 1;
+  int32_t priority = 0;  // the requests' priority (--scheduling-policy=priority)
 };
 
-// "[NAME=]IN/OUT:WEIGHT,..." e.g. "chat=128/64:0.8,doc=1024/16:0.2"; weights
-// need not sum to 1. INVALID_ARGUMENT names the entry at fault.
+// "[NAME=]IN/OUT:WEIGHT[@PRIORITY],..." e.g. "chat=128/64:0.8@0,doc=1024/16:0.2@1";
+// weights need not sum to 1; PRIORITY (default 0) is sent as each request's
+// priority. INVALID_ARGUMENT names the entry at fault.
 absl::StatusOr<std::vector<RequestClass>> ParseMix(absl::string_view text);
 
 // Seconds from the start at which each of `n` requests is sent. `rate` in

@@ -91,7 +91,15 @@ TEST(ServeStatsTest, SloAndMixErrorsNameTheEntry) {
   EXPECT_EQ((*mix)[0].output_len, 64);
   EXPECT_DOUBLE_EQ((*mix)[0].weight, 0.8);
   EXPECT_EQ((*mix)[1].name, "1024/16");
-  for (const char* bad : {"", "chat=128:0.8", "chat=0/4:1", "chat=4/4:0", "=4/4:1", "4/4:x"}) {
+  EXPECT_EQ((*mix)[0].priority, 0);
+  // A class's requests may carry a priority.
+  mix = ParseMix("chat=128/64:1@-1,batch=512/16:3@2");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ((*mix)[0].priority, -1);
+  EXPECT_DOUBLE_EQ((*mix)[1].weight, 3);
+  EXPECT_EQ((*mix)[1].priority, 2);
+  for (const char* bad : {"", "chat=128:0.8", "chat=0/4:1", "chat=4/4:0", "=4/4:1", "4/4:x",
+                          "4/4:1@", "4/4:1@x", "4/4:@1"}) {
     auto r = ParseMix(bad);
     EXPECT_FALSE(r.ok()) << bad;
   }
