@@ -44,10 +44,9 @@
 #include <deque>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/engine/request.h"
+#include "common/engine/scheduling_policy.h"
 #include "common/model/kv_cache.h"
 
 namespace tandem {
@@ -81,12 +80,6 @@ struct PrefixCacheStats {
   int64_t queries = 0;
   int64_t hits = 0;
 };
-
-enum class SchedulingPolicy { kFcfs, kPriority };
-
-// "fcfs" or "priority" (vLLM's names); INVALID_ARGUMENT names the flag.
-absl::StatusOr<SchedulingPolicy> ParseSchedulingPolicy(absl::string_view name);
-const char* SchedulingPolicyName(SchedulingPolicy policy);
 
 class Scheduler {
  public:
