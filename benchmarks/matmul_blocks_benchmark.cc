@@ -7,6 +7,10 @@
 //   build/bin/matmul_blocks_benchmark --benchmark_repetitions=9
 //     --benchmark_report_aggregates_only=true
 //   TANDEM_CPU_TARGET=AVX2 build/bin/matmul_blocks_benchmark ...
+// The prefill rows (`--benchmark_filter=prefill`) set the integer products
+// beside what MatmulNow ran for them before (weights widened to f32 a chunk
+// at a time, then OpenBLAS's sgemm), the way it still multiplies f32 and
+// bf16 weights below AVX-512.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "cblas.h"
 #include "common/backend/tensor.h"
 #include "common/kernels/cpu/cpu_kernels.h"
 
@@ -45,6 +50,36 @@ void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
       static_cast<double>(state.iterations()) * static_cast<double>(n * k * rows) / 1e9,
       benchmark::Counter::kIsRate);
   state.SetLabel(cpu::Target());
+}
+
+// As BM_MatmulBlocks, by widening the weights to f32 (chunks of 4 MiB, as
+// MatmulNow's scratch) and multiplying each chunk by OpenBLAS's sgemm.
+void BM_WidenedSgemm(benchmark::State& state, DType dtype) {
+  const int64_t n = state.range(0), k = state.range(1), rows = state.range(2);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<float> w(rows * k), x(n * k), out(n * rows);
+  for (float& v : w) v = uni(rng);
+  for (float& v : x) v = uni(rng);
+  std::vector<uint8_t> stored(DTypeBytes(dtype, rows * k));
+  ConvertFromF32(w.data(), dtype, stored.data(), rows * k);
+  const int64_t chunk = std::max<int64_t>(1, (1 << 20) / k);
+  std::vector<float> widened(chunk * k);
+  const size_t row_bytes = DTypeBytes(dtype, k);
+  openblas_set_num_threads(1);
+  for (auto _ : state) {
+    for (int64_t j = 0; j < rows; j += chunk) {
+      const int64_t m = std::min(chunk, rows - j);
+      cpu::WidenRow(dtype, stored.data() + j * row_bytes, m * k, widened.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.f, x.data(), k,
+                  widened.data(), k, 0.f, out.data() + j, rows);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(n * k * rows) / 1e9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(openblas_get_corename());
 }
 
 // Arguments named, and the minimum of repetitions reported.
@@ -80,6 +115,22 @@ void ExpertShapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK_CAPTURE(BM_MatmulBlocks, expert_q4_1, DType::kQ4_1)->Apply(ExpertShapes);
 BENCHMARK_CAPTURE(BM_MatmulBlocks, expert_q8_0, DType::kQ8_0)->Apply(ExpertShapes);
+
+// Prefill products: Llama-3.2-1B's q/o (2048 x 2048), gate/up (2048 x 8192)
+// and down (8192 x 2048), and SmolLM2's gate/up, by prompts' row counts.
+void PrefillShapes(benchmark::internal::Benchmark* b) {
+  Named(b);
+  for (int64_t n : {64, 256}) {
+    b->Args({n, 2048, 2048});
+    b->Args({n, 2048, 8192});
+    b->Args({n, 8192, 2048});
+    b->Args({n, 576, 1536});
+  }
+}
+BENCHMARK_CAPTURE(BM_MatmulBlocks, prefill_q8_0, DType::kQ8_0)->Apply(PrefillShapes);
+BENCHMARK_CAPTURE(BM_WidenedSgemm, prefill_q8_0, DType::kQ8_0)->Apply(PrefillShapes);
+BENCHMARK_CAPTURE(BM_MatmulBlocks, prefill_q4_1, DType::kQ4_1)->Apply(PrefillShapes);
+BENCHMARK_CAPTURE(BM_WidenedSgemm, prefill_q4_1, DType::kQ4_1)->Apply(PrefillShapes);
 
 }  // namespace
 }  // namespace tandem

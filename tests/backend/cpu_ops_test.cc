@@ -363,10 +363,10 @@ TEST_P(CpuOpsTest, NarrowWeightsMatchTheWidenedWeights) {
         }
         // The portable kernels multiply block types by x rounded to int16
         // per 32 elements (each off by at most its block's max|x| / 65534):
-        // at every row count on AVX-512 targets, up to kSmallMatmulMaxRows
-        // below (sgemm over widened weights above).
+        // at every row count on x86 from AVX2 up, up to kSmallMatmulMaxRows
+        // elsewhere (sgemm over widened weights above).
         const bool int16_x = IsBlockType(tc.dt) &&
-                             (n <= cpu::kSmallMatmulMaxRows || cpu::TargetHasAvx512());
+                             (n <= cpu::kSmallMatmulMaxRows || cpu::BlocksAtEveryRowCount());
         std::vector<double> want(n * big_n), scale(n * big_n), slack(n * big_n);
         for (int64_t i = 0; i < n; ++i) {
           for (int64_t j = 0; j < big_n; ++j) {

@@ -41,9 +41,10 @@ bool AvxVnni();
 // name this CPU cannot run. Not thread-safe: call it before kernels run.
 bool UseTarget(std::string_view name);
 
-// The largest row count MatmulBlocks serves on targets below AVX-512 (above
-// it weights are widened and multiplied as f32 by sgemm); on AVX-512 targets
-// (TargetHasAvx512()) it serves any row count.
+// The largest row count MatmulBlocks serves on targets without interleaved
+// block products (above it weights are widened and multiplied as f32 by
+// sgemm); on x86 from AVX2 up (BlocksAtEveryRowCount()) it serves any row
+// count.
 constexpr int64_t kSmallMatmulMaxRows = 32;
 
 // out[i, j] = dot(x[i, :K], w[j, :K]) for i < n, j in [j0, j1); x rows `ldx`
@@ -66,14 +67,19 @@ void MatmulBf16(const float* x, int64_t ldx, int64_t n, const uint16_t* w, int64
 // Up to BlocksIntegerMaxRows() rows (16 on AVX-512 targets, 32 elsewhere: the
 // faster way on each, measured) a row's result is the same bits whatever n is
 // (speculative verification steps give plain decoding's logits); above, on
-// AVX-512 targets, 16 weight rows at a time are interleaved so that each
-// vector lane sums one weight row, by the same int16 x (a row's result again
-// the same bits whatever n is above BlocksIntegerMaxRows()).
+// AVX-512 targets 16 weight rows at a time (8 on AVX2) are interleaved so
+// that each vector lane sums one weight row, by the same int16 x (on AVX2
+// with one scale per block of 32 instead: 2^-16 of the block's largest
+// element; a row's result again the same bits whatever n is above
+// BlocksIntegerMaxRows()).
 // `scratch`: MatmulBlocksScratchFloats(n, K) floats.
 void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uint8_t* w,
                   int64_t K, int64_t j0, int64_t j1, float* out, int64_t ldo, float* scratch);
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k);
 int64_t BlocksIntegerMaxRows();
+// Whether MatmulBlocks takes any row count on this target (the interleaved
+// products: x86 from AVX2 up); elsewhere at most kSmallMatmulMaxRows.
+bool BlocksAtEveryRowCount();
 
 // dst[0, n) = src's first n elements as f32. `dtype`: f32, bf16, Q8_0, Q4_0
 // or Q4_1 (n a multiple of 32 for the block types). Equal to ConvertToF32.

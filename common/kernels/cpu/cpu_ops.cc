@@ -49,11 +49,12 @@ void MatmulNow(ThreadPool* pool, std::vector<std::vector<float>>* scratch, const
   if (n == 0) return;
   const size_t row_bytes = DTypeBytes(wt, k);
   const bool small = n <= cpu::kSmallMatmulMaxRows;
-  // Block weights as integers at every row count on AVX-512 targets (the
-  // interleaved products above 16 rows), in runs of rows whose int16 quants
-  // fit the thread's scratch. Against widening the weights for the f32
-  // tiles: docs/benchmarks.md, "Interleaved block rows".
-  const bool integer = IsBlockType(wt) && (small || cpu::TargetHasAvx512());
+  // Block weights as integers at every row count on x86 from AVX2 up (the
+  // interleaved products above 16 rows on AVX-512, 32 on AVX2), in runs of
+  // rows whose int16 quants fit the thread's scratch. Against widening the
+  // weights for the f32 tiles or sgemm: docs/benchmarks.md, "Interleaved
+  // block rows".
+  const bool integer = IsBlockType(wt) && (small || cpu::BlocksAtEveryRowCount());
   int64_t run = n;
   while (integer && run > 1 && cpu::MatmulBlocksScratchFloats(run, k) > kScratchFloats) {
     run = (run + 1) / 2;
@@ -143,7 +144,9 @@ class CpuOps : public Ops {
                      << Bf16PrefillNote()
                      << (cpu::TargetHasAvx512()
                              ? std::string()
-                             : std::string(", prefill by OpenBLAS sgemm (") +
+                             : std::string(cpu::BlocksAtEveryRowCount()
+                                               ? ", f32/bf16 prefill by OpenBLAS sgemm ("
+                                               : ", prefill by OpenBLAS sgemm (") +
                                    openblas_get_corename() + " kernels)")
                      << ", weights "
                      << DTypeName(weight_dtype_) << ", KV "

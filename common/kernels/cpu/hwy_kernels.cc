@@ -1315,7 +1315,7 @@ void ToBf16Impl(const float* x, uint16_t* out, int64_t n) {
 
 float ExpImpl(float x) { return hn::GetLane(hn::Exp(DV(), hn::Set(DV(), x))); }
 
-// Rows of x up to which SmallMatmulBlocks runs: above, on AVX-512 targets,
+// Rows of x up to which SmallMatmulBlocks runs: above, on x86 from AVX2 up,
 // InterleavedBlocks; elsewhere SmallMatmulBlocks takes every count it is
 // given (up to kSmallMatmulMaxRows from MatmulNow, which widens weights for
 // sgemm above). Before InterleavedBlocks, groups of 4 weight rows widened to
@@ -1490,10 +1490,203 @@ HWY_INLINE void InterleavedTile(const int16_t* xq, int64_t ldq, const float* xs,
 // minimum terms live across a block, with the weights and scales, in the
 // 32 vector registers.
 constexpr int kInterleavedRows = 8;
+constexpr int64_t kGroupRows = 16;
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+#define TANDEM_INTERLEAVED_BLOCKS 1
+// The same products on AVX2 (AVX2_VNNI too: vpmaddwd and vpaddd give
+// vpdpwssd's sums exactly here), 8 weight rows a group: a vector of 8 int32
+// lanes, one weight row each, and a multiply-add of 16 products (vpmaddwd,
+// then vpaddd) with x's int16 pair broadcast from memory (vbroadcastss);
+// x's quants with a scale per block of 32 (QuantizeBlocksI16).
+// vpmaddwd issues twice a cycle as the FMA does (Zen 3), with 16 products
+// to the FMA's 8. Against the weights widened to f32 for OpenBLAS's sgemm,
+// one thread of a 2-vCPU Zen 3 (matmul_blocks_benchmark, prefill rows, 64
+// and 256 rows by Llama-3.2-1B's q/o, gate/up and down and SmolLM2's gate):
+// Q8_0 1.2-1.7x, Q4_1 1.4-1.6x (docs/benchmarks.md).
+// A group's interleaved block: 16 vectors of int16 pairs, then 8 scales and
+// (Q4_1) 8 minimums as f32.
+constexpr int64_t kGroupRows = 8;
+constexpr int64_t kInterleavedBlockBytes = 16 * 32 + 2 * 32;
 
+// The 8 x 8 int32 lanes of `r` transposed in place.
+HWY_INLINE void Transpose8(__m256i (&r)[8]) {
+  __m256i t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + k]: 128-bit lane L = rows 4g..4g+3's element 4L + k.
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm256_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm256_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm256_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm256_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x20);
+    r[4 + k] = _mm256_permute2x128_si256(u[k], u[4 + k], 0x31);
+  }
+}
+
+// Weight rows [j, j + rows) (rows <= 8; the rest zero) of `blocks` blocks
+// each, interleaved into `out` (blocks * kInterleavedBlockBytes).
+template <DType kType>
+HWY_INLINE void InterleaveRows(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t blocks,
+                               uint8_t* out) {
+  constexpr size_t kBytes = kBlockBytes<kType>;
+  for (int64_t b = 0; b < blocks; ++b, out += kInterleavedBlockBytes) {
+    __m256i lo[8], hi[8];  // a row's elements 0-15 and 16-31 as int16
+    alignas(16) uint16_t scale[8] = {}, minimum[8] = {};
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < 8; ++c) {
+      if (c >= rows) {
+        lo[c] = hi[c] = _mm256_setzero_si256();
+        continue;
+      }
+      const uint8_t* src = w + c * row_bytes + b * kBytes;
+      hwy::Prefetch(src + 8 * kBytes);  // as on AVX-512: 8 streams at once
+      std::memcpy(&scale[c], src, 2);
+      if constexpr (kType == DType::kQ8_0) {
+        lo[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2)));
+        hi[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18)));
+      } else {
+        constexpr size_t kQuantsAt = kType == DType::kQ4_1 ? 4 : 2;
+        if constexpr (kType == DType::kQ4_1) std::memcpy(&minimum[c], src + 2, 2);
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kQuantsAt));
+        lo[c] = _mm256_cvtepu8_epi16(_mm_and_si128(q, _mm_set1_epi8(0xF)));
+        hi[c] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0xF)));
+        if constexpr (kType == DType::kQ4_0) {
+          lo[c] = _mm256_sub_epi16(lo[c], _mm256_set1_epi16(8));
+          hi[c] = _mm256_sub_epi16(hi[c], _mm256_set1_epi16(8));
+        }
+      }
+    }
+    Transpose8(lo);
+    Transpose8(hi);
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 32), lo[p]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (8 + p) * 32), hi[p]);
+    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + 16 * 32),
+                     _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scale))));
+    _mm256_storeu_ps(reinterpret_cast<float*>(out + 17 * 32),
+                     _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(minimum))));
+  }
+}
+
+// x's int16 quants for InterleavedTile on AVX2: R rows (`rows`, k apart)
+// rewritten so that each block's 16 pairs of the R rows follow one another,
+// pair p of row r at pair (b * 16 + p) * R + r of `out`: the tile then reads
+// x at fixed offsets from one pointer. (Read from R row pointers, GCC keeps
+// an induction variable for each of the 16 * R addresses of a block, and
+// spills them: 21 GMAC/s against sgemm's 27 over widened weights.)
+template <int R>
+HWY_INLINE void TileRows(const int16_t* rows, int64_t k, int16_t* out) {
+  const int64_t pairs = k / 2;
+  const auto* in = reinterpret_cast<const int32_t*>(rows);
+  auto* o = reinterpret_cast<int32_t*>(out);
+  for (int64_t q = 0; q < pairs; ++q) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) o[q * R + r] = in[r * pairs + q];
+  }
+}
+
+// out[r * ldo + c] for r < R, c < cols (<= 8): R rows of x (their quants
+// as TileRows wrote them at `xq`, a scale per block of each, block b's of
+// row r at xs[b * R + r], f32 block sums xsum + r * blocks for Q4_1's
+// minimums) times one group of 8 interleaved weight rows.
+template <DType kType, int R>
+HWY_INLINE void InterleavedTile(const int16_t* xq, int64_t /*ldq*/, const float* xs,
+                                const float* xsum, const uint8_t* group, int64_t blocks,
+                                float* out, int64_t ldo, int64_t cols) {
+  __m256 acc[R], mins[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
+  const auto* x = reinterpret_cast<const float*>(xq);  // int16 pairs, broadcast as f32 bits
+  const float* xb = xs;                                // the block's scales of the R rows
+  for (int64_t b = 0; b < blocks; ++b, group += kInterleavedBlockBytes, x += 16 * R, xb += R) {
+    __m256i sum[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int p = 0; p < 16; ++p) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + p * 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i pair = _mm256_castps_si256(_mm256_broadcast_ss(x + p * R + r));
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(w, pair));
+        // Summed in this order, in its register: GCC 12 otherwise
+        // reassociates the sums, keeps a block's 16 products of each row
+        // and spills them.
+        asm("" : "+x"(sum[r]));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(group + 16 * 32));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]),
+                               _mm256_mul_ps(d, _mm256_broadcast_ss(xb + r)), acc[r]);
+    }
+    if constexpr (kType == DType::kQ4_1) {
+      const __m256 m = _mm256_loadu_ps(reinterpret_cast<const float*>(group + 17 * 32));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        mins[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[r * blocks + b]), mins[r]);
+      }
+    }
+  }
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(cols)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m256 o = acc[r];
+    if constexpr (kType == DType::kQ4_1) o = _mm256_add_ps(o, mins[r]);
+    _mm256_maskstore_ps(out + r * ldo, mask, o);
+  }
+}
+
+// x's int16 quants for InterleavedTile on AVX2, one scale per block of 32
+// (block b's at scale[b * stride]): each element off by at most its block's
+// largest / 65534, where one scale per row (the AVX-512 tiles', the decode
+// kernel's) leaves it off by the row's largest / 65534, which a channel of
+// outlying activations makes large. Prefill on AVX2 multiplied exact f32 x
+// (sgemm) before; with one scale per row SmolLM2's logits moved 3.7e-3 from
+// the widened weights' (RealModelNarrowTest, 37-token prompts; 2.2e-3 by
+// the decode kernel's arithmetic), with one per block 4.0e-4 and 4.6e-4,
+// for one broadcast and one multiply more a block per row.
+HWY_INLINE void QuantizeBlocksI16(const float* x, int64_t blocks, int16_t* q, float* scale,
+                                  int64_t stride) {
+  const DF df;
+  const hn::Rebind<int16_t, DF> dh;
+  constexpr size_t N = hn::MaxLanes(DF());
+  static_assert(32 % N == 0);
+  for (int64_t b = 0; b < blocks; ++b, x += 32, q += 32) {
+    auto m = hn::Zero(df);
+    for (size_t i = 0; i < 32; i += N) m = hn::Max(m, hn::Abs(hn::LoadU(df, x + i)));
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    scale[b * stride] = amax / 32767.f;
+    const auto inv = hn::Set(df, amax > 0.f ? 32767.f / amax : 0.f);
+    for (size_t i = 0; i < 32; i += N) {
+      hn::StoreU(hn::DemoteTo(dh, hn::NearestInt(hn::Mul(hn::LoadU(df, x + i), inv))), dh, q + i);
+    }
+  }
+}
+
+// Rows of x per InterleavedTile: 4 int32 sums, 4 f32 sums and (Q4_1) 4
+// minimum terms, the weights and a broadcast pair in 16 registers.
+constexpr int kInterleavedRows = 4;
+#else
+#define TANDEM_INTERLEAVED_BLOCKS 0
+#endif
+
+#if TANDEM_INTERLEAVED_BLOCKS
 // out = a . w^T for weight rows [j0, j1) through InterleavedTile. scratch:
-// x's int16 quants, scales and block sums, then one group's interleaved
-// blocks (MatmulBlocksScratchFloats).
+// x's int16 quants (on AVX2 in TileRows' order), scales and block sums,
+// then one group's interleaved blocks (MatmulBlocksScratchFloats).
 template <DType kType>
 HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const uint8_t* w,
                                   int64_t k, int64_t j0, int64_t j1, float* c, int64_t ldc,
@@ -1503,24 +1696,55 @@ HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const 
   int16_t* xq = reinterpret_cast<int16_t*>(scratch);
   float* xs = scratch + (n * k + 1) / 2;
   float* xsum = xs + n;
+#if HWY_TARGET == HWY_AVX2
+  // A scale per block of each row, each tile's in tile order (InterleavedTile).
+  float* xsb = xsum + n * blocks;
+  uint8_t* group = reinterpret_cast<uint8_t*>(xsb + n * blocks);
+  const auto scales = [xsb, blocks](int64_t r) { return xsb + r * blocks; };
+#else
   uint8_t* group = reinterpret_cast<uint8_t*>(xsum + n * blocks);
+  const auto scales = [xs](int64_t r) { return xs + r; };
+#endif
   group += (64 - reinterpret_cast<uintptr_t>(group) % 64) % 64;
   for (int64_t r = 0; r < n; ++r) {
+#if HWY_TARGET == HWY_AVX2
+    const int64_t r0 = r / kInterleavedRows * kInterleavedRows;
+    QuantizeBlocksI16(a + r * lda, blocks, xq + r * k, xsb + r0 * blocks + (r - r0),
+                      std::min<int64_t>(kInterleavedRows, n - r0));
+#else
     QuantizeRowI16<kType, true>(a + r * lda, blocks, xq + r * k, xs + r);
+#endif
     if constexpr (kType == DType::kQ4_1) BlockSums(a + r * lda, blocks, xsum + r * blocks);
   }
-  for (int64_t j = j0; j < j1; j += 16) {
-    const int64_t cols = std::min<int64_t>(16, j1 - j);
+#if HWY_TARGET == HWY_AVX2
+  // Each tile's rows in TileRows' order, through the group's space (free
+  // until the first group is interleaved: blocks * 288 floats, more than a
+  // tile's 4 * 32 int16 a block).
+  int16_t* tile = reinterpret_cast<int16_t*>(group);
+  for (int64_t r = 0; r < n; r += kInterleavedRows) {
+    const int64_t rows = std::min<int64_t>(kInterleavedRows, n - r);
+    std::memcpy(tile, xq + r * k, sizeof(int16_t) * rows * k);
+    switch (rows) {
+      case 1: break;  // one row: already in order
+      case 2: TileRows<2>(tile, k, xq + r * k); break;
+      case 3: TileRows<3>(tile, k, xq + r * k); break;
+      default: TileRows<4>(tile, k, xq + r * k); break;
+    }
+  }
+  static_assert(kInterleavedRows == 4);
+#endif
+  for (int64_t j = j0; j < j1; j += kGroupRows) {
+    const int64_t cols = std::min<int64_t>(kGroupRows, j1 - j);
     InterleaveRows<kType>(w + j * row_bytes, row_bytes, cols, blocks, group);
     int64_t r = 0;
     for (; r + kInterleavedRows <= n; r += kInterleavedRows) {
-      InterleavedTile<kType, kInterleavedRows>(xq + r * k, k, xs + r, xsum + r * blocks, group,
-                                               blocks, c + r * ldc + j, ldc, cols);
+      InterleavedTile<kType, kInterleavedRows>(xq + r * k, k, scales(r), xsum + r * blocks,
+                                               group, blocks, c + r * ldc + j, ldc, cols);
     }
     switch (n - r) {
 #define TANDEM_TAIL(R)                                                                          \
   case R:                                                                                       \
-    InterleavedTile<kType, R>(xq + r * k, k, xs + r, xsum + r * blocks, group, blocks,          \
+    InterleavedTile<kType, R>(xq + r * k, k, scales(r), xsum + r * blocks, group, blocks,      \
                               c + r * ldc + j, ldc, cols);                                      \
     break;
       TANDEM_TAIL(1) TANDEM_TAIL(2) TANDEM_TAIL(3) TANDEM_TAIL(4) TANDEM_TAIL(5)
@@ -1531,8 +1755,6 @@ HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const 
     }
   }
 }
-#else
-#define TANDEM_INTERLEAVED_BLOCKS 0
 #endif
 
 template <DType kType>
@@ -1563,6 +1785,8 @@ void MatmulBlocksImpl(DType dtype, const float* a, int64_t lda, int64_t n, const
   }
 }
 
+bool BlocksAtEveryRowCountImpl() { return TANDEM_INTERLEAVED_BLOCKS != 0; }
+
 const char* TargetImpl() {
 #if HWY_TARGET == HWY_AVX2
   if (AvxVnni()) return kAvx2Vnni;
@@ -1590,6 +1814,7 @@ HWY_EXPORT(MatmulF32Impl);
 HWY_EXPORT(MatmulBf16Impl);
 HWY_EXPORT(MatmulBlocksImpl);
 HWY_EXPORT(BlocksIntegerRowsImpl);
+HWY_EXPORT(BlocksAtEveryRowCountImpl);
 HWY_EXPORT(AttentionScoresImpl);
 HWY_EXPORT(AttentionPvImpl);
 HWY_EXPORT(AddProductBf16Impl);
@@ -1630,14 +1855,16 @@ void MatmulBlocks(DType dtype, const float* x, int64_t ldx, int64_t n, const uin
 
 int64_t BlocksIntegerMaxRows() { return HWY_DYNAMIC_DISPATCH(BlocksIntegerRowsImpl)(); }
 
+bool BlocksAtEveryRowCount() { return HWY_DYNAMIC_DISPATCH(BlocksAtEveryRowCountImpl)(); }
+
 int64_t MatmulBlocksScratchFloats(int64_t n, int64_t k) {
   // x's int16 quants (two per float; its blocks rounded up to an even
   // count, the block pairs' layout), then its scale per row and its block
   // sums (rows rounded up to groups of up to 8, and one more); then, for
-  // InterleavedBlocks, one group's interleaved blocks (288 floats a block)
-  // aligned to 64 bytes.
+  // InterleavedBlocks, x's scales per block (AVX2) and one group's
+  // interleaved blocks (288 floats a block) aligned to 64 bytes.
   const int64_t padded = (k / 32 + 1) / 2 * 2;
-  return n * padded * 16 + n + (n + 8) * padded + padded * 288 + 16;
+  return n * padded * 16 + n + (n + 8) * padded + n * padded + padded * 288 + 16;
 }
 
 void AttentionScores(const float* q, int64_t ldq, int64_t rows, const float* kt, int64_t ldkt,
