@@ -201,6 +201,51 @@ TEST(PortableKernelsTest, BlockRowsInChunksEqualEachRowAlone) {
   });
 }
 
+// Above BlocksIntegerMaxRows() the AVX2 target's interleaved products round
+// x to int16 with a scale per block of 32, so a row with one outlying
+// element (a channel of massive activations) loses no precision in its other
+// blocks: each product within its blocks' largest / 65534 of the exact one,
+// where one scale per row would be 1000x that.
+TEST(PortableKernelsTest, Avx2InterleavedProductsScaleXPerBlock) {
+  const std::vector<std::string> targets = cpu::Targets();
+  if (std::find(targets.begin(), targets.end(), "AVX2") == targets.end()) {
+    GTEST_SKIP() << "no AVX2 target on this CPU";
+  }
+  ASSERT_TRUE(cpu::UseTarget("AVX2"));
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  const int64_t k = 256, rows = 11, n = cpu::BlocksIntegerMaxRows() + 7;
+  std::vector<float> w(rows * k), x(n * k);
+  for (float& v : w) v = uni(rng);
+  for (float& v : x) v = uni(rng);
+  for (int64_t r = 0; r < n; ++r) x[r * k + 5] = 1000.f;  // block 0's outlier
+  for (DType dt : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    SCOPED_TRACE(DTypeName(dt));
+    std::vector<uint8_t> stored(DTypeBytes(dt, rows * k));
+    ConvertFromF32(w.data(), dt, stored.data(), rows * k);
+    std::vector<float> want(rows * k), out(n * rows);
+    ConvertToF32(stored.data(), dt, want.data(), rows * k);
+    std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(n, k));
+    cpu::MatmulBlocks(dt, x.data(), k, n, stored.data(), k, 0, rows, out.data(), rows,
+                      scratch.data());
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < rows; ++j) {
+        double ref = 0, bound = 1e-4;
+        for (int64_t b = 0; b < k / 32; ++b) {
+          float amax = 0.f;
+          for (int64_t e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[r * k + b * 32 + e]));
+          for (int64_t e = b * 32; e < b * 32 + 32; ++e) {
+            ref += double{x[r * k + e]} * want[j * k + e];
+            bound += std::fabs(want[j * k + e]) * amax / 65534.0;
+          }
+        }
+        ASSERT_NEAR(out[r * rows + j], ref, bound) << r << "," << j;
+      }
+    }
+  }
+  ASSERT_TRUE(cpu::UseTarget(""));
+}
+
 TEST(PortableKernelsTest, AvxVnniBlockDotsEqualTheAvx2Target) {
   const std::vector<std::string> targets = cpu::Targets();
   if (std::find(targets.begin(), targets.end(), cpu::kAvx2Vnni) == targets.end()) {
