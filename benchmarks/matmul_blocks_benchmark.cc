@@ -26,18 +26,37 @@
 namespace tandem {
 namespace {
 
+// A benchmark's operands: n rows of x and `rows` weight rows of K, random,
+// the weights stored as `dtype`.
+struct Operands {
+  int64_t n, k, rows;
+  std::vector<float> x, out;
+  std::vector<uint8_t> stored;
+};
+
+Operands MakeOperands(const benchmark::State& state, DType dtype) {
+  Operands o{state.range(0), state.range(1), state.range(2), {}, {}, {}};
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<float> w(o.rows * o.k);
+  o.x.resize(o.n * o.k);
+  o.out.resize(o.n * o.rows);
+  for (float& v : w) v = uni(rng);
+  for (float& v : o.x) v = uni(rng);
+  o.stored.resize(DTypeBytes(dtype, o.rows * o.k));
+  ConvertFromF32(w.data(), dtype, o.stored.data(), o.rows * o.k);
+  return o;
+}
+
 // Weights of `dtype`, K x N (SmolLM2: q/o 576 x 576, gate/up 576 x 1536,
 // down 1536 x 576, and the output layer, 576 x 49152: 30 MB of Q8_0, which
 // streams from beyond the core's caches), times n rows of x.
 void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
-  const int64_t n = state.range(0), k = state.range(1), rows = state.range(2);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  std::vector<float> w(rows * k), x(n * k), out(n * rows);
-  for (float& v : w) v = uni(rng);
-  for (float& v : x) v = uni(rng);
-  std::vector<uint8_t> stored(DTypeBytes(dtype, rows * k));
-  ConvertFromF32(w.data(), dtype, stored.data(), rows * k);
+  Operands o = MakeOperands(state, dtype);
+  const int64_t n = o.n, k = o.k, rows = o.rows;
+  std::vector<float>& x = o.x;
+  std::vector<float>& out = o.out;
+  std::vector<uint8_t>& stored = o.stored;
   std::vector<float> scratch(cpu::MatmulBlocksScratchFloats(n, k));
   for (auto _ : state) {
     cpu::MatmulBlocks(dtype, x.data(), k, n, stored.data(), k, 0, rows, out.data(), rows,
@@ -55,14 +74,11 @@ void BM_MatmulBlocks(benchmark::State& state, DType dtype) {
 // As BM_MatmulBlocks, by widening the weights to f32 (chunks of 4 MiB, as
 // MatmulNow's scratch) and multiplying each chunk by OpenBLAS's sgemm.
 void BM_WidenedSgemm(benchmark::State& state, DType dtype) {
-  const int64_t n = state.range(0), k = state.range(1), rows = state.range(2);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> uni(-1.f, 1.f);
-  std::vector<float> w(rows * k), x(n * k), out(n * rows);
-  for (float& v : w) v = uni(rng);
-  for (float& v : x) v = uni(rng);
-  std::vector<uint8_t> stored(DTypeBytes(dtype, rows * k));
-  ConvertFromF32(w.data(), dtype, stored.data(), rows * k);
+  Operands o = MakeOperands(state, dtype);
+  const int64_t n = o.n, k = o.k, rows = o.rows;
+  std::vector<float>& x = o.x;
+  std::vector<float>& out = o.out;
+  std::vector<uint8_t>& stored = o.stored;
   const int64_t chunk = std::max<int64_t>(1, (1 << 20) / k);
   std::vector<float> widened(chunk * k);
   const size_t row_bytes = DTypeBytes(dtype, k);
