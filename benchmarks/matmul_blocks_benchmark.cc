@@ -121,7 +121,7 @@ BENCHMARK_CAPTURE(BM_MatmulBlocks, q8_0, DType::kQ8_0)->Apply(Shapes);
 // One expert of Qwen3-30B-A3B (hidden 2048, expert width 768: gate and up
 // 2048 x 1536, down 768 x 2048) times the rows a prefill routes to it: a
 // 256-token prompt sends each of 128 experts 16 rows on average (top 8);
-// from 33 rows, the interleaved prefill products on AVX-512.
+// above 16 rows on AVX-512, 32 on AVX2, the interleaved products.
 void ExpertShapes(benchmark::internal::Benchmark* b) {
   Named(b);
   for (int64_t n : {8, 16, 24, 32, 64, 128}) {

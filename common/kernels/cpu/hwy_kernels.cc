@@ -1744,7 +1744,8 @@ HWY_INLINE void InterleavedBlocks(const float* a, int64_t lda, int64_t n, const 
     switch (n - r) {
 #define TANDEM_TAIL(R)                                                                          \
   case R:                                                                                       \
-    InterleavedTile<kType, R>(xq + r * k, k, scales(r), xsum + r * blocks, group, blocks,      \
+    if constexpr (R < kInterleavedRows)                                                         \
+      InterleavedTile<kType, R>(xq + r * k, k, scales(r), xsum + r * blocks, group, blocks,      \
                               c + r * ldc + j, ldc, cols);                                      \
     break;
       TANDEM_TAIL(1) TANDEM_TAIL(2) TANDEM_TAIL(3) TANDEM_TAIL(4) TANDEM_TAIL(5)
