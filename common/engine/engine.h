@@ -242,6 +242,14 @@ class LlmEngine {
   size_t num_running() const { return scheduler_->num_running(); }
   size_t num_waiting() const { return scheduler_->num_waiting(); }
   size_t num_waiting_for_remote_kv() const { return scheduler_->num_waiting_for_remote_kv(); }
+  // A full queue under --scheduling-policy=priority (SGLang's
+  // --max-queued-requests with priority scheduling): the waiting request, never
+  // started, that a new one of `priority` displaces: the one that would be
+  // served last, when its priority value is larger. nullptr otherwise.
+  const Request* DisplacedBy(int32_t priority) const {
+    const Request* last = scheduler_->LastUnstarted();
+    return last != nullptr && last->params.priority > priority ? last : nullptr;
+  }
   // Requests in each RequestState (finished ones still holding KV included).
   std::array<int, kNumRequestStates> CountStates() const;
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }

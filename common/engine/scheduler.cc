@@ -39,6 +39,17 @@ Request* Scheduler::Victim() const {
                            [](const Request* a, const Request* b) { return Key(a) < Key(b); });
 }
 
+const Request* Scheduler::LastUnstarted() const {
+  if (policy_ != SchedulingPolicy::kPriority) return nullptr;
+  // In (priority, arrival) order under kPriority (Enqueue).
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    if ((*it)->state == RequestState::kWaiting && (*it)->admitted_at == absl::InfinitePast()) {
+      return *it;
+    }
+  }
+  return nullptr;
+}
+
 void Scheduler::AddWaiting(Request* r) {
   r->state = RequestState::kWaiting;
   r->needs_remote_kv = r->kind == RequestKind::kRemotePrefill;

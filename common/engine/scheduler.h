@@ -115,6 +115,10 @@ class Scheduler {
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_waiting_for_remote_kv() const { return remote_.size(); }
   bool empty() const { return running_.empty() && waiting_.empty() && remote_.empty(); }
+  // Under kPriority, the waiting request never given blocks that would be
+  // served last (the largest (priority, arrival)); nullptr under kFcfs or
+  // when every waiting request has run or holds blocks.
+  const Request* LastUnstarted() const;
   // Preemptions since start-up.
   int64_t num_preemptions() const { return preemptions_; }
   const PrefixCacheStats& prefix_cache_stats() const { return prefix_stats_; }

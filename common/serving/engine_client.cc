@@ -26,10 +26,20 @@ void EngineClient::FailOnLoop(LlmEngine& engine, const std::string& id,
 void EngineClient::Submit(Submission s, OutputCallback cb) {
   loop_->Post([this, s = std::move(s), cb = std::move(cb)](LlmEngine& engine) mutable {
     absl::Status added;
-    if (s.max_waiting > 0 && static_cast<int>(engine.num_waiting()) >= s.max_waiting) {
+    const bool full = s.max_waiting > 0 && static_cast<int>(engine.num_waiting()) >= s.max_waiting;
+    const Request* displaced = full ? engine.DisplacedBy(s.params.priority) : nullptr;
+    if (full && displaced == nullptr) {
       added = absl::ResourceExhaustedError(absl::StrCat(
           engine.num_waiting(), " requests already waiting (limit ", s.max_waiting, ")"));
     } else {
+      if (displaced != nullptr) {
+        const int32_t priority = displaced->params.priority;
+        FailOnLoop(engine, std::string(displaced->id),
+                   absl::ResourceExhaustedError(absl::StrCat(
+                       "displaced from a full queue (", engine.num_waiting(),
+                       " requests waiting, limit ", s.max_waiting, ") by a request of priority ",
+                       s.params.priority, ", ahead of its ", priority)));
+      }
       added = engine.AddRequest(s.id, std::move(s.prompt), s.params, s.kind);
     }
     if (!added.ok()) {

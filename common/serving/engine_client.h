@@ -42,7 +42,10 @@ class EngineClient {
     std::vector<int32_t> prompt;
     SamplingParams params;
     RequestKind kind = RequestKind::kGenerate;
-    // RESOURCE_EXHAUSTED when this many requests already wait (0: no limit).
+    // RESOURCE_EXHAUSTED when this many requests already wait (0: no limit);
+    // under priority scheduling the new request instead displaces the one
+    // that would be served last, never started, when that one's priority
+    // value is larger (LlmEngine::DisplacedBy), and that one fails.
     int max_waiting = 0;
   };
   void Submit(Submission s, OutputCallback cb);

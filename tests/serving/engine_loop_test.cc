@@ -269,6 +269,56 @@ TEST(EngineClientTest, QueueLimitAndFailedKvImportFinishTheRequest) {
   OnLoop(loop, [](LlmEngine& e) { EXPECT_EQ(e.kv_cache().pool().num_used(), 0); });
 }
 
+// Under priority scheduling a full queue takes a request of higher priority
+// (a lower value) in place of the waiting one that would be served last and
+// has not started, which fails; an equal or lower priority is refused, as
+// under fcfs (SGLang's --max-queued-requests with priority scheduling).
+TEST(EngineClientTest, FullPriorityQueueDisplacesTheLastToBeServed) {
+  Notification ready;
+  EngineConfig config = TinyConfig();
+  config.scheduling_policy = SchedulingPolicy::kPriority;
+  EngineLoop loop(config, [&](const absl::Status&, LlmEngine*) { ready.Notify(); });
+  ready.WaitForNotification();
+  EngineClient client(&loop);
+  // Submitted from the loop thread, back to back before a step: each finds
+  // the ones before it waiting.
+  constexpr int kRequests = 5;
+  const int32_t priorities[kRequests] = {5, 7, 1, 5, 3};
+  Collected r[kRequests];
+  OnLoop(loop, [&](LlmEngine&) {
+    for (int i = 0; i < kRequests; ++i) {
+      EngineClient::Submission s = Make("p" + std::to_string(i), {1, 2}, 2);
+      s.params.priority = priorities[i];
+      s.max_waiting = 2;
+      client.Submit(std::move(s), r[i].Callback());
+    }
+  });
+  for (Collected& c : r) ASSERT_TRUE(c.finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // p0 and p1 wait; p2 (1) displaces p1 (7, served last); p3 (5) is refused
+  // by the full queue of p2 and p0 (5: not ahead of it); p4 (3) displaces p0.
+  std::vector<RequestOutput> out[kRequests];
+  for (int i = 0; i < kRequests; ++i) out[i] = r[i].Take();
+  EXPECT_TRUE(out[2].back().status.ok()) << out[2].back().status;
+  EXPECT_TRUE(out[4].back().status.ok()) << out[4].back().status;
+  for (int i : {0, 1, 3}) {
+    ASSERT_EQ(out[i].size(), 1u) << i;  // failed before any token
+    EXPECT_EQ(out[i].back().status.code(), absl::StatusCode::kResourceExhausted) << i;
+  }
+  EXPECT_NE(out[1].back().status.message().find("by a request of priority 1, ahead of its 7"),
+            std::string::npos)
+      << out[1].back().status;
+  EXPECT_NE(out[0].back().status.message().find("by a request of priority 3, ahead of its 5"),
+            std::string::npos)
+      << out[0].back().status;
+  EXPECT_NE(out[3].back().status.message().find("2 requests already waiting (limit 2)"),
+            std::string::npos)
+      << out[3].back().status;
+  OnLoop(loop, [](LlmEngine& e) {
+    EXPECT_EQ(e.kv_cache().pool().num_used(), 0);
+    EXPECT_FALSE(e.HasWork());
+  });
+}
+
 // The defect: with every request waiting for remote KV the loop stepped
 // again at once, each step running nothing: a decode worker spun a core for
 // as long as a prompt took to prefill elsewhere (halving the compute of a
