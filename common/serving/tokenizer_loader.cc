@@ -186,55 +186,80 @@ absl::Status RecommendInt(double value, int64_t hf_default, int64_t lo, const st
   return absl::OkStatus();
 }
 
-absl::StatusOr<GenerationDefaults> FromGenerationConfigJson(const std::string& path) {
+// The recommendations both sources carry, by their key in each (nullptr: not
+// in that source), with transformers' default and the range the API accepts.
+struct RealKey {
+  const char* json;
+  const char* gguf;
+  double hf_default, lo, hi;
+  bool lo_open;
+  std::optional<double> GenerationDefaults::*out;
+};
+constexpr RealKey kRealKeys[] = {
+    {"temperature", "general.sampling.temp", 1, 0, 2, false, &GenerationDefaults::temperature},
+    {"top_p", "general.sampling.top_p", 1, 0, 1, true, &GenerationDefaults::top_p},
+    {"min_p", "general.sampling.min_p", -1, 0, 1, false, &GenerationDefaults::min_p},
+    {"repetition_penalty", "general.sampling.penalty_repeat", 1, 0, 1e9, true,
+     &GenerationDefaults::repetition_penalty},
+};
+struct IntKey {
+  const char* json;
+  const char* gguf;
+  int64_t hf_default, lo;
+  std::optional<int64_t> GenerationDefaults::*out;
+};
+constexpr IntKey kIntKeys[] = {
+    {"top_k", "general.sampling.top_k", 50, 0, &GenerationDefaults::top_k},
+    {"max_new_tokens", nullptr, -1, 1, &GenerationDefaults::max_tokens},
+};
+
+// `number(key)`: the source's value for key (nullopt: absent), as
+// absl::StatusOr<std::optional<double>>.
+template <typename Number>
+absl::StatusOr<GenerationDefaults> Recommendations(const std::string& source, bool gguf,
+                                                   const Number& number) {
   GenerationDefaults d;
+  for (const RealKey& k : kRealKeys) {
+    const char* key = gguf ? k.gguf : k.json;
+    if (key == nullptr) continue;
+    ASSIGN_OR_RETURN(std::optional<double> v, number(key));
+    if (v) RETURN_IF_ERROR(Recommend(*v, k.hf_default, k.lo, k.hi, k.lo_open, source, key, &(d.*k.out)));
+  }
+  for (const IntKey& k : kIntKeys) {
+    const char* key = gguf ? k.gguf : k.json;
+    if (key == nullptr) continue;
+    ASSIGN_OR_RETURN(std::optional<double> v, number(key));
+    if (v) RETURN_IF_ERROR(RecommendInt(*v, k.hf_default, k.lo, source, key, &(d.*k.out)));
+  }
+  // transformers' top_k 0 is off, as vLLM's -1 (the API's default).
+  if (d.top_k == 0) d.top_k = -1;
+  return d;
+}
+
+absl::StatusOr<GenerationDefaults> FromGenerationConfigJson(const std::string& path) {
   auto text = ReadFile(path);
-  if (!text.ok()) return d;  // no file: no recommendation
+  if (!text.ok()) return GenerationDefaults();  // no file: no recommendation
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
-  const auto number = [&](const char* key) -> std::optional<double> {
-    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-    if (!j[key].is_number()) return std::numeric_limits<double>::quiet_NaN();  // refused below
-    return j[key].get<double>();
-  };
-  if (auto v = number("temperature")) RETURN_IF_ERROR(Recommend(*v, 1, 0, 2, false, path, "temperature", &d.temperature));
-  if (auto v = number("top_p")) RETURN_IF_ERROR(Recommend(*v, 1, 0, 1, true, path, "top_p", &d.top_p));
-  if (auto v = number("min_p")) RETURN_IF_ERROR(Recommend(*v, -1, 0, 1, false, path, "min_p", &d.min_p));
-  if (auto v = number("repetition_penalty")) {
-    RETURN_IF_ERROR(Recommend(*v, 1, 0, 1e9, true, path, "repetition_penalty", &d.repetition_penalty));
-  }
-  // transformers' top_k 0 is off, as vLLM's -1 (the API's default).
-  if (auto v = number("top_k")) RETURN_IF_ERROR(RecommendInt(*v, 50, 0, path, "top_k", &d.top_k));
-  if (d.top_k == 0) d.top_k = -1;
-  if (auto v = number("max_new_tokens")) RETURN_IF_ERROR(RecommendInt(*v, -1, 1, path, "max_new_tokens", &d.max_tokens));
-  return d;
+  return Recommendations(path, /*gguf=*/false,
+                         [&](const char* key) -> absl::StatusOr<std::optional<double>> {
+                           if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+                           // Another type is refused as out of range.
+                           if (!j[key].is_number()) return std::numeric_limits<double>::quiet_NaN();
+                           return j[key].get<double>();
+                         });
 }
 
 absl::StatusOr<GenerationDefaults> FromGgufSampling(const std::string& spec) {
-  GenerationDefaults d;
   ASSIGN_OR_RETURN(auto file, GgufFile::Open(spec));
-  const auto number = [&](const char* key) -> absl::StatusOr<std::optional<double>> {
-    if (file->Find(key) == nullptr) return std::optional<double>();
-    ASSIGN_OR_RETURN(double v, file->GetFloat(key));
-    return std::optional<double>(v);
-  };
-  ASSIGN_OR_RETURN(auto temp, number("general.sampling.temp"));
-  if (temp) RETURN_IF_ERROR(Recommend(*temp, 1, 0, 2, false, spec, "general.sampling.temp", &d.temperature));
-  ASSIGN_OR_RETURN(auto top_p, number("general.sampling.top_p"));
-  if (top_p) RETURN_IF_ERROR(Recommend(*top_p, 1, 0, 1, true, spec, "general.sampling.top_p", &d.top_p));
-  ASSIGN_OR_RETURN(auto min_p, number("general.sampling.min_p"));
-  if (min_p) RETURN_IF_ERROR(Recommend(*min_p, -1, 0, 1, false, spec, "general.sampling.min_p", &d.min_p));
-  ASSIGN_OR_RETURN(auto penalty, number("general.sampling.penalty_repeat"));
-  if (penalty) {
-    RETURN_IF_ERROR(Recommend(*penalty, 1, 0, 1e9, true, spec, "general.sampling.penalty_repeat",
-                              &d.repetition_penalty));
-  }
-  ASSIGN_OR_RETURN(auto top_k, number("general.sampling.top_k"));
-  if (top_k) RETURN_IF_ERROR(RecommendInt(*top_k, 50, 0, spec, "general.sampling.top_k", &d.top_k));
-  if (d.top_k == 0) d.top_k = -1;
-  return d;
+  return Recommendations(spec, /*gguf=*/true,
+                         [&](const char* key) -> absl::StatusOr<std::optional<double>> {
+                           if (file->Find(key) == nullptr) return std::nullopt;
+                           ASSIGN_OR_RETURN(double v, file->GetFloat(key));
+                           return v;
+                         });
 }
 
 }  // namespace
