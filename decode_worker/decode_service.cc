@@ -233,6 +233,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   }
   params->lora_name = request->lora_name();
   params->priority = request->priority();
+  params->cache_salt = request->cache_salt();
   absl::StatusOr<LoraRef> lora = client_.load()->lora().Find(params->lora_name);
   if (!lora.ok()) {
     writer->End(ToGrpcStatus(lora.status()));

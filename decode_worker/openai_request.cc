@@ -312,6 +312,14 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   }
   if (i) req->set_priority(static_cast<int32_t>(*i));
   i.reset();
+  // vLLM's `cache_salt` (null: none), with vLLM's message.
+  if (f.Has("cache_salt")) {
+    const Json& salt = body["cache_salt"];
+    if (!salt.is_string() || salt.get<std::string>().empty()) {
+      return Fields::Bad("cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided.");
+    }
+    req->set_cache_salt(salt.get<std::string>());
+  }
   bool flag = false;
   if (auto e = f.Bool("ignore_eos", &flag)) return e;
   s->set_ignore_eos(flag);
@@ -608,7 +616,7 @@ std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
   *chat = Json::object();
   for (const char* key : {"model", "temperature", "top_p", "stream", "user", "seed", "top_k",
                           "min_p", "repetition_penalty", "stop", "tools", "tool_choice",
-                          "parallel_tool_calls", "priority"}) {
+                          "parallel_tool_calls", "priority", "cache_salt"}) {
     if (f.Has(key)) (*chat)[key] = body[key];
   }
   if (f.Has("previous_response_id")) {

@@ -79,6 +79,7 @@ void PrefillClient::Start() {
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
     request_.set_lora_name(call_->params.lora_name);
     request_.set_priority(call_->params.priority);
+    request_.set_cache_salt(call_->params.cache_salt);
     // Past the prompt: output of a preempted request, prefilled again.
     FirstTokenSampling(call_->params,
                        static_cast<uint32_t>(args_.tokens.size() - call_->prompt.size()),

@@ -342,6 +342,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PrefillServiceImpl::Prefill(
   }
   params->lora_name = request->lora_name();
   params->priority = request->priority();
+  params->cache_salt = request->cache_salt();
   absl::StatusOr<LoraRef> lora = client->lora().Find(params->lora_name);
   if (!lora.ok()) {
     writer->End(ToGrpcStatus(lora.status()));

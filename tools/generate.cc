@@ -163,6 +163,7 @@ int RunRemote(const std::string& address, const TlsFiles& tls, const Prompt& pro
   p->set_ignore_eos(params.ignore_eos);
   request.set_lora_name(params.lora_name);
   request.set_priority(params.priority);
+  request.set_cache_salt(params.cache_salt);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
@@ -230,6 +231,9 @@ int RunGenerateCommand(const std::vector<std::string>& args) {
   flags.Add("priority", &params.priority,
             "the request's priority under --scheduling-policy=priority (a lower value first); 0 "
             "under fcfs");
+  flags.Add("cache-salt", &params.cache_salt,
+            "salts the prefix cache: the request reuses only cached blocks of requests with the "
+            "same salt; empty: none");
   double timeout_s = 300;
   flags.Add("timeout-seconds", &timeout_s, "deadline of the remote call");
   TlsFiles tls;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
 #include "common/base/logging.h"
@@ -168,7 +169,10 @@ absl::Status LlmEngine::AddRequest(const std::string& id, std::vector<int32_t> p
   r->params = params;
   const LoraRef lora = *lora_->Find(params.lora_name);  // Validate() found it
   r->lora_slot = lora.slot;
-  r->cache_root = lora.fingerprint;
+  // A salted request's first block has a parent no unsalted or otherwise
+  // salted request's has (the hash is this process's, as the blocks' are).
+  r->cache_root = params.cache_salt.empty() ? lora.fingerprint
+                                            : absl::HashOf(lora.fingerprint, params.cache_salt);
   r->arrival = next_arrival_++;
   r->queued_at = absl::Now();
   r->rng.seed(params.seed.has_value() ? *params.seed : std::random_device{}());

@@ -65,7 +65,8 @@ struct Request {
   int64_t prompt_len = 0;
   SamplingParams params;
   // Its LoRA adapter (params.lora_name's LoraSet slot; 0: the base model),
-  // and that adapter's fingerprint: the root of its prefix-cache blocks.
+  // and the root of its prefix-cache blocks: that adapter's fingerprint,
+  // salted by params.cache_salt when it has one.
   int lora_slot = 0;
   uint64_t cache_root = 0;
   int64_t num_computed = 0;

@@ -86,6 +86,10 @@ struct SamplingParams {
   // `priority`: a lower value is served first, ties by arrival); must be 0
   // under fcfs. Not a sampling setting either: carried as lora_name is.
   int32_t priority = 0;
+  // The request's prefix-cache salt (vLLM's `cache_salt`; empty: none): it
+  // shares cached blocks only with requests of the same salt and adapter.
+  // Carried as lora_name is.
+  std::string cache_salt = {};
 
   // Whether the logits are changed before sampling (bias or a penalty).
   bool AdjustsLogits() const {

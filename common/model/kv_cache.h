@@ -119,7 +119,8 @@ class KvCache {
   // the longest cached prefix of `tokens`, at most `max_tokens` tokens (whole
   // blocks). Returns the number of tokens whose KV is already there (0 without
   // prefix caching). `root` stands for what the KV depends on besides the
-  // tokens (a LoRA adapter's fingerprint; 0: the base model): it is the first
+  // tokens, or whom it may be shared with (a LoRA adapter's fingerprint, a
+  // request's cache salt; 0: the base model, unsalted): it is the first
   // block's parent, so requests of different roots share no block.
   int64_t TakeCachedPrefix(const std::string& id, absl::Span<const int32_t> tokens,
                            int64_t max_tokens, uint64_t root = 0);

@@ -94,6 +94,8 @@ TEST_F(OpenAiRequestTest, MalformedBodiesAreRefusedNamingTheField) {
       {comp, R"({"prompt": "x", "seed": 9223372036854775808})", "seed", "got 9223372036854775808"},
       {comp, R"({"prompt": "x", "priority": 2147483648})", "priority", "priority must be in [-2147483648, 2147483647], got 2147483648"},
       {chat, "{" + user + R"(, "priority": "high"})", "priority", "priority must be an integer"},
+      {chat, "{" + user + R"(, "cache_salt": ""})", "cache_salt", "Parameter 'cache_salt' must be a non-empty string if provided."},
+      {comp, R"({"prompt": "x", "cache_salt": 7})", "cache_salt", "must be a non-empty string"},
       {comp, R"({"prompt": "x", "truncate_prompt_tokens": 257})", "truncate_prompt_tokens", "truncate_prompt_tokens must be in [-1, 256], got 257"},
       {comp, R"({"prompt": "x", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens", "must be -1 or in [1, max_model_len], got 0"},
       {comp, R"({"prompt": "x", "prompt_logprobs": -1})", "prompt_logprobs", "prompt_logprobs must be in [0, 20], got -1"},
@@ -163,7 +165,7 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
     "stop": ["x"], "stop_token_ids": [2], "min_p": 0.1, "logit_bias": {"5": 300},
     "logprobs": true, "top_logprobs": 2, "stream": true, "stream_options": {"include_usage": true},
     "response_format": {"type": "text"}, "return_token_ids": true, "priority": -5,
-    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "cache_salt": "tenant-7",     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
                  "type": "object", "properties": {"city": {"type": "string"}}}}},
               {"type": "function", "function": {"name": "get_time"}}]
   })";
@@ -179,6 +181,7 @@ TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
   EXPECT_EQ(s.top_k(), 3);
   EXPECT_EQ(s.seed().value(), 11u);
   EXPECT_EQ(g.priority(), -5);  // vLLM's, checked by the engine against its policy
+  EXPECT_EQ(g.cache_salt(), "tenant-7");
   ASSERT_EQ(s.stop_size(), 1);
   EXPECT_EQ(s.stop(0), "x");
   ASSERT_EQ(s.stop_token_ids_size(), 1);
@@ -649,12 +652,14 @@ TEST_F(OpenAiRequestTest, AResponsesBodyIsTheChatCompletionItAsksFor) {
       << chat.dump(1);
   // Through ParseOpenAiRequest: a chat request marked as a response.
   const OpenAiRequest r =
-      Parse(OpenAiRoute::kResponses, R"({"input": "hi", "max_output_tokens": 5, "priority": 3})");
+      Parse(OpenAiRoute::kResponses, R"({"input": "hi", "max_output_tokens": 5, "priority": 3,
+                                              "cache_salt": "s"})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
   ASSERT_EQ(r.choices.size(), 1u);
   EXPECT_TRUE(r.spec.responses && r.spec.chat);
   EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 5u);
   EXPECT_EQ(r.choices[0].generate.priority(), 3);
+  EXPECT_EQ(r.choices[0].generate.cache_salt(), "s");
 }
 
 TEST_F(OpenAiRequestTest, WhatTheResponsesApiCannotServeIsRefusedByField) {

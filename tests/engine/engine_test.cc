@@ -601,6 +601,40 @@ TEST(EngineTest, PrefixCachingKeepsOutputsAndSkipsSharedPrefixes) {
   }
 }
 
+// cache_salt (vLLM's): a request reuses cached blocks only of requests with
+// its salt; an unsalted one only of unsalted ones. The output is the same.
+TEST(EngineTest, CacheSaltSharesBlocksOnlyWithTheSameSalt) {
+  auto e = MakeEngine(M::kNone, 0, 4, /*block_size=*/8);
+  const std::vector<int32_t> prompt = Prompt(40, 5);
+  // In order: the salt, and the tokens its request finds cached (the
+  // prompt's whole blocks short of its last token: 32).
+  const std::vector<std::pair<std::string, int>> runs = {
+      {"", 0}, {"", 32}, {"tenant-a", 0}, {"tenant-a", 32}, {"tenant-b", 0}, {"", 32},
+      {"tenant-b", 32}};
+  std::vector<int32_t> first_output;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("run ", i, " salt '", runs[i].first, "'"));
+    SamplingParams p = IgnoringEos(4);
+    p.cache_salt = runs[i].first;
+    const std::string id = absl::StrCat("r", i);
+    ASSERT_TRUE(e->AddRequest(id, prompt, p).ok());
+    int cached = -1;
+    std::vector<int32_t> output;
+    for (int guard = 0; e->HasWork() && guard < 1000; ++guard) {
+      auto step = e->Step();
+      ASSERT_TRUE(step.ok()) << step.status();
+      for (const auto& o : *step) {
+        if (cached < 0) cached = o.cached_tokens;
+        output.insert(output.end(), o.new_tokens.begin(), o.new_tokens.end());
+      }
+    }
+    EXPECT_EQ(cached, runs[i].second);
+    if (i == 0) first_output = output;
+    EXPECT_EQ(output, first_output);
+  }
+  EXPECT_EQ(e->kv_cache().pool().num_used(), 0);
+}
+
 // A request's blocks are freed by the one Abort path in every state.
 TEST(EngineTest, AbortFreesBlocksInEveryState) {
   auto e = MakeEngine(M::kNone, /*num_kv_blocks=*/10, 4, /*block_size=*/8);

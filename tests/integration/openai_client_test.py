@@ -143,6 +143,23 @@ def main():
         assert usage.total_tokens == 45, usage
         # The same prompt again: its full blocks came from the prefix cache.
         assert 0 < usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens, usage
+        # vLLM's cache_salt: a salted request shares cached blocks only with
+        # requests of its salt, on both workers (the prefill worker's cache
+        # holds the unsalted prompt too); the answer is the same.
+        def salted(salt):
+            return client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                                  max_tokens=64, extra_body={"cache_salt": salt})
+        for salt in ("tenant-a", "tenant-b"):
+            hits = metric(pair.prefill_metrics_port, "tandem_prefix_cache_hits_total")
+            first = salted(salt)
+            assert first.usage.prompt_tokens_details.cached_tokens == 0, (salt, first.usage)
+            assert metric(pair.prefill_metrics_port, "tandem_prefix_cache_hits_total") == hits, salt
+            assert first.choices[0].message.content == answer, first
+            again = salted(salt)
+            assert 0 < again.usage.prompt_tokens_details.cached_tokens, (salt, again.usage)
+            assert again.choices[0].message.content == answer, again
+        expect_error(openai.BadRequestError, lambda: salted(""),
+                     "Parameter 'cache_salt' must be a non-empty string if provided.")
         passed += 1
 
         # The Responses API: the same answer as a response object, whole and

@@ -31,8 +31,10 @@ class Pair:
     def _start_both(self, bin_dir, model, decode_flags, prefill_flags):
         self.prefill = self._start("prefill", [f"{bin_dir}/prefill_worker", f"--model={model}",
                                                *prefill_flags])
-        ports = self._ports(self.prefill, "prefill", {"grpc": r"gRPC listening on [^ ]*:(\d+)"})
-        self.prefill_port = ports["grpc"]
+        ports = self._ports(self.prefill, "prefill", {
+            "grpc": r"gRPC listening on [^ ]*:(\d+)",
+            "metrics": r"metrics on http://[^ ]*:(\d+)/"})
+        self.prefill_port, self.prefill_metrics_port = ports["grpc"], ports["metrics"]
         self.decode = self._start("decode", [
             f"{bin_dir}/decode_worker", f"--model={model}", "--http-address=127.0.0.1:0",
             f"--prefill-address=127.0.0.1:{self.prefill_port}", *decode_flags])
