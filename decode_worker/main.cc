@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
             "model's recommendation: a Hugging Face directory's generation_config.json, a GGUF's "
             "general.sampling.* keys), vllm (the API's neutral defaults), or a directory holding "
             "a generation_config.json");
+  flags.Add("return-tokens-as-token-ids", &openai.return_tokens_as_token_ids,
+            "logprobs name each token \"token_id:N\" (vLLM's flag; a request's "
+            "return_tokens_as_token_ids overrides it): tokens that are not whole UTF-8 stay "
+            "identifiable");
   std::string reasoning_parser;
   flags.Add("reasoning-parser", &reasoning_parser,
             "return chat replies' reasoning (<think>...</think>) in `reasoning`, apart from "

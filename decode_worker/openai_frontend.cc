@@ -373,8 +373,14 @@ class Completion {
   }
 
   // A token as logprobs show it: its text (invalid UTF-8 replaced), or
-  // vLLM's "token_id:N" without a tokenizer.
+  // vLLM's "token_id:N" without a tokenizer or when the request asks
+  // (return_tokens_as_token_ids).
   std::string TokenText(int32_t id) const {
+    return spec_.tokens_as_ids ? absl::StrCat("token_id:", id) : DecodedToken(id);
+  }
+  // prompt_logprobs' decoded_token: the text whatever the request asked, as
+  // vLLM's.
+  std::string DecodedToken(int32_t id) const {
     return spec_.tokenizer != nullptr ? spec_.tokenizer->Decode({id})
                                       : absl::StrCat("token_id:", id);
   }
@@ -408,7 +414,7 @@ class Completion {
       auto add = [&](int32_t id, float logprob, int rank) {
         const std::string key = std::to_string(id);
         if (entry.contains(key)) return;
-        entry[key] = {{"logprob", Finite(logprob)}, {"rank", rank}, {"decoded_token", TokenText(id)}};
+        entry[key] = {{"logprob", Finite(logprob)}, {"rank", rank}, {"decoded_token", DecodedToken(id)}};
       };
       add(m.prompt_token_ids(i), lp.logprob(), lp.rank());
       for (int k = 0; k < std::min(lp.top_token_ids_size(), lp.top_logprobs_size()); ++k) {
@@ -987,7 +993,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   OpenAiRequest parsed = ParseOpenAiRequest(
       route, request.body,
       {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
-       LoraAdapters(), options_.generation_defaults});
+       LoraAdapters(), options_.generation_defaults, options_.return_tokens_as_token_ids});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

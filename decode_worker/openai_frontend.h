@@ -66,6 +66,9 @@ struct OpenAiOptions {
   // The model's recommended sampling for fields requests leave out
   // (--generation-config).
   GenerationDefaults generation_defaults;
+  // Logprobs name tokens "token_id:N" unless a request says otherwise
+  // (vLLM's --return-tokens-as-token-ids).
+  bool return_tokens_as_token_ids = false;
 };
 
 class OpenAiFrontend final : public FrontDoor {

@@ -958,6 +958,8 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   spec.tools = chat && offered_tools;
   spec.tool_properties = std::move(tool_properties);
   if (auto e = Fields(body).Bool("parallel_tool_calls", &spec.parallel_tool_calls)) return Error(*e);
+  spec.tokens_as_ids = context.return_tokens_as_token_ids;
+  if (auto e = Fields(body).Bool("return_tokens_as_token_ids", &spec.tokens_as_ids)) return Error(*e);
   v1::GenerateRequest common;
   if (auto e = ParseCommon(body, chat, default_max, context.max_model_len,
                            context.generation_defaults, &common, &spec)) {

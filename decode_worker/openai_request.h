@@ -57,6 +57,9 @@ struct CompletionSpec {
   // calls are typed by them).
   nlohmann::ordered_json tool_properties = nlohmann::ordered_json::object();
   bool return_token_ids = false;  // vLLM's extension: token ids in each choice
+  // vLLM's return_tokens_as_token_ids: logprobs name each token
+  // "token_id:N" (a token that is not whole UTF-8 stays identifiable).
+  bool tokens_as_ids = false;
   bool logprobs = false;          // the request set sampling.logprobs
   bool prompt_logprobs = false;   // vLLM's prompt_logprobs: the response carries them
   bool echo_logprobs = false;     // completions' echo with logprobs: the prompt's lead them
@@ -94,6 +97,8 @@ struct OpenAiContext {
   // The model's recommended sampling (--generation-config): what a request
   // that leaves a field out gets.
   GenerationDefaults generation_defaults;
+  // What a request that leaves return_tokens_as_token_ids out gets.
+  bool return_tokens_as_token_ids = false;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

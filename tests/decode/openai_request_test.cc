@@ -570,6 +570,34 @@ TEST_F(OpenAiRequestTest, ContinueFinalMessageLeavesTheLastMessageOpen) {
   EXPECT_EQ(r.error->param, "continue_final_message");
 }
 
+// return_tokens_as_token_ids: the request's, else the server's
+// (--return-tokens-as-token-ids), on chat and completions alike.
+TEST_F(OpenAiRequestTest, TokensAsTokenIdsAreTheRequestsElseTheServers) {
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}])";
+  const std::string comp = R"({"prompt": "hi")";
+  for (bool server : {false, true}) {
+    context_.return_tokens_as_token_ids = server;
+    for (const auto& [route, body] : {std::pair{OpenAiRoute::kChatCompletions, chat},
+                                      std::pair{OpenAiRoute::kCompletions, comp}}) {
+      SCOPED_TRACE(absl::StrCat("server ", server, " ", body));
+      OpenAiRequest r = Parse(route, body + "}");
+      ASSERT_FALSE(r.error.has_value()) << r.error->message;
+      EXPECT_EQ(r.spec.tokens_as_ids, server);
+      r = Parse(route, body + R"(, "return_tokens_as_token_ids": null})");
+      ASSERT_FALSE(r.error.has_value()) << r.error->message;
+      EXPECT_EQ(r.spec.tokens_as_ids, server);
+      for (bool asked : {false, true}) {
+        r = Parse(route, body + absl::StrCat(R"(, "return_tokens_as_token_ids": )", asked ? "true" : "false", "}"));
+        ASSERT_FALSE(r.error.has_value()) << r.error->message;
+        EXPECT_EQ(r.spec.tokens_as_ids, asked);
+      }
+      r = Parse(route, body + R"(, "return_tokens_as_token_ids": 1})");
+      ASSERT_TRUE(r.error.has_value());
+      EXPECT_EQ(r.error->param, "return_tokens_as_token_ids");
+    }
+  }
+}
+
 // The model's recommended sampling (--generation-config) fills the fields a
 // request leaves out, never those it sets; its max_tokens caps the request's,
 // as vLLM's get_max_tokens.

@@ -499,6 +499,19 @@ def main():
                 if choice.logprobs is not None:
                     streamed += choice.logprobs.content
         assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+        # vLLM's return_tokens_as_token_ids: the same entries, each token
+        # named "token_id:N" (its bytes that string's); the reply's text as it was.
+        as_ids = client.chat.completions.create(
+            model="smollm2", messages=question, temperature=0, max_tokens=64, logprobs=True,
+            top_logprobs=3, extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
+        assert as_ids.choices[0].message.content == answer, as_ids
+        named = as_ids.choices[0].logprobs.content
+        ids_out = as_ids.choices[0].model_extra["token_ids"]
+        assert [e.token for e in named] == [f"token_id:{i}" for i in ids_out], (named, ids_out)
+        assert [e.logprob for e in named] == [e.logprob for e in content], named
+        for e in named:
+            assert bytes(e.bytes) == e.token.encode(), e
+            assert all(re.fullmatch(r"token_id:\d+", t.token) for t in e.top_logprobs), e
         comp = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10,
                                          temperature=0, logprobs=2, extra_body={"ignore_eos": True})
         lp = comp.choices[0].logprobs
@@ -508,6 +521,18 @@ def main():
             assert lp.top_logprobs[i][token] == max(lp.top_logprobs[i].values()), lp
             if i > 0:
                 assert lp.text_offset[i] == lp.text_offset[i - 1] + len(lp.tokens[i - 1]), lp
+        as_ids = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=10, temperature=0, logprobs=2,
+            extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True,
+                        "return_token_ids": True})
+        named = as_ids.choices[0].logprobs
+        assert as_ids.choices[0].text == comp.choices[0].text, as_ids
+        assert named.tokens == [f"token_id:{i}" for i in as_ids.choices[0].model_extra["token_ids"]]
+        assert named.token_logprobs == lp.token_logprobs, (named, lp)
+        for i, token in enumerate(named.tokens):
+            assert named.top_logprobs[i][token] == named.token_logprobs[i], named
+            if i > 0:
+                assert named.text_offset[i] == named.text_offset[i - 1] + len(named.tokens[i - 1])
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, top_logprobs=2), "top_logprobs needs logprobs=true")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
