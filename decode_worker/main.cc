@@ -147,6 +147,14 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
     return 1;
   }
+  auto special = tandem::LoadSpecialTokens(config.model);
+  if (!special.ok()) {
+    std::cerr << "decode_worker: " << special.status().message() << std::endl;
+    return 1;
+  }
+  if (*tokenizer != nullptr && !special->eos.empty()) {
+    openai.eos_token_id = (*tokenizer)->TokenToId(special->eos);
+  }
   auto defaults = tandem::LoadGenerationDefaults(config.model, generation_config);
   if (!defaults.ok()) {
     std::cerr << "decode_worker: --generation-config=" << generation_config << ": "

@@ -216,6 +216,7 @@ class Completion {
     Json prompt_logprobs = nullptr;  // vLLM's form, when asked
     size_t text_offset = 0;
     std::string finish = "stop";
+    Json stop_reason = nullptr;  // vLLM's (StopReason)
     uint32_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   };
 
@@ -255,6 +256,7 @@ class Completion {
     }
     c.text += m.text();
     c.token_ids.insert(c.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
+    if (m.finish_reason() == v1::FINISH_REASON_STOP) c.stop_reason = StopReason(m, c);
     const size_t echoed = c.logprobs.size();
     if (m.prompt_token_ids_size() > 0) AddPromptLogprobs(&c, m);
     if (spec_.logprobs) {
@@ -383,6 +385,18 @@ class Completion {
   std::string DecodedToken(int32_t id) const {
     return spec_.tokenizer != nullptr ? spec_.tokenizer->Decode({id})
                                       : absl::StrCat("token_id:", id);
+  }
+
+  // vLLM's stop_reason: the stop string that ended the choice, or the stop
+  // id other than the eos token (a stop_token_ids id, or another of the
+  // model's end ids, which vLLM adds to stop_token_ids); null for the eos
+  // token, as vLLM's check_stop leaves it.
+  Json StopReason(const v1::GenerateResponse& m, const Choice& c) const {
+    if (!m.stop_string().empty()) return m.stop_string();
+    if (c.token_ids.empty()) return nullptr;
+    const int32_t last = c.token_ids.back();
+    if (last == spec_.eos_token_id && !spec_.ignore_eos) return nullptr;
+    return last;
   }
 
   // vLLM's floor for a logprob: JSON cannot hold (-inf).
@@ -603,6 +617,7 @@ class Completion {
       if (spec_.return_token_ids) choice["token_ids"] = c.token_ids;
       choice["logprobs"] = LogprobsJson(c, 0, c.logprobs.size());
       choice["finish_reason"] = finish;
+      choice["stop_reason"] = c.stop_reason;
       if (!spec_.chat && (spec_.prompt_logprobs || spec_.echo_logprobs)) {
         choice["prompt_logprobs"] = c.prompt_logprobs;
       }
@@ -634,6 +649,7 @@ class Completion {
     }
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = finish;
+    choice["stop_reason"] = c.stop_reason;
     last["choices"] = Json::array({choice});
     http_->Write(Sse(last));
   }
@@ -993,7 +1009,8 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   OpenAiRequest parsed = ParseOpenAiRequest(
       route, request.body,
       {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
-       LoraAdapters(), options_.generation_defaults, options_.return_tokens_as_token_ids});
+       LoraAdapters(), options_.generation_defaults, options_.return_tokens_as_token_ids,
+       options_.eos_token_id});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

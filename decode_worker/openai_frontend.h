@@ -69,6 +69,9 @@ struct OpenAiOptions {
   // Logprobs name tokens "token_id:N" unless a request says otherwise
   // (vLLM's --return-tokens-as-token-ids).
   bool return_tokens_as_token_ids = false;
+  // The tokenizer's eos token (LoadSpecialTokens; -1: none): a stop on it
+  // has no stop_reason, a stop on another stop id names that id (vLLM's).
+  int32_t eos_token_id = -1;
 };
 
 class OpenAiFrontend final : public FrontDoor {

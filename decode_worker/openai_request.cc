@@ -966,6 +966,8 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     return Error(*e);
   }
   common.set_lora_name(lora_name);
+  spec.eos_token_id = context.eos_token_id;
+  spec.ignore_eos = common.sampling().ignore_eos();
   if (chat) {
     if (auto e = ForcedToolCall(body, &spec, common.mutable_sampling())) return Error(*e);
   }

@@ -60,6 +60,10 @@ struct CompletionSpec {
   // vLLM's return_tokens_as_token_ids: logprobs name each token
   // "token_id:N" (a token that is not whole UTF-8 stays identifiable).
   bool tokens_as_ids = false;
+  // vLLM's stop_reason: null for a stop on `eos_token_id` (unless
+  // ignore_eos), the stop string or the other stop id that ended a choice.
+  int32_t eos_token_id = -1;
+  bool ignore_eos = false;
   bool logprobs = false;          // the request set sampling.logprobs
   bool prompt_logprobs = false;   // vLLM's prompt_logprobs: the response carries them
   bool echo_logprobs = false;     // completions' echo with logprobs: the prompt's lead them
@@ -99,6 +103,7 @@ struct OpenAiContext {
   GenerationDefaults generation_defaults;
   // What a request that leaves return_tokens_as_token_ids out gets.
   bool return_tokens_as_token_ids = false;
+  int32_t eos_token_id = -1;  // OpenAiOptions::eos_token_id
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

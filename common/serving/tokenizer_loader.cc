@@ -60,32 +60,45 @@ std::string SpecialToken(const nlohmann::json& config, const char* key) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& spec,
-                                                               const std::string& override_path) {
-  if (IsSyntheticSpec(spec) && override_path.empty()) return nullptr;
-  std::string source, origin, bos, eos;
+absl::StatusOr<ModelSpecialTokens> LoadSpecialTokens(const std::string& spec) {
+  ModelSpecialTokens t;
+  if (IsSyntheticSpec(spec)) return t;
   if (IsGgufSpec(spec)) {
     ASSIGN_OR_RETURN(auto file, GgufFile::Open(spec));
     ASSIGN_OR_RETURN(GgufVocab vocab, ReadGgufVocab(*file));
     auto token = [&](int32_t id) {
       return id >= 0 && id < static_cast<int32_t>(vocab.tokens.size()) ? vocab.tokens[id] : "";
     };
-    bos = token(vocab.bos_id);
-    eos = token(vocab.eos_id);
+    t.bos = token(vocab.bos_id);
+    t.eos = token(vocab.eos_id);
+    return t;
+  }
+  auto config_text = ReadFile(spec + "/tokenizer_config.json");
+  if (!config_text.ok()) return t;
+  const nlohmann::json config = nlohmann::json::parse(*config_text, nullptr, false);
+  if (config.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec, "/tokenizer_config.json is not valid JSON"));
+  }
+  t.bos = SpecialToken(config, "bos_token");
+  t.eos = SpecialToken(config, "eos_token");
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& spec,
+                                                               const std::string& override_path) {
+  if (IsSyntheticSpec(spec) && override_path.empty()) return nullptr;
+  ASSIGN_OR_RETURN(const ModelSpecialTokens special, LoadSpecialTokens(spec));
+  std::string source, origin;
+  if (IsGgufSpec(spec)) {
+    ASSIGN_OR_RETURN(auto file, GgufFile::Open(spec));
     if (override_path.empty() && file->Find("tokenizer.chat_template") != nullptr) {
       ASSIGN_OR_RETURN(source, file->GetString("tokenizer.chat_template"));
       origin = spec + " (tokenizer.chat_template)";
     }
   } else if (!IsSyntheticSpec(spec)) {
-    auto config_text = ReadFile(spec + "/tokenizer_config.json");
     nlohmann::json config;
-    if (config_text.ok()) {
-      config = nlohmann::json::parse(*config_text, nullptr, false);
-      if (config.is_discarded()) {
-        return absl::InvalidArgumentError(absl::StrCat(spec, "/tokenizer_config.json is not valid JSON"));
-      }
-      bos = SpecialToken(config, "bos_token");
-      eos = SpecialToken(config, "eos_token");
+    if (auto config_text = ReadFile(spec + "/tokenizer_config.json"); config_text.ok()) {
+      config = nlohmann::json::parse(*config_text, nullptr, false);  // valid: LoadSpecialTokens
     }
     if (override_path.empty()) {
       if (auto jinja = ReadFile(spec + "/chat_template.jinja"); jinja.ok()) {
@@ -114,7 +127,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string
     origin = override_path;
   }
   if (source.empty()) return nullptr;
-  ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Create(source, origin, bos, eos));
+  ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::Create(source, origin, special.bos, special.eos));
   // A plain conversation must render; a construct met only now is named here,
   // not at the first request. (A template may still refuse some conversations
   // by design: raise_exception is the template's own rule, not ours.)

@@ -26,6 +26,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& mode
 // masks (EngineConfig::vocabulary).
 std::shared_ptr<const TokenVocabulary> TokenVocabularyOf(const Tokenizer& tokenizer);
 
+// The model's bos_token and eos_token as its tokenizer names them (a GGUF's
+// tokenizer.ggml.bos/eos_token_id, a Hugging Face directory's
+// tokenizer_config.json): "" where it names none. The eos token is the one
+// whose stop is no stop_reason in the OpenAI API (vLLM's request eos).
+struct ModelSpecialTokens {
+  std::string bos, eos;
+};
+absl::StatusOr<ModelSpecialTokens> LoadSpecialTokens(const std::string& model_spec);
+
 // The chat template that goes with a --model spec: the file `override_path`
 // when given (vLLM's --chat-template), else the GGUF's
 // tokenizer.chat_template, or a Hugging Face directory's chat_template.jinja

@@ -211,6 +211,30 @@ def main():
                                               max_tokens=64, stop=[" Paris"],
                                               extra_body={"include_stop_str_in_output": True})
         assert kept.choices[0].message.content == "The capital of France is Paris", kept
+        # vLLM's stop_reason: the stop string, a stop id other than the
+        # tokenizer's eos token, or null (that eos token, the length limit).
+        assert stopped.choices[0].model_extra["stop_reason"] == " Paris", stopped
+        plain = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                               max_tokens=64, extra_body={"return_token_ids": True})
+        ids, eos = plain.choices[0].model_extra["token_ids"], plain.choices[0].model_extra["token_ids"][-1]
+        assert plain.choices[0].model_extra["stop_reason"] is None, plain
+        by_id = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                               max_tokens=64, extra_body={"stop_token_ids": [ids[3]]})
+        assert by_id.choices[0].model_extra["stop_reason"] == ids[3], by_id
+        assert by_id.usage.completion_tokens == 4, by_id
+        # The eos token among stop_token_ids with ignore_eos: a stop id then.
+        as_stop = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                                 max_tokens=64, extra_body={"ignore_eos": True,
+                                                                            "stop_token_ids": [eos]})
+        assert as_stop.choices[0].model_extra["stop_reason"] == eos, as_stop
+        cut = client.completions.create(model="smollm2", prompt=prompt, max_tokens=3, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert cut.choices[0].finish_reason == "length", cut
+        assert cut.choices[0].model_extra["stop_reason"] is None, cut
+        last = [c for c in client.chat.completions.create(
+            model="smollm2", messages=question, temperature=0, max_tokens=64, stop=[" Paris"],
+            stream=True) if c.choices][-1].choices[0]
+        assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == " Paris", last
         # min_tokens: the stop string inside the first 8 tokens' text and the
         # EOS at the 8th are passed over.
         longer = client.chat.completions.create(model="smollm2", messages=question, temperature=0,

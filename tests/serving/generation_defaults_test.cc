@@ -90,5 +90,35 @@ TEST(GenerationDefaultsTest, AGgufsSamplingKeys) {
             std::string::npos);
 }
 
+// The tokenizer's bos and eos tokens (the OpenAI API's stop_reason is null
+// for a stop on that eos, vLLM's request eos): tokenizer_config.json's, a
+// string or {"content": ...}, or a GGUF's ids into its vocabulary.
+TEST(GenerationDefaultsTest, TheTokenizersSpecialTokens) {
+  const std::string dir = ModelDir("special", "{}");
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|eot_id|>", "lstrip": false}})";
+  absl::StatusOr<ModelSpecialTokens> t = LoadSpecialTokens(dir);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->bos, "<|begin_of_text|>");
+  EXPECT_EQ(t->eos, "<|eot_id|>");
+  std::ofstream(dir + "/tokenizer_config.json") << "{";
+  EXPECT_EQ(LoadSpecialTokens(dir).status().message(), dir + "/tokenizer_config.json is not valid JSON");
+  EXPECT_EQ(LoadSpecialTokens(ModelDir("none", "{}"))->eos, "");
+  EXPECT_EQ(LoadSpecialTokens("synthetic")->eos, "");
+
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddStringArray("tokenizer.ggml.tokens", {"<s>", "</s>", "a"});
+  w.AddU32("tokenizer.ggml.bos_token_id", 0);
+  w.AddU32("tokenizer.ggml.eos_token_id", 1);
+  const std::string path = ::testing::TempDir() + "/special_tokens.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  t = LoadSpecialTokens(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->bos, "<s>");
+  EXPECT_EQ(t->eos, "</s>");
+}
+
 }  // namespace
 }  // namespace tandem
