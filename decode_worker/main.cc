@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
     std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
     return 1;
   }
+  openai.max_logprobs = config.max_logprobs;
   auto special = tandem::LoadSpecialTokens(config.model);
   if (!special.ok()) {
     std::cerr << "decode_worker: " << special.status().message() << std::endl;

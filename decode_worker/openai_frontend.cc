@@ -1010,7 +1010,7 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
       route, request.body,
       {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
        LoraAdapters(), options_.generation_defaults, options_.return_tokens_as_token_ids,
-       options_.eos_token_id});
+       options_.eos_token_id, options_.max_logprobs});
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/chat/chat_template.h"
+#include "common/engine/sampling.h"
 #include "common/serving/http_server.h"
 #include "common/serving/tokenizer_loader.h"
 #include "common/serving/worker.h"
@@ -72,6 +73,7 @@ struct OpenAiOptions {
   // The tokenizer's eos token (LoadSpecialTokens; -1: none): a stop on it
   // has no stop_reason, a stop on another stop id names that id (vLLM's).
   int32_t eos_token_id = -1;
+  int max_logprobs = kDefaultMaxLogprobs;  // the engine's (--max-logprobs)
 };
 
 class OpenAiFrontend final : public FrontDoor {

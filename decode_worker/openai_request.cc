@@ -271,8 +271,13 @@ std::optional<HttpError> ForcedToolCall(const Json& body, CompletionSpec* spec, 
 // `defaults`: the model's recommended sampling, for the fields the body
 // leaves out (and max_tokens' cap), as vLLM applies its generation config.
 std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t default_max_tokens,
-                                     int max_model_len, const GenerationDefaults& defaults,
-                                     v1::GenerateRequest* req, CompletionSpec* spec) {
+                                     const OpenAiContext& context, v1::GenerateRequest* req,
+                                     CompletionSpec* spec) {
+  const int max_model_len = context.max_model_len;
+  const GenerationDefaults& defaults = context.generation_defaults;
+  // -1: the whole vocabulary, which the engine checks.
+  const int64_t max_logprobs =
+      context.max_logprobs < 0 ? std::numeric_limits<int32_t>::max() : context.max_logprobs;
   Fields f(body);
   v1::SamplingParams* s = req->mutable_sampling();
   std::optional<int64_t> i;
@@ -409,19 +414,20 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   }
   if (auto e = f.Neutral("use_beam_search", false)) return e;
   if (chat) {
-    // OpenAI's chat form: logprobs (bool), top_logprobs (0..20, needs logprobs).
+    // OpenAI's chat form: logprobs (bool), top_logprobs (0..--max-logprobs,
+    // needs logprobs).
     bool logprobs = false;
     if (auto e = f.Bool("logprobs", &logprobs)) return e;
     i.reset();
-    if (auto e = f.Int("top_logprobs", 0, kMaxLogprobs, &i)) return e;
+    if (auto e = f.Int("top_logprobs", 0, max_logprobs, &i)) return e;
     if (i && *i > 0 && !logprobs) {
       return Fields::Bad("top_logprobs", "top_logprobs needs logprobs=true");
     }
     if (logprobs) s->mutable_logprobs()->set_value(static_cast<int32_t>(i.value_or(0)));
     i.reset();
   } else {
-    // The completions form: logprobs = how many top tokens (0..20).
-    if (auto e = f.Int("logprobs", 0, kMaxLogprobs, &i)) return e;
+    // The completions form: logprobs = how many top tokens.
+    if (auto e = f.Int("logprobs", 0, max_logprobs, &i)) return e;
     if (i) s->mutable_logprobs()->set_value(static_cast<int32_t>(*i));
     i.reset();
     if (auto e = f.Neutral("suffix", "")) return e;
@@ -431,7 +437,7 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
   if (auto e = f.Bool("stream", &spec->stream)) return e;
   // vLLM's prompt_logprobs: each prompt token's, in the response's
   // `prompt_logprobs` (as vLLM, not with stream).
-  if (auto e = f.Int("prompt_logprobs", 0, kMaxLogprobs, &i)) return e;
+  if (auto e = f.Int("prompt_logprobs", 0, max_logprobs, &i)) return e;
   if (i) {
     if (spec->stream) return Fields::Bad("prompt_logprobs", "prompt_logprobs are not available with stream=true");
     s->mutable_prompt_logprobs()->set_value(static_cast<int32_t>(*i));
@@ -961,8 +967,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   spec.tokens_as_ids = context.return_tokens_as_token_ids;
   if (auto e = Fields(body).Bool("return_tokens_as_token_ids", &spec.tokens_as_ids)) return Error(*e);
   v1::GenerateRequest common;
-  if (auto e = ParseCommon(body, chat, default_max, context.max_model_len,
-                           context.generation_defaults, &common, &spec)) {
+  if (auto e = ParseCommon(body, chat, default_max, context, &common, &spec)) {
     return Error(*e);
   }
   common.set_lora_name(lora_name);

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "common/base/json.h"
 #include "common/chat/chat_template.h"
+#include "common/engine/sampling.h"
 #include "common/serving/tokenizer_loader.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -104,6 +105,9 @@ struct OpenAiContext {
   // What a request that leaves return_tokens_as_token_ids out gets.
   bool return_tokens_as_token_ids = false;
   int32_t eos_token_id = -1;  // OpenAiOptions::eos_token_id
+  // The engine's --max-logprobs (-1: the vocabulary): the most top_logprobs,
+  // logprobs and prompt_logprobs a request may ask for.
+  int max_logprobs = kDefaultMaxLogprobs;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

@@ -100,7 +100,9 @@ absl::Status LlmEngine::Validate(const std::vector<int32_t>& prompt,
                                                      " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
-  RETURN_IF_ERROR(ValidateSamplingParams(params, static_cast<uint32_t>(limit)));
+  const int64_t max_logprobs = config_.max_logprobs < 0 ? vocab : config_.max_logprobs;
+  RETURN_IF_ERROR(
+      ValidateSamplingParams(params, static_cast<uint32_t>(limit), static_cast<int32_t>(max_logprobs)));
   if (params.priority != 0 && config_.scheduling_policy != SchedulingPolicy::kPriority) {
     return absl::InvalidArgumentError(absl::StrCat(
         "priority is ", params.priority,

@@ -58,6 +58,9 @@ struct EngineConfig {
   int runtime_lora_slots = 0;
   // vLLM's --scheduling-policy: fcfs, or priority (SamplingParams::priority).
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
+  // vLLM's --max-logprobs: the most top log-probabilities a request may ask
+  // for each token (logprobs, prompt_logprobs); -1: the whole vocabulary.
+  int max_logprobs = kDefaultMaxLogprobs;
 };
 
 // Speculative decoding counters since start-up (vLLM's SpecDecodingStats).

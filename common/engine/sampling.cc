@@ -8,7 +8,8 @@
 
 namespace tandem {
 
-absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens_limit) {
+absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens_limit,
+                                    int32_t max_logprobs) {
   if (p.max_tokens < 1 || p.max_tokens > max_tokens_limit) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.max_tokens must be in [1, ", max_tokens_limit, "], got ", p.max_tokens));
@@ -40,13 +41,14 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.presence_penalty must be in [-2, 2], got ", p.presence_penalty));
   }
-  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs must be in [0, ",
-                                                   kMaxLogprobs, "] (or unset), got ", p.logprobs));
+  if (p.logprobs < -1 || p.logprobs > max_logprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs must be in [0, ", max_logprobs,
+                                                   "] (--max-logprobs) or unset, got ", p.logprobs));
   }
-  if (p.prompt_logprobs < -1 || p.prompt_logprobs > kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.prompt_logprobs must be in [0, ", kMaxLogprobs,
-                                                   "] (or unset), got ", p.prompt_logprobs));
+  if (p.prompt_logprobs < -1 || p.prompt_logprobs > max_logprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.prompt_logprobs must be in [0, ",
+                                                   max_logprobs, "] (--max-logprobs) or unset, got ",
+                                                   p.prompt_logprobs));
   }
   if (p.logit_bias.size() > kMaxLogitBias) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias has ", p.logit_bias.size(),

@@ -52,12 +52,12 @@ struct SamplingParams {
   std::vector<std::vector<int32_t>> bad_words_token_ids = {};
   // Log-probabilities of each sampled token and of the `logprobs` most
   // likely ones at its position: -1 = none, 0 = the sampled token's only, at
-  // most kMaxLogprobs. vLLM's default mode (raw_logprobs): the log-softmax
+  // most --max-logprobs. vLLM's default mode (raw_logprobs): the log-softmax
   // of the model's logits, before the bias, penalties and temperature.
   int32_t logprobs = -1;
   // Log-probabilities of the prompt's tokens (vLLM's prompt_logprobs): -1 =
   // none, else each prompt token's after the first, and the
-  // `prompt_logprobs` most likely at its position (at most kMaxLogprobs).
+  // `prompt_logprobs` most likely at its position (at most --max-logprobs).
   // Such a request computes the logits of every prompt position, so its
   // prompt is computed here whole: no prefix-cache hit, and in chunks no
   // longer than the runner's logit rows.
@@ -101,8 +101,9 @@ struct SamplingParams {
 
 // At most this many logit_bias entries a request.
 inline constexpr size_t kMaxLogitBias = 1024;
-// At most this many top log-probabilities a token (vLLM's max_logprobs).
-inline constexpr int32_t kMaxLogprobs = 20;
+// At most this many top log-probabilities a token unless --max-logprobs
+// says otherwise (vLLM's max_logprobs default: OpenAI's limit).
+inline constexpr int32_t kDefaultMaxLogprobs = 20;
 // At most this many bad words a request, each at most this many bytes.
 inline constexpr size_t kMaxBadWords = 256;
 inline constexpr size_t kMaxBadWordBytes = 256;
@@ -125,8 +126,10 @@ struct TokenHistory {
   absl::Span<const int32_t> eos_ids;
 };
 
-// INVALID_ARGUMENT naming the field, the value and the limit.
-absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens_limit);
+// INVALID_ARGUMENT naming the field, the value and the limit; logprobs and
+// prompt_logprobs at most `max_logprobs` (--max-logprobs).
+absl::Status ValidateSamplingParams(const SamplingParams& p, uint32_t max_tokens_limit,
+                                    int32_t max_logprobs = kDefaultMaxLogprobs);
 
 // Samples one token from `logits[vocab]`. Scratch space is kept between calls
 // (no allocation once warmed up). Not thread-safe.

@@ -92,6 +92,10 @@ void EngineFlags::Register(FlagSet* f) {
          "their `priority`, a lower value first, ties by arrival, and a request of lower priority "
          "is preempted first); under fcfs a request giving a priority other than 0 is refused. "
          "Both workers of a pair need the same");
+  f->Add("max-logprobs", &max_logprobs,
+         "the most top log-probabilities a request may ask for each token (logprobs, "
+         "top_logprobs, prompt_logprobs; vLLM's); -1: the whole vocabulary. Both workers of a "
+         "pair need it (the prefill worker samples the first token)");
   f->Add("check-input-addresses", &check_input_addresses,
          "debug: verify graph inputs stay at their captured addresses");
   f->Add("debug-async-kv-reads", &debug_async_kv_reads,
@@ -132,6 +136,11 @@ absl::StatusOr<EngineConfig> EngineFlags::ToConfig(const FlagSet& flags) const {
   }
   c.max_lora_rank = max_lora_rank;
   ASSIGN_OR_RETURN(c.scheduling_policy, ParseSchedulingPolicy(scheduling_policy));
+  if (max_logprobs < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-logprobs=", max_logprobs, " must be -1 (the whole vocabulary) or >= 0"));
+  }
+  c.max_logprobs = max_logprobs;
   if (allow_runtime_lora_updating) {
     c.runtime_lora_slots =
         max_loras > 0 ? max_loras : std::max(1, static_cast<int>(c.lora_modules.size()));

@@ -45,6 +45,7 @@ struct EngineFlags {
   bool allow_runtime_lora_updating = false;  // LoadLoraAdapter / UnloadLoraAdapter
   int max_lora_rank = 16;          // vLLM's --max-lora-rank
   std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy
+  int max_logprobs = kDefaultMaxLogprobs;  // vLLM's --max-logprobs
 
   explicit EngineFlags(std::string default_mode) : cudagraph_mode(std::move(default_mode)) {}
   void Register(FlagSet* flags);

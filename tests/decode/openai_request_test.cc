@@ -570,6 +570,29 @@ TEST_F(OpenAiRequestTest, ContinueFinalMessageLeavesTheLastMessageOpen) {
   EXPECT_EQ(r.error->param, "continue_final_message");
 }
 
+// The logprobs fields are bounded by the engine's --max-logprobs (-1: by
+// the engine alone, which knows the vocabulary).
+TEST_F(OpenAiRequestTest, LogprobsAreBoundedByMaxLogprobs) {
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, )";
+  context_.max_logprobs = 50;
+  OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, chat + R"("top_logprobs": 50})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.choices[0].generate.sampling().logprobs().value(), 50);
+  r = Parse(OpenAiRoute::kChatCompletions, chat + R"("top_logprobs": 51})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "top_logprobs must be in [0, 50], got 51");
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "logprobs": 51})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->message, "logprobs must be in [0, 50], got 51");
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "prompt_logprobs": 51})");
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->param, "prompt_logprobs");
+  context_.max_logprobs = -1;
+  r = Parse(OpenAiRoute::kCompletions, R"({"prompt": "x", "logprobs": 49152, "prompt_logprobs": 1000})");
+  ASSERT_FALSE(r.error.has_value()) << r.error->message;
+  EXPECT_EQ(r.choices[0].generate.sampling().logprobs().value(), 49152);
+}
+
 // return_tokens_as_token_ids: the request's, else the server's
 // (--return-tokens-as-token-ids), on chat and completions alike.
 TEST_F(OpenAiRequestTest, TokensAsTokenIdsAreTheRequestsElseTheServers) {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/serving/engine_flags.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -119,6 +120,59 @@ TEST(EngineTest, ValidationErrors) {
   EXPECT_EQ(e->AddRequest("a", {1, 2}, p).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(e->Abort("a").ok());
   EXPECT_EQ(e->Abort("a").code(), absl::StatusCode::kNotFound);
+}
+
+// --max-logprobs (vLLM's): the most top log-probabilities a request may
+// ask for, 20 by default, -1 for the whole vocabulary; as many come back.
+TEST(EngineTest, MaxLogprobsBoundsWhatARequestMayAskFor) {
+  for (int limit : {kDefaultMaxLogprobs, 64, -1}) {
+    SCOPED_TRACE(limit);
+    EngineConfig c;
+    c.model = "synthetic";
+    c.runner.max_num_batched_tokens = 64;
+    c.runner.max_model_len = 512;
+    c.max_logprobs = limit;
+    auto e = LlmEngine::Create(c);
+    ASSERT_TRUE(e.ok()) << e.status();
+    const int vocab = static_cast<int>((*e)->model_config().vocab_size);
+    const int most = limit < 0 ? vocab : limit;
+    SamplingParams p = IgnoringEos(2);
+    p.logprobs = most + 1;
+    absl::Status refused = (*e)->AddRequest("over", {1, 2, 3}, p);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(refused.message(), absl::StrCat("sampling.logprobs must be in [0, ", most,
+                                              "] (--max-logprobs) or unset, got ", most + 1));
+    p.logprobs = -1;
+    p.prompt_logprobs = most + 1;
+    EXPECT_NE((*e)->AddRequest("over", {1, 2, 3}, p).message().find("sampling.prompt_logprobs"),
+              std::string::npos);
+    p.prompt_logprobs = -1;
+    p.logprobs = most;
+    ASSERT_TRUE((*e)->AddRequest("most", {1, 2, 3}, p).ok());
+    size_t entries = 0;
+    for (int guard = 0; (*e)->HasWork() && guard < 100; ++guard) {
+      auto step = (*e)->Step();
+      ASSERT_TRUE(step.ok()) << step.status();
+      for (const RequestOutput& o : *step) {
+        for (const TokenLogprobs& lp : o.logprobs) {
+          EXPECT_EQ(lp.top.size(), static_cast<size_t>(most));
+          ++entries;
+        }
+      }
+    }
+    EXPECT_EQ(entries, 2u);
+  }
+  // The flag: -1 or >= 0.
+  for (const auto& [arg, ok] : {std::pair{"--max-logprobs=-1", true}, std::pair{"--max-logprobs=0", true},
+                                std::pair{"--max-logprobs=-2", false}}) {
+    EngineFlags flags("NONE");
+    FlagSet set("t");
+    flags.Register(&set);
+    ASSERT_TRUE(set.Parse(std::vector<std::string>{arg}).ok());
+    const absl::StatusOr<EngineConfig> c = flags.ToConfig(set);
+    EXPECT_EQ(c.ok(), ok) << arg << ": " << c.status();
+    if (!ok) EXPECT_EQ(c.status().message(), "--max-logprobs=-2 must be -1 (the whole vocabulary) or >= 0");
+  }
 }
 
 // vLLM's priority: refused under fcfs, as vLLM refuses it; under priority a

@@ -84,7 +84,10 @@ def main():
     # Every /v1/ request below carries an API key: the second of two the
     # decode worker takes from $TANDEM_API_KEY.
     os.environ["TANDEM_API_KEY"] = "key-one,key-two"
-    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2,smollm2-alias"])
+    # --max-logprobs on both workers (the prefill worker samples the first
+    # token with its logprobs).
+    pair = Pair(bin_dir, model, out, ["--served-model-name=smollm2,smollm2-alias", "--max-logprobs=32"],
+                ["--max-logprobs=32"])
     dm = pair.metrics_port
     passed = 0
     try:
@@ -560,8 +563,13 @@ def main():
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
             model="smollm2", messages=question, top_logprobs=2), "top_logprobs needs logprobs=true")
         expect_error(openai.BadRequestError, lambda: client.chat.completions.create(
-            model="smollm2", messages=question, logprobs=True, top_logprobs=21),
-            "top_logprobs must be in [0, 20], got 21")
+            model="smollm2", messages=question, logprobs=True, top_logprobs=33),
+            "top_logprobs must be in [0, 32], got 33")
+        # Up to --max-logprobs of them (vLLM's), the first token's from the
+        # prefill worker, which has the flag too.
+        wide = client.chat.completions.create(model="smollm2", messages=question, temperature=0,
+                                              max_tokens=3, logprobs=True, top_logprobs=32)
+        assert [len(e.top_logprobs) for e in wide.choices[0].logprobs.content] == [32] * 3, wide
         # The prompt's logprobs, as lm-eval's loglikelihood requests read them:
         # a batch of token-id prompts with echo, logprobs=1 and max_tokens=1;
         # token_logprobs covers the prompt (its first token none) and then the
@@ -612,8 +620,8 @@ def main():
             model="smollm2", prompt="hi", stream=True, extra_body={"prompt_logprobs": 1}),
             "prompt_logprobs are not available with stream=true")
         expect_error(openai.BadRequestError, lambda: client.completions.create(
-            model="smollm2", prompt="hi", extra_body={"prompt_logprobs": 21}),
-            "prompt_logprobs must be in [0, 20], got 21")
+            model="smollm2", prompt="hi", extra_body={"prompt_logprobs": 33}),
+            "prompt_logprobs must be in [0, 32], got 33")
         # They are computed by the decode worker itself.
         _, text = http_get(f"http://127.0.0.1:{dm}/metrics")
         local = [line for line in text.splitlines()
