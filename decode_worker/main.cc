@@ -142,12 +142,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (*tokenizer != nullptr) config.vocabulary = tandem::TokenVocabularyOf(**tokenizer);
-  auto chat_template = tandem::LoadChatTemplate(config.model, chat_template_path);
-  if (!chat_template.ok()) {
-    std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
-    return 1;
-  }
-  openai.max_logprobs = config.max_logprobs;
   auto special = tandem::LoadSpecialTokens(config.model);
   if (!special.ok()) {
     std::cerr << "decode_worker: " << special.status().message() << std::endl;
@@ -156,6 +150,12 @@ int main(int argc, char** argv) {
   if (*tokenizer != nullptr && !special->eos.empty()) {
     openai.eos_token_id = (*tokenizer)->TokenToId(special->eos);
   }
+  auto chat_template = tandem::LoadChatTemplate(config.model, chat_template_path, *special);
+  if (!chat_template.ok()) {
+    std::cerr << "decode_worker: " << chat_template.status().message() << std::endl;
+    return 1;
+  }
+  openai.max_logprobs = config.max_logprobs;
   auto defaults = tandem::LoadGenerationDefaults(config.model, generation_config);
   if (!defaults.ok()) {
     std::cerr << "decode_worker: --generation-config=" << generation_config << ": "

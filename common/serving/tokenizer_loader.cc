@@ -85,9 +85,9 @@ absl::StatusOr<ModelSpecialTokens> LoadSpecialTokens(const std::string& spec) {
 }
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& spec,
-                                                               const std::string& override_path) {
+                                                               const std::string& override_path,
+                                                               const ModelSpecialTokens& special) {
   if (IsSyntheticSpec(spec) && override_path.empty()) return nullptr;
-  ASSIGN_OR_RETURN(const ModelSpecialTokens special, LoadSpecialTokens(spec));
   std::string source, origin;
   if (IsGgufSpec(spec)) {
     ASSIGN_OR_RETURN(auto file, GgufFile::Open(spec));
@@ -98,7 +98,10 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string
   } else if (!IsSyntheticSpec(spec)) {
     nlohmann::json config;
     if (auto config_text = ReadFile(spec + "/tokenizer_config.json"); config_text.ok()) {
-      config = nlohmann::json::parse(*config_text, nullptr, false);  // valid: LoadSpecialTokens
+      config = nlohmann::json::parse(*config_text, nullptr, false);
+      if (config.is_discarded()) {
+        return absl::InvalidArgumentError(absl::StrCat(spec, "/tokenizer_config.json is not valid JSON"));
+      }
     }
     if (override_path.empty()) {
       if (auto jinja = ReadFile(spec + "/chat_template.jinja"); jinja.ok()) {

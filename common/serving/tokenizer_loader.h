@@ -39,12 +39,14 @@ absl::StatusOr<ModelSpecialTokens> LoadSpecialTokens(const std::string& model_sp
 // when given (vLLM's --chat-template), else the GGUF's
 // tokenizer.chat_template, or a Hugging Face directory's chat_template.jinja
 // or tokenizer_config.json "chat_template" (a list: the one named
-// "default"). Null when the model has none. bos_token / eos_token are the
-// model's. INVALID_ARGUMENT names the source, the line and the construct
-// the interpreter cannot handle; a template that fails on a plain
-// conversation for want of a feature is refused here, at start-up.
+// "default"). Null when the model has none. Its bos_token / eos_token are
+// `special`, the model's (LoadSpecialTokens, read once by the caller).
+// INVALID_ARGUMENT names the source, the line and the construct the
+// interpreter cannot handle; a template that fails on a plain conversation
+// for want of a feature is refused here, at start-up.
 absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadChatTemplate(const std::string& model_spec,
-                                                               const std::string& override_path);
+                                                               const std::string& override_path,
+                                                               const ModelSpecialTokens& special);
 
 // The model creator's recommended sampling (vLLM's
 // ModelConfig.get_diff_sampling_param): what the OpenAI API uses for a field
