@@ -244,7 +244,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
   params->lora_fingerprint = lora->fingerprint;
   // A gateway's choice of prefill worker for this request (llm-d's P/D
   // routing header); without one, the pool's rotation.
-  PrefillPool::Endpoint* chosen = nullptr;
+  std::shared_ptr<PrefillPool::Endpoint> chosen;
   const auto& metadata = context->client_metadata();
   if (auto it = metadata.find(kPrefillerHeader); it != metadata.end() && pool_ != nullptr) {
     auto named = pool_->Named(std::string(it->second.data(), it->second.size()));
@@ -252,14 +252,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
       writer->End(ToGrpcStatus(named.status()));
       return writer.get();
     }
-    chosen = *named;
+    chosen = *std::move(named);
   }
   if (absl::Status claimed = in_flight_.Claim(*resolved_id); !claimed.ok()) {
     writer->End(ToGrpcStatus(claimed));
     return writer.get();
   }
   auto call = std::make_shared<GenerateCall>();
-  call->prefill_endpoint = chosen;
+  call->prefill_endpoint = chosen.get();
+  call->prefill_endpoint_hold = std::move(chosen);
   call->id = *resolved_id;
   if (request->request_id().empty()) {
     TANDEM_LOG(INFO) << "request without an id: assigned " << call->id;

@@ -41,6 +41,7 @@ struct GenerateCall {
   // The prefill worker a gateway chose for this request (the
   // x-prefiller-host-port header), or null: the pool's rotation.
   PrefillPool::Endpoint* prefill_endpoint = nullptr;
+  std::shared_ptr<PrefillPool::Endpoint> prefill_endpoint_hold;  // keeps a named one open
   std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
   std::chrono::system_clock::time_point client_deadline;
   absl::Time queued_at;  // Generate() arrival

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "common/base/flags.h"
 #include "common/base/logging.h"
 #include "common/serving/engine_flags.h"
@@ -96,6 +98,47 @@ int main(int argc, char** argv) {
             "require `Authorization: Bearer KEY` on the OpenAI API's /v1/ routes (several "
             "keys: comma-separated; default: $TANDEM_API_KEY, which keeps the key out of the "
             "process list); empty: no key asked");
+  tandem::HttpServer::Options& limits = openai.http_limits;
+  flags.Add("http-max-body-bytes", &limits.max_body_bytes, "the largest request body (413 past it)");
+  flags.Add("http-max-header-bytes", &limits.max_header_bytes,
+            "the largest request line and headers together (refused and closed past it)");
+  flags.Add("http-max-headers", &limits.max_headers, "header lines a request may have (431 past it)");
+  flags.Add("http-request-timeout-seconds", &limits.request_timeout_seconds,
+            "time a client has to send a request's headers and body, from its first byte "
+            "(408 and closed past it: a client trickling bytes cannot hold a connection)");
+  flags.Add("http-keepalive-timeout-seconds", &limits.keepalive_timeout_seconds,
+            "a kept-alive connection with no request under way is closed after this long");
+  flags.Add("http-max-read-bytes-per-second", &limits.max_read_bytes_per_second,
+            "what the HTTP loop reads from all clients together per second (0: no bound): a "
+            "burst of large bodies arrives at this pace instead of taking a core from the engine");
+  flags.Add("http-max-connections", &limits.max_connections,
+            "open HTTP connections at once (one more is answered 503 and closed)");
+  flags.Add("api-threads", &openai.api_threads,
+            "threads that parse requests, render chat templates and tokenize, off the HTTP "
+            "event loop (0: one per available CPU, at most 4)");
+  flags.Add("api-queue", &openai.api_queue,
+            "requests that may wait for those threads (429 with Retry-After past it)");
+  std::string api_priority = "idle";
+  flags.Add("api-priority", &api_priority,
+            "how those threads share the CPU with the engine: idle (SCHED_IDLE: in what the "
+            "engine leaves, so a large request never stalls the streams), low (nice 10) or normal");
+  flags.Add("max-tokenize-bytes", &openai.max_tokenize_bytes,
+            "the largest /tokenize or /detokenize body (413 past it)");
+  flags.Add("trust-request-chat-template", &openai.trust_request_chat_template,
+            "let a request's chat_template replace the model's (vLLM's flag; off: such a "
+            "request is refused with 400)");
+  std::string prefiller_allow;
+  tandem::PrefillPool::Trust trust;
+  flags.Add("trusted-prefiller-header", &trust.any,
+            "honour x-prefiller-host-port (llm-d's P/D routing header) naming any HOST:PORT; "
+            "only where every client is a trusted gateway (llm-d's sidecar)");
+  flags.Add("prefiller-allow", &prefiller_allow,
+            "prefill endpoints x-prefiller-host-port may name beside --prefill-address's: "
+            "HOST:PORT or IP networks (10.0.0.0/8), comma-separated; others get 403 and are "
+            "never dialled");
+  double prefiller_idle_s = 60;
+  flags.Add("prefiller-idle-seconds", &prefiller_idle_s,
+            "a header-named prefill endpoint unused for this long is closed");
   tandem::TlsFiles prefill_tls;  // the client side of the decode -> prefill hop
   prefill_tls.Register(&flags, "prefill-", /*server=*/false);
   tandem::EngineConfig config;
@@ -178,9 +221,52 @@ int main(int argc, char** argv) {
   if (api_key.empty()) {
     if (const char* env = std::getenv("TANDEM_API_KEY"); env != nullptr) api_key = env;
   }
-  openai.api_keys = absl::StrSplit(api_key, ',', absl::SkipWhitespace());
-  if (const std::vector<std::string> names = absl::StrSplit(openai.served_model_name, ',', absl::SkipWhitespace());
-      names.size() > 1) {
+  // Lists as people write them ("k1, k2"): each item without its spaces.
+  auto split_list = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (absl::string_view item : absl::StrSplit(text, ',')) {
+      item = absl::StripAsciiWhitespace(item);
+      if (!item.empty()) out.emplace_back(item);
+    }
+    return out;
+  };
+  openai.api_keys = split_list(api_key);
+  trust.allow = split_list(prefiller_allow);
+  if (!(prefiller_idle_s > 0)) {
+    std::cerr << "decode_worker: --prefiller-idle-seconds must be > 0, got " << prefiller_idle_s << std::endl;
+    return 2;
+  }
+  trust.idle_close = absl::Seconds(prefiller_idle_s);
+  if (absl::Status s = tandem::PrefillPool::CheckTrust(trust); !s.ok()) {
+    std::cerr << "decode_worker: " << s.message() << std::endl;
+    return 2;
+  }
+  for (const auto& [name, value] : {std::pair<const char*, int>{"http-max-headers", limits.max_headers},
+                                    {"http-request-timeout-seconds", limits.request_timeout_seconds},
+                                    {"http-keepalive-timeout-seconds", limits.keepalive_timeout_seconds},
+                                    {"http-max-connections", limits.max_connections},
+                                    {"api-queue", openai.api_queue}}) {
+    if (value < 1) {
+      std::cerr << "decode_worker: --" << name << " must be >= 1, got " << value << std::endl;
+      return 2;
+    }
+  }
+  if (api_priority == "idle") {
+    openai.api_priority = tandem::WorkQueue::Priority::kIdle;
+  } else if (api_priority == "low") {
+    openai.api_priority = tandem::WorkQueue::Priority::kLow;
+  } else if (api_priority == "normal") {
+    openai.api_priority = tandem::WorkQueue::Priority::kNormal;
+  } else {
+    std::cerr << "decode_worker: --api-priority='" << api_priority << "': expected idle, low or normal"
+              << std::endl;
+    return 2;
+  }
+  if (openai.api_threads < 0 || openai.api_threads > 64) {
+    std::cerr << "decode_worker: --api-threads must be in [0, 64], got " << openai.api_threads << std::endl;
+    return 2;
+  }
+  if (const std::vector<std::string> names = split_list(openai.served_model_name); names.size() > 1) {
     openai.served_model_name = names[0];
     openai.model_aliases.assign(names.begin() + 1, names.end());
   }
@@ -247,6 +333,12 @@ int main(int argc, char** argv) {
   if (decode.prefill_remote) {
     pool = std::make_unique<tandem::PrefillPool>(prefill_address, *prefill_credentials, args,
                                                  absl::Seconds(10), kv_streams);
+    pool->set_trust(trust);
+    TANDEM_LOG(INFO) << "x-prefiller-host-port: "
+                     << (trust.any ? "any HOST:PORT (--trusted-prefiller-header)"
+                         : trust.allow.empty()
+                             ? "only --prefill-address's endpoints"
+                             : absl::StrCat("--prefill-address's endpoints and ", prefiller_allow));
     TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address
                      << ", up to " << kv_streams << " KV stream(s) per request (one more per "
                      << kv_bytes_per_stream << " bytes of KV)";

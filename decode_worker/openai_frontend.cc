@@ -2,14 +2,19 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <ctime>
 #include <exception>
+#include <new>
 #include <random>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/mutex.h"
+#include "common/base/thread_pool.h"
+#include "common/serving/request_id.h"
 #include "decode_worker/decode_service.h"
 #include "decode_worker/openai_request.h"
 #include "decode_worker/reasoning.h"
@@ -25,7 +30,10 @@ std::string ErrorType(int status) {
   switch (status) {
     case 400: return "invalid_request_error";
     case 401: return "authentication_error";
+    case 403: return "permission_error";
     case 404: return "not_found_error";
+    case 405: return "invalid_request_error";
+    case 413: return "invalid_request_error";
     case 409: return "conflict_error";
     case 429: return "rate_limit_error";
     case 499: return "cancelled";
@@ -38,12 +46,15 @@ std::string ErrorType(int status) {
 
 std::string ErrorBody(const HttpError& e) {
   Json err = {{"message", e.message}, {"type", ErrorType(e.status)},
-              {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}, {"code", e.status}};
+              {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+              {"code", e.code.empty() ? Json(e.status) : Json(e.code)}};
   return Json{{"error", err}}.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 void SendError(HttpServer::Stream& stream, const HttpError& e) {
-  stream.Respond(e.status, "application/json", ErrorBody(e));
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (e.status == 429 || e.status == 503) headers.emplace_back("Retry-After", "1");
+  stream.Respond(e.status, "application/json", ErrorBody(e), std::move(headers));
 }
 
 void SendJson(HttpServer::Stream& stream, const Json& body) {
@@ -907,18 +918,32 @@ OpenAiFrontend::OpenAiFrontend(OpenAiOptions options, WorkerState* state, const 
       state_(state),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
-      created_(static_cast<int64_t>(std::time(nullptr))) {}
+      created_(static_cast<int64_t>(std::time(nullptr))) {
+  if (tokenizer_ != nullptr) {
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+      max_token_bytes_ = std::max(max_token_bytes_, tokenizer_->TokenBytes(id).size());
+    }
+  }
+}
 
 OpenAiFrontend::~OpenAiFrontend() { Stop(); }
 
 absl::Status OpenAiFrontend::Start(grpc::Server* server) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
+  // A request's prompt is checked against max_model_len before it is sent,
+  // so what crosses this channel is bounded by the model, not by gRPC's
+  // default 4 MiB (a refusal there would read as RESOURCE_EXHAUSTED: 429).
+  args.SetMaxSendMessageSize(-1);
   stub_ = v1::Decode::NewStub(server->InProcessChannel(args));
+  const int threads = options_.api_threads > 0 ? options_.api_threads
+                                               : std::min(4, ThreadPool::AvailableCpus());
+  work_ = std::make_unique<WorkQueue>(threads, options_.api_queue, "--api-queue", options_.api_priority);
   auto http = HttpServer::Start(options_.http_address,
-                                [this](const HttpServer::Request& r, std::shared_ptr<HttpServer::Stream> s) {
-                                  Handle(r, std::move(s));
-                                });
+                                [this](HttpServer::Request r, std::shared_ptr<HttpServer::Stream> s) {
+                                  Handle(std::move(r), std::move(s));
+                                },
+                                options_.http_limits);
   if (!http.ok()) return http.status();
   http_ = *std::move(http);
   const std::string host = options_.http_address.substr(0, options_.http_address.rfind(':'));
@@ -926,12 +951,14 @@ absl::Status OpenAiFrontend::Start(grpc::Server* server) {
                    << "/v1 (model '" << options_.served_model_name << "'"
                    << (chat_template_ != nullptr ? ", chat template from " + chat_template_->origin()
                                                  : ", no chat template")
-                   << (options_.api_keys.empty() ? "" : ", an API key required on /v1/") << ")";
+                   << (options_.api_keys.empty() ? "" : ", an API key required on /v1/") << "; "
+                   << threads << " parsing thread(s), " << options_.api_queue << " may wait)";
   return absl::OkStatus();
 }
 
 void OpenAiFrontend::Stop() {
   if (http_ != nullptr) http_->Stop();
+  work_.reset();  // what waits still runs: its stream is closed, its calls end at once
 }
 
 void OpenAiFrontend::SetModelInfo(int max_model_len, int vocab_size) {
@@ -939,15 +966,27 @@ void OpenAiFrontend::SetModelInfo(int max_model_len, int vocab_size) {
   vocab_size_ = vocab_size;
 }
 
-void OpenAiFrontend::Handle(const HttpServer::Request& request,
-                            std::shared_ptr<HttpServer::Stream> stream) {
+// One served model's entry in /v1/models (`parent`: an adapter's base).
+Json OpenAiFrontend::ModelCard(const std::string& name, const std::string& parent) const {
+  Json card = {{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
+               {"root", parent.empty() ? options_.served_model_name : name}};
+  if (!parent.empty()) card["parent"] = parent;
+  card["max_model_len"] = max_model_len_.load();
+  card["vocab_size"] = vocab_size_.load();
+  return card;
+}
+
+void OpenAiFrontend::Handle(HttpServer::Request request, std::shared_ptr<HttpServer::Stream> stream) {
   const std::string& path = request.path;
   auto only = [&](const char* method) {
     if (request.method == method || (request.method == "HEAD" && std::string(method) == "GET")) return true;
-    SendError(*stream, {405, absl::StrCat(path, " takes ", method, ", not ", request.method), ""});
+    SendError(*stream, {405, absl::StrCat(EchoClientText(path), " takes ", method, ", not ",
+                                          EchoClientText(request.method)), ""});
     return false;
   };
-  if (!options_.api_keys.empty() && request.method != "OPTIONS" && absl::StartsWith(path, "/v1") &&
+  // vLLM asks for the key on every route but the probes and metrics.
+  const bool open_route = path == "/health" || path == "/ping" || path == "/version" || path == "/metrics";
+  if (!options_.api_keys.empty() && request.method != "OPTIONS" && !open_route &&
       !Authorized(request.Header("Authorization"), options_.api_keys)) {
     return SendError(*stream, {401, "a missing or wrong API key: send `Authorization: Bearer KEY` "
                                     "with a key this server was started with (--api-key)", ""});
@@ -968,23 +1007,22 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
     if (!only("GET")) return;
     return stream->Respond(200, "text/plain; version=0.0.4", options_.metrics_text());
   }
-  if (path == "/v1/models") {
+  if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
     if (!only("GET")) return;
     if (max_model_len_.load() == 0) return SendError(*stream, {503, "the model is still loading", ""});
     // Each served name (vLLM lists them all), the first the model's own.
-    Json data = Json::array();
     std::vector<std::string> names = {options_.served_model_name};
     names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
-    for (const std::string& name : names) {
-      data.push_back({{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
-                      {"root", options_.served_model_name}, {"max_model_len", max_model_len_.load()},
-                      {"vocab_size", vocab_size_.load()}});
+    const std::vector<std::string> adapters = LoraAdapters();
+    if (path != "/v1/models") {  // GET /v1/models/{id}: that model alone
+      const std::string id = path.substr(strlen("/v1/models/"));
+      if (absl::c_linear_search(names, id)) return SendJson(*stream, ModelCard(id, ""));
+      if (absl::c_linear_search(adapters, id)) return SendJson(*stream, ModelCard(id, options_.served_model_name));
+      return SendError(*stream, {404, absl::StrCat("The model `", EchoClientText(id), "` does not exist"), "model"});
     }
-    for (const std::string& name : LoraAdapters()) {
-      data.push_back({{"id", name}, {"object", "model"}, {"created", created_}, {"owned_by", "tandem"},
-                      {"root", name}, {"parent", options_.served_model_name},
-                      {"max_model_len", max_model_len_.load()}, {"vocab_size", vocab_size_.load()}});
-    }
+    Json data = Json::array();
+    for (const std::string& name : names) data.push_back(ModelCard(name, ""));
+    for (const std::string& name : adapters) data.push_back(ModelCard(name, options_.served_model_name));
     return SendJson(*stream, {{"object", "list"}, {"data", data}});
   }
   if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
@@ -1003,14 +1041,48 @@ void OpenAiFrontend::Handle(const HttpServer::Request& request,
   } else if (path == "/detokenize") {
     route = OpenAiRoute::kDetokenize;
   } else {
-    return SendError(*stream, {404, absl::StrCat("no route for ", request.method, " ", path), ""});
+    return SendError(*stream, {404, absl::StrCat("no route for ", EchoClientText(request.method), " ",
+                                                 EchoClientText(path)), ""});
   }
   if (!only("POST")) return;
-  OpenAiRequest parsed = ParseOpenAiRequest(
-      route, request.body,
-      {options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_, options_.model_aliases,
-       LoraAdapters(), options_.generation_defaults, options_.return_tokens_as_token_ids,
-       options_.eos_token_id, options_.max_logprobs});
+  // What is forwarded (the request id into every call and reply, the
+  // gateway's prefiller into gRPC metadata) is checked before anything
+  // else: gRPC aborts on a metadata value it cannot send.
+  for (const char* header : {"X-Request-Id", kPrefillerHeader}) {
+    if (absl::Status s = CheckHeaderValue(header, request.Header(header)); !s.ok()) {
+      return SendError(*stream, {400, std::string(s.message()), header});
+    }
+  }
+  if ((route == OpenAiRoute::kTokenize || route == OpenAiRoute::kDetokenize) &&
+      request.body.size() > options_.max_tokenize_bytes) {
+    return SendError(*stream, {413, absl::StrCat(path, ": the body has ", request.body.size(),
+                                                 " bytes; the limit is ", options_.max_tokenize_bytes,
+                                                 " (--max-tokenize-bytes)"), ""});
+  }
+  // Off the loop: the body may take seconds to parse, render and tokenize.
+  auto task = [this, route, request = std::make_shared<HttpServer::Request>(std::move(request)), stream] {
+    Process(route, *request, stream);
+  };
+  if (absl::Status s = work_->Post(std::move(task)); !s.ok()) {
+    return SendError(*stream, {429, std::string(s.message()), ""});
+  }
+}
+
+void OpenAiFrontend::Process(OpenAiRoute route, const HttpServer::Request& request,
+                             std::shared_ptr<HttpServer::Stream> stream) {
+  OpenAiContext context{options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_,
+                        options_.model_aliases, LoraAdapters(), options_.generation_defaults,
+                        options_.return_tokens_as_token_ids, options_.eos_token_id, options_.max_logprobs};
+  context.trust_request_chat_template = options_.trust_request_chat_template;
+  context.max_token_bytes = max_token_bytes_;
+  OpenAiRequest parsed;
+  try {
+    parsed = ParseOpenAiRequest(route, request.body, context);
+  } catch (const std::bad_alloc&) {
+    // A template or a body that asks for more memory than there is: this
+    // request fails, the worker goes on.
+    return SendError(*stream, {400, "the request needs more memory than the server gives one request", ""});
+  }
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

@@ -9,7 +9,8 @@
 //   GET  /health, /ping         200 while the gRPC health is SERVING, else 503
 //   POST /tokenize, /detokenize as vLLM's
 //   GET  /version
-// With api_keys, /v1/ answers only requests that carry one (Bearer).
+// With api_keys, /v1/, /tokenize and /detokenize answer only requests that
+// carry one (Bearer); /health, /ping, /version and /metrics stay open.
 // Streaming answers are Server-Sent Events (`data: {...}` chunks, then
 // `data: [DONE]`), with usage on request (stream_options.include_usage);
 // the Responses API's are its typed events (`event: TYPE`, `data: {...}`).
@@ -22,8 +23,12 @@
 // HttpStatusFor() gives the gRPC code. A client that goes away cancels its
 // call, which frees its KV blocks at once.
 //
-// Threads: handlers run on the HTTP loop thread (parsing, the chat template,
-// tokenizing); gRPC callbacks write to the HTTP stream from gRPC's threads.
+// Threads: the HTTP loop thread routes, checks the key and the headers and
+// answers the cheap routes (/health, /v1/models, /metrics); parsing, the
+// chat template and tokenizing run on a WorkQueue of their own (bounded:
+// 429 with Retry-After when full), so one large request never delays
+// another client; gRPC callbacks write to the HTTP stream from gRPC's
+// threads.
 #ifndef TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_
 #define TANDEM_DECODE_WORKER_OPENAI_FRONTEND_H_
 
@@ -34,12 +39,15 @@
 #include <vector>
 
 #include "common/chat/chat_template.h"
+#include "nlohmann/json.hpp"
 #include "common/engine/sampling.h"
 #include "common/serving/http_server.h"
 #include "common/serving/tokenizer_loader.h"
+#include "common/serving/work_queue.h"
 #include "common/serving/worker.h"
 #include "common/serving/worker_state.h"
 #include "common/tokenizer/tokenizer.h"
+#include "decode_worker/openai_request.h"
 #include "decode_worker/reasoning.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
 
@@ -53,10 +61,18 @@ struct OpenAiOptions {
   // (listed too, with the served model as their parent, as vLLM lists them);
   // called on the HTTP thread. Null: none.
   std::function<std::vector<std::string>()> lora_adapters;
-  // When set, a request to /v1/... must carry `Authorization: Bearer KEY`
-  // with one of these (vLLM's --api-key); 401 otherwise. /health, /ping,
-  // /version, /tokenize and /detokenize stay open, as in vLLM.
+  // When set, a request to /v1/..., /tokenize or /detokenize must carry
+  // `Authorization: Bearer KEY` with one of these (vLLM's --api-key); 401
+  // otherwise. /health, /ping, /version and /metrics stay open.
   std::vector<std::string> api_keys;
+  HttpServer::Options http_limits;  // --http-* flags
+  int api_threads = 0;              // 0: one per available CPU, at most 4
+  int api_queue = 64;               // requests waiting for those threads
+  WorkQueue::Priority api_priority = WorkQueue::Priority::kIdle;  // --api-priority
+  size_t max_tokenize_bytes = 1 << 20;  // the largest /tokenize, /detokenize body
+  // A request's own chat_template is used (vLLM's
+  // --trust-request-chat-template); otherwise such a request gets 400.
+  bool trust_request_chat_template = false;
   // Chat replies' reasoning (<think>...</think>) returned apart, in
   // `reasoning` (reasoning.h); kNone: all of a reply is content.
   ReasoningParser reasoning_parser = ReasoningParser::kNone;
@@ -92,8 +108,12 @@ class OpenAiFrontend final : public FrontDoor {
   int port() const { return http_ != nullptr ? http_->port() : 0; }
 
  private:
-  void Handle(const HttpServer::Request& request, std::shared_ptr<HttpServer::Stream> stream);
+  void Handle(HttpServer::Request request, std::shared_ptr<HttpServer::Stream> stream);
+  // On the WorkQueue: parse, render, tokenize, then start the completion.
+  void Process(OpenAiRoute route, const HttpServer::Request& request,
+               std::shared_ptr<HttpServer::Stream> stream);
   std::vector<std::string> LoraAdapters() const;
+  nlohmann::ordered_json ModelCard(const std::string& name, const std::string& parent) const;
   // POST /v1/load_lora_adapter or /v1/unload_lora_adapter (`load`).
   void UpdateLora(bool load, const HttpServer::Request& request,
                   std::shared_ptr<HttpServer::Stream> stream);
@@ -105,7 +125,9 @@ class OpenAiFrontend final : public FrontDoor {
   std::atomic<int> max_model_len_{0};
   std::atomic<int> vocab_size_{0};
   const int64_t created_;
+  size_t max_token_bytes_ = 0;  // the vocabulary's longest token (OpenAiContext)
   std::unique_ptr<v1::Decode::Stub> stub_;
+  std::unique_ptr<WorkQueue> work_;
   std::unique_ptr<HttpServer> http_;
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/algorithm/container.h"
+#include "common/serving/request_id.h"
 #include "absl/strings/str_join.h"
 #include "common/engine/sampling.h"
 
@@ -459,10 +460,13 @@ std::optional<HttpError> ParseCommon(const Json& body, bool chat, int64_t defaul
 }
 
 // OpenAI content: a string, null, or parts of which only text is supported.
+// A missing or null content (an assistant turn that only calls tools, as
+// the OpenAI SDK, LangChain and LiteLLM send it) is "", as vLLM hands it to
+// the template (a template adding it to a string would fail on None).
 std::optional<HttpError> FlattenContent(Json* message, size_t index) {
-  if (!message->contains("content")) return std::nullopt;
   Json& content = (*message)["content"];
-  if (content.is_string() || content.is_null()) return std::nullopt;
+  if (content.is_null()) content = "";
+  if (content.is_string()) return std::nullopt;
   if (!content.is_array()) {
     return Fields::Bad("messages", absl::StrCat("messages[", index, "].content must be a string or a list of parts"));
   }
@@ -541,6 +545,30 @@ std::optional<HttpError> CheckTools(const Json& tools) {
     }
   }
   return std::nullopt;
+}
+
+// vLLM's words for a prompt over the context (OpenAI's code).
+HttpError ContextTooLong(size_t tokens, int max_model_len, const char* param) {
+  return {400,
+          absl::StrCat("This model's maximum context length is ", max_model_len,
+                       " tokens. However, your request has ", tokens,
+                       " input tokens. Please reduce the length of the input ", param, "."),
+          param, "context_length_exceeded"};
+}
+
+// A text of `bytes` fits max_model_len only if its tokens, each at most the
+// vocabulary's longest, can number fewer: more is refused untokenized.
+std::optional<HttpError> CheckTextFits(size_t bytes, const OpenAiContext& context, const char* param) {
+  if (context.max_token_bytes == 0 || context.max_model_len <= 0) return std::nullopt;
+  const size_t most = context.max_token_bytes * static_cast<size_t>(context.max_model_len);
+  if (bytes <= most) return std::nullopt;
+  return HttpError{400,
+                   absl::StrCat("This model's maximum context length is ", context.max_model_len,
+                                " tokens. However, your request's ", param, " has ", bytes,
+                                " bytes of text, more than ", context.max_model_len,
+                                " tokens of this vocabulary (at most ", context.max_token_bytes,
+                                " bytes each) can hold. Please reduce the length of the input ", param, "."),
+                   param, "context_length_exceeded"};
 }
 
 OpenAiRequest Error(HttpError e) {
@@ -673,13 +701,16 @@ std::optional<HttpError> ResponsesToChat(const Json& body, Json* chat) {
             const std::string pt = part.is_object() && part.contains("type") && part["type"].is_string()
                                        ? part["type"].get<std::string>()
                                        : "";
-            if ((pt != "input_text" && pt != "output_text" && pt != "text") || !part.contains("text") ||
-                !part["text"].is_string()) {
+            if (pt != "input_text" && pt != "output_text" && pt != "text") {
               return Fields::Bad("input", absl::StrCat(at, ".content[", j, "]: only text parts ",
                                                        "(input_text, output_text) are supported, got ",
-                                                       part.is_object() && part.contains("type")
-                                                           ? part["type"].dump()
-                                                           : part.dump()));
+                                                       EchoClientText(part.is_object() && part.contains("type")
+                                                                          ? part["type"].dump()
+                                                                          : part.dump())));
+            }
+            if (!part.contains("text") || !part["text"].is_string()) {
+              return Fields::Bad("input", absl::StrCat(at, ".content[", j, "]: an ", pt,
+                                                       " part needs `text`, a string"));
             }
             text.push_back({{"type", "text"}, {"text", part["text"]}});
           }
@@ -782,10 +813,11 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
   const bool chat = route == OpenAiRoute::kChatCompletions;
   const bool tokenize = route == OpenAiRoute::kTokenize;
   const Tokenizer* tokenizer = context.tokenizer;
-  const Json body = ParseJsonBounded(text);
-  if (body.is_discarded() || !body.is_object()) {
-    return Error({400, absl::StrCat("the request body must be a JSON object (nested at most ",
-                                    kMaxJsonDepth, " deep)"), ""});
+  std::string why;
+  const Json body = ParseJsonBounded(text, &why);
+  if (body.is_discarded()) return Error({400, absl::StrCat("the request body is not JSON: ", why), ""});
+  if (!body.is_object()) {
+    return Error({400, absl::StrCat("the request body must be a JSON object, got ", body.type_name()), ""});
   }
   if (route == OpenAiRoute::kResponses) {
     Json chat;
@@ -807,7 +839,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
       std::vector<std::string> names = {context.served_model_name};
       names.insert(names.end(), context.model_aliases.begin(), context.model_aliases.end());
       names.insert(names.end(), context.lora_adapters.begin(), context.lora_adapters.end());
-      return Error({404, absl::StrCat("The model `", model.is_string() ? model.get<std::string>() : model.dump(),
+      return Error({404, absl::StrCat("The model `", EchoClientText(model.is_string() ? model.get<std::string>() : model.dump()),
                                       "` does not exist; this server serves `", absl::StrJoin(names, "`, `"), "`"),
                     "model"});
     }
@@ -828,6 +860,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     std::vector<int32_t> ids;
     std::string text;
     bool has_ids = false;
+    bool from_text = false;  // ids tokenized here from `text` (echo gives the text)
   };
   std::vector<Prompt> prompts(1);
   bool thinking = true;
@@ -873,17 +906,50 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (!kwargs.is_null() && !kwargs.is_object()) {
       return Error({400, "chat_template_kwargs must be an object", "chat_template_kwargs"});
     }
+    // What the server gives the template from the checked request, and the
+    // model's own tokens, are not the client's to replace.
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt",
+                                 "continue_final_message", "chat_template", "bos_token", "eos_token"}) {
+      if (kwargs.is_object() && kwargs.contains(reserved)) {
+        return Error({400, absl::StrCat("chat_template_kwargs.", reserved, " is set by the server; ",
+                                        std::string(reserved) == "messages" || std::string(reserved) == "tools"
+                                            ? absl::StrCat("send it as the request's `", reserved, "`")
+                                            : "it cannot be overridden"),
+                      "chat_template_kwargs"});
+      }
+    }
+    // vLLM's chat_template: a request's own template, only where the
+    // operator trusts the clients with one.
+    std::optional<ChatTemplate> request_template;
+    if (body.contains("chat_template") && !body["chat_template"].is_null()) {
+      if (!context.trust_request_chat_template) {
+        return Error({400, "chat_template: this server does not take a request's chat template (start "
+                           "the decode worker with --trust-request-chat-template to allow it)",
+                      "chat_template"});
+      }
+      if (!body["chat_template"].is_string()) {
+        return Error({400, "chat_template must be a string", "chat_template"});
+      }
+      auto created = ChatTemplate::Create(body["chat_template"].get<std::string>(), "the request's chat_template",
+                                          context.chat_template->bos_token(), context.chat_template->eos_token());
+      if (!created.ok()) return Error({400, std::string(created.status().message()), "chat_template"});
+      request_template = *std::move(created);
+    }
+    const ChatTemplate& chat_template = request_template ? *request_template : *context.chat_template;
     if (kwargs.is_object() && kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean()) {
       thinking = kwargs["enable_thinking"].get<bool>();
     }
-    auto rendered = context.chat_template->Render(messages, tools, add_generation_prompt, kwargs);
+    auto rendered = chat_template.Render(messages, tools, add_generation_prompt, kwargs);
     if (!rendered.ok()) {
-      return Error({HttpStatusFor(rendered.status().code()), std::string(rendered.status().message()),
-                    "messages"});
+      // A template over its step or memory budget fails this request: 400.
+      const absl::StatusCode code = rendered.status().code();
+      return Error({code == absl::StatusCode::kResourceExhausted ? 400 : HttpStatusFor(code),
+                    std::string(rendered.status().message()), "messages"});
     }
     if (continue_final) {
       if (auto e = CutAfterFinalMessage(messages, &*rendered)) return Error(*e);
     }
+    if (auto e = CheckTextFits(rendered->size(), context, "messages")) return Error(*e);
     // The template writes the special tokens itself (transformers and vLLM
     // tokenize its output without adding any).
     prompts[0].ids = tokenizer->Encode(*rendered, /*add_special_tokens=*/false);
@@ -948,6 +1014,22 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
         p.has_ids = true;
       }
       if (keep > 0 && p.ids.size() > keep) p.ids.erase(p.ids.begin(), p.ids.end() - static_cast<int64_t>(keep));
+    }
+  }
+
+  // Every prompt is counted in tokens here, before anything is spent on it
+  // (and before its size meets a transport limit): a text prompt that
+  // cannot fit is refused untokenized, the others tokenized as the decode
+  // worker would and checked against max_model_len.
+  for (Prompt& p : prompts) {
+    if (!p.has_ids && tokenizer != nullptr) {
+      if (auto e = CheckTextFits(p.text.size(), context, "prompt")) return Error(*e);
+      p.ids = tokenizer->Encode(p.text);
+      p.has_ids = p.from_text = true;
+    }
+    if (p.has_ids && context.max_model_len > 0 &&
+        p.ids.size() >= static_cast<size_t>(context.max_model_len)) {
+      return Error(ContextTooLong(p.ids.size(), context.max_model_len, chat ? "messages" : "prompt"));
     }
   }
 
@@ -1021,7 +1103,7 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
       if (common.sampling().has_seed()) {
         c.generate.mutable_sampling()->mutable_seed()->set_value(common.sampling().seed().value() + j);
       }
-      if (echo) c.echo = p.has_ids ? tokenizer->Decode(p.ids) : p.text;
+      if (echo) c.echo = p.has_ids && !p.from_text ? tokenizer->Decode(p.ids) : p.text;
       c.counts_prompt = j == 0;
     }
   }

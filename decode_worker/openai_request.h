@@ -36,6 +36,7 @@ struct HttpError {
   int status;
   std::string message;
   std::string param;  // the field at fault, or ""
+  std::string code = "";  // OpenAI's error code ("context_length_exceeded"); "": the status
 };
 
 // kResponses: OpenAI's Responses API (/v1/responses), read as the chat
@@ -108,6 +109,12 @@ struct OpenAiContext {
   // The engine's --max-logprobs (-1: the vocabulary): the most top_logprobs,
   // logprobs and prompt_logprobs a request may ask for.
   int max_logprobs = kDefaultMaxLogprobs;
+  // A request's chat_template replaces the model's (vLLM's
+  // --trust-request-chat-template); otherwise it is refused.
+  bool trust_request_chat_template = false;
+  // The vocabulary's longest token in bytes (0: unknown): a text longer
+  // than max_model_len of them cannot fit, and is refused untokenized.
+  size_t max_token_bytes = 0;
 };
 
 // Exactly one of error, reply, or (choices, spec) holds. Choice p * n + j

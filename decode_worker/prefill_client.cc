@@ -292,7 +292,18 @@ void PrefillClient::Decide() {
                           << ": " << s.error_message() << "; loading the adapter there, then "
                           << "retrying";
     } else {
-      grpc::Status failed(s.error_code(), absl::StrCat("prefill worker: ", s.error_message()));
+      // A peer that is no prefill worker (a gateway naming this decode
+      // worker itself, another service) answers UNIMPLEMENTED with no text.
+      const bool not_prefill = s.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+      const std::string why =
+          not_prefill ? "it does not serve tandem.v1.Prefill (not a prefill worker)"
+          : s.error_message().empty() ? absl::StrCat("gRPC status ", static_cast<int>(s.error_code()))
+                                      : s.error_message();
+      grpc::Status failed(not_prefill && call_->prefill_endpoint != nullptr
+                              ? grpc::StatusCode::INVALID_ARGUMENT
+                              : s.error_code(),
+                          absl::StrCat(call_->prefill_endpoint != nullptr ? "x-prefiller-host-port: " : "",
+                                       "prefill worker ", endpoint_->target, ": ", why));
       const bool recoverable = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                                s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                                s.error_code() == grpc::StatusCode::DATA_LOSS;

@@ -58,12 +58,36 @@ class PrefillPool {
   // when none is, the next usable one, `avoid` included; when none at all,
   // the next one in rotation (its call fails or recovers on its own).
   Endpoint* Pick(const Endpoint* avoid = nullptr);
+  // Which prefill endpoints a request may name (llm-d's
+  // x-prefiller-host-port): none by default, since whoever may send the
+  // header could make this worker dial any address (llm-d honours it behind
+  // its own sidecar only).
+  struct Trust {
+    bool any = false;  // --trusted-prefiller-header: every HOST:PORT
+    // --prefiller-allow: HOST:PORT as written, or an IP network
+    // (10.0.0.0/8, fd00::/8) that an IP literal's host must be in.
+    std::vector<std::string> allow;
+    absl::Duration idle_close = absl::Seconds(60);  // an unused named channel is closed
+  };
+  // INVALID_ARGUMENT names an entry of `allow` that is neither.
+  static absl::Status CheckTrust(const Trust& trust);
+  void set_trust(Trust trust) { trust_ = std::move(trust); }
+
   // The endpoint HOST:PORT names, outside the rotation: a gateway's choice
-  // for one request (llm-d's x-prefiller-host-port). Made on first use with
-  // the pool's credentials and arguments and kept (at most kMaxNamed; past
-  // that, RESOURCE_EXHAUSTED). INVALID_ARGUMENT for what is not HOST:PORT.
-  absl::StatusOr<Endpoint*> Named(const std::string& host_port);
+  // for one request. One of the address's own endpoints when it names one
+  // (always allowed); else, when the trust allows it, made on first use with
+  // the pool's credentials and arguments and kept while it is used, closed
+  // once unused for trust.idle_close (at most kMaxNamed at once; past that
+  // the least recently used idle one goes, or RESOURCE_EXHAUSTED when every
+  // one is busy). INVALID_ARGUMENT for what is not HOST:PORT (printable
+  // ASCII); PERMISSION_DENIED, never dialled, for one the trust leaves out.
+  // The caller holds the result for as long as it uses the endpoint.
+  absl::StatusOr<std::shared_ptr<Endpoint>> Named(const std::string& host_port);
   static constexpr int kMaxNamed = 256;
+  int named_count() const {
+    MutexLock lock(&named_mu_);
+    return static_cast<int>(named_.size());
+  }
   // Sets `e` aside for the eject period (its call made no progress).
   void Eject(Endpoint* e);
   int CountUsable() const;
@@ -77,13 +101,20 @@ class PrefillPool {
 
  private:
   bool Usable(const Endpoint& e, int64_t now_ns) const;
-  std::unique_ptr<Endpoint> MakeEndpoint(const std::string& target) const;
+  std::unique_ptr<Endpoint> MakeEndpoint(const std::string& target, bool named = false) const;
 
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   grpc::ChannelArguments args_;
-  Mutex named_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Endpoint>> named_ ABSL_GUARDED_BY(named_mu_);
+  bool Allowed(const std::string& host, const std::string& host_port) const;
+
+  Trust trust_;
+  mutable Mutex named_mu_;
+  struct NamedEntry {
+    std::shared_ptr<Endpoint> endpoint;
+    absl::Time last_used;
+  };
+  absl::flat_hash_map<std::string, NamedEntry> named_ ABSL_GUARDED_BY(named_mu_);
   absl::Duration eject_for_;
   int kv_streams_;
   std::atomic<uint64_t> next_{0};

@@ -18,7 +18,9 @@ inline constexpr int kMaxJsonDepth = 128;
 
 // `text` as JSON, or a discarded value (is_discarded()) when it is not JSON
 // or nests arrays and objects deeper than kMaxJsonDepth.
-inline nlohmann::ordered_json ParseJsonBounded(const std::string& text) {
+// With `why`, a discarded value's reason: the nesting, or where the syntax
+// broke (the parser's message: a byte offset and at most ~80 bytes read).
+inline nlohmann::ordered_json ParseJsonBounded(const std::string& text, std::string* why = nullptr) {
   using Json = nlohmann::ordered_json;
   bool too_deep = false;
   Json::parser_callback_t limit = [&too_deep](int depth, Json::parse_event_t, Json&) {
@@ -26,7 +28,22 @@ inline nlohmann::ordered_json ParseJsonBounded(const std::string& text) {
     return !too_deep;  // a value too deep is dropped, not built
   };
   Json j = Json::parse(text, limit, /*allow_exceptions=*/false);
-  return too_deep ? Json(Json::value_t::discarded) : j;
+  if (too_deep) j = Json(Json::value_t::discarded);
+  if (j.is_discarded() && why != nullptr) {
+    if (too_deep) {
+      *why = "arrays and objects nest more than " + std::to_string(kMaxJsonDepth) + " deep";
+    } else {
+      // Parsed again for the message: only a body that already failed pays.
+      try {
+        (void)Json::parse(text, limit);
+        *why = "unparseable";
+      } catch (const Json::exception& e) {
+        *why = e.what();
+        if (why->size() > 160) *why = why->substr(0, 160) + "...";
+      }
+    }
+  }
+  return j;
 }
 
 }  // namespace tandem

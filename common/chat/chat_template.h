@@ -34,6 +34,8 @@ class ChatTemplate {
 
   const std::string& origin() const { return origin_; }
   const std::string& source() const { return source_; }
+  const std::string& bos_token() const { return bos_; }
+  const std::string& eos_token() const { return eos_; }
 
  private:
   ChatTemplate(jinja::Template t, std::string source, std::string origin, std::string bos,

@@ -39,6 +39,11 @@ class Frame {
   mutable std::shared_ptr<const void> life_;
 };
 
+// What one concatenation may build: a template that doubles a string or a
+// list in a loop is refused long before memory runs out.
+constexpr size_t kMaxConcatBytes = 64 << 20;
+constexpr size_t kMaxConcatItems = 1 << 20;
+
 absl::Status BinaryTypeError(const std::string& op, const Value& a, const Value& b) {
   return TypeError(absl::StrCat("unsupported operand type(s) for ", op, ": '", a.TypeName(),
                                 "' and '", b.TypeName(), "'"));
@@ -47,7 +52,7 @@ absl::Status BinaryTypeError(const std::string& op, const Value& a, const Value&
 absl::StatusOr<Value> Repeat(const ValueList* list, const std::string* str, int64_t n) {
   if (n < 0) n = 0;
   const size_t unit = list != nullptr ? list->size() : str->size();
-  if (unit * static_cast<size_t>(n) > (16u << 20)) return TypeError("a repetition too long");
+  if (n > 0 && unit > (size_t{16} << 20) / static_cast<size_t>(n)) return TypeError("a repetition too long");
   if (list != nullptr) {
     ValueList out;
     for (int64_t i = 0; i < n; ++i) out.insert(out.end(), list->begin(), list->end());
@@ -62,8 +67,16 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value::String(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      if (a.as_string().size() + b.as_string().size() > kMaxConcatBytes) {
+        return absl::ResourceExhaustedError(absl::StrCat("a string of more than ", kMaxConcatBytes, " bytes"));
+      }
+      return Value::String(a.as_string() + b.as_string());
+    }
     if (a.is_list() && b.is_list()) {
+      if (a.list().size() + b.list().size() > kMaxConcatItems) {
+        return absl::ResourceExhaustedError(absl::StrCat("a list of more than ", kMaxConcatItems, " items"));
+      }
       ValueList out = a.list();
       out.insert(out.end(), b.list().begin(), b.list().end());
       return Value::List(std::move(out));
@@ -343,6 +356,8 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      // Each iteration is a step, body or none: nested loops are bounded.
+      RETURN_IF_ERROR(Step(st.line));
       Frame scope(frame);
       RETURN_IF_ERROR(Assign(st.targets, items[i], &scope, st.line));
       Value loop = Value::Dict();
@@ -532,7 +547,13 @@ class Renderer {
         ASSIGN_OR_RETURN(Value a, Eval(*e.args[0], frame));
         ASSIGN_OR_RETURN(Value b, Eval(*e.args[1], frame));
         const std::string& op = e.name;
-        if (op == "~") return Value::String(a.Str() + b.Str());
+        if (op == "~") {
+          std::string left = a.Str(), right = b.Str();
+          if (left.size() + right.size() > kMaxConcatBytes) {
+            return absl::ResourceExhaustedError(absl::StrCat("a string of more than ", kMaxConcatBytes, " bytes"));
+          }
+          return Value::String(left + right);
+        }
         if (op == "==") return Value::Bool(a.Equals(b));
         if (op == "!=") return Value::Bool(!a.Equals(b));
         if (op == "in" || op == "not in") {

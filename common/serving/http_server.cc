@@ -7,10 +7,12 @@
 #include <event2/keyvalq_struct.h>
 #include <event2/thread.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <strings.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
 #include <exception>
 #include <thread>
 #include <unordered_map>
@@ -32,6 +34,7 @@ const char* Reason(int status) {
     case 409: return "Conflict";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 499: return "Client Closed Request";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
@@ -110,11 +113,17 @@ class StreamImpl final : public HttpServer::Stream, public std::enable_shared_fr
     });
   }
 
-  void OnClose(std::function<void()> callback) override { on_close_ = std::move(callback); }
+  void OnClose(std::function<void()> callback) override {
+    core_->Post([self = shared_from_this(), callback = std::move(callback)]() mutable {
+      if (self->gone_) return callback();
+      if (self->req_ != nullptr) self->on_close_ = std::move(callback);
+    });
+  }
 
   // Loop thread: the client went away (its connection is being freed).
   void Closed() {
     if (req_ == nullptr) return;
+    gone_ = true;
     // A request whose reply was under way when the peer closed is detached
     // from its connection (libevent's incoming-failure path) and left for
     // us to free; one still attached goes with the connection.
@@ -149,8 +158,41 @@ class StreamImpl final : public HttpServer::Stream, public std::enable_shared_fr
   evhttp_request* req_;
   evhttp_connection* conn_;
   bool started_ = false;
+  bool gone_ = false;  // the client went away before the response was done
   std::function<void()> on_close_;
 };
+
+using Clock = std::chrono::steady_clock;
+
+// One client connection as the limits see it. evhttp has no hook for a new
+// connection or for one it frees, and none for a request that is still
+// arriving (libevent 2.1's read timeout restarts with every byte, so a
+// client trickling a byte a second is never closed). So the server makes
+// each connection's bufferevent itself (evhttp_set_bevcb), keeps a reference
+// to it, watches its input buffer for bytes, and learns that evhttp let the
+// connection go when the bufferevent has lost its callbacks (which
+// bufferevent_free clears); the once-a-second sweep then drops its
+// reference. A connection is closed by shutting its socket down: evhttp
+// sees the end of the stream and frees it as it frees any other.
+struct Conn {
+  enum class State { kIdle, kReading, kHandling };
+  bufferevent* bev = nullptr;
+  evbuffer_cb_entry* watch = nullptr;
+  State state = State::kIdle;
+  Clock::time_point since;  // when `state` began
+  bool refused = false;     // over max_connections: closed at once
+};
+
+// Writes a whole (small) response straight to the socket, then shuts it
+// down: for connections evhttp holds no request of.
+void CloseWith(bufferevent* bev, const char* status_line) {
+  const evutil_socket_t fd = bufferevent_getfd(bev);
+  if (fd < 0) return;
+  const std::string reply = absl::StrCat("HTTP/1.1 ", status_line,
+                                         "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  (void)send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  shutdown(fd, SHUT_RDWR);
+}
 
 class ServerImpl final : public HttpServer {
  public:
@@ -186,7 +228,20 @@ class ServerImpl final : public HttpServer {
     http_ = evhttp_new(base_);
     if (base_ == nullptr || http_ == nullptr) return absl::InternalError("libevent: cannot create the HTTP server");
     evhttp_set_max_body_size(http_, static_cast<ev_ssize_t>(options_.max_body_bytes));
+    evhttp_set_max_headers_size(http_, static_cast<ev_ssize_t>(options_.max_header_bytes));
     evhttp_set_timeout(http_, options_.read_timeout_seconds);
+    evhttp_set_bevcb(http_, &ServerImpl::NewConnection, this);
+    if (options_.max_read_bytes_per_second > 0) {
+      // Reading is the loop's to do: bounded, so that megabytes arriving at
+      // once take a bounded share of a core (the engine's threads wait for
+      // each other, and one core taken stalls every stream). Bursts of
+      // 256 KiB: requests of ordinary size arrive in one read.
+      const timeval tick{0, 10000};
+      const size_t rate = options_.max_read_bytes_per_second / 100;  // a tick's
+      read_cfg_ = ev_token_bucket_cfg_new(rate, std::max<size_t>(rate, 256 << 10), EV_RATE_LIMIT_MAX,
+                                          EV_RATE_LIMIT_MAX, &tick);
+      read_limit_ = bufferevent_rate_limit_group_new(base_, read_cfg_);
+    }
     evhttp_set_allowed_methods(http_, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                           EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
     evhttp_set_gencb(http_, &ServerImpl::OnRequest, this);
@@ -208,7 +263,12 @@ class ServerImpl final : public HttpServer {
     check_ = event_new(base_, -1, EV_PERSIST, &ServerImpl::OnCheck, this);
     timeval second{1, 0};
     event_add(check_, &second);
-    loop_ = std::thread([this] { event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY); });
+    loop_ = std::thread([this] {
+#ifdef __linux__
+      pthread_setname_np(pthread_self(), "tandem-http");
+#endif
+      event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY);
+    });
     return absl::OkStatus();
   }
 
@@ -231,6 +291,12 @@ class ServerImpl final : public HttpServer {
     }
     event_free(check_);
     check_ = nullptr;
+    for (auto& [bev, conn] : conns_) Release(*conn);
+    conns_.clear();
+    if (read_limit_ != nullptr) bufferevent_rate_limit_group_free(read_limit_);
+    if (read_cfg_ != nullptr) ev_token_bucket_cfg_free(read_cfg_);
+    read_limit_ = nullptr;
+    read_cfg_ = nullptr;
     event_base_free(base_);
     base_ = nullptr;
   }
@@ -246,11 +312,87 @@ class ServerImpl final : public HttpServer {
     for (auto& t : tasks) t();
   }
 
+  // evhttp's bufferevent factory: every accepted connection comes here first.
+  static bufferevent* NewConnection(event_base* base, void* arg) {
+    auto* self = static_cast<ServerImpl*>(arg);
+    bufferevent* bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (bev == nullptr) return nullptr;  // evhttp makes its own (unwatched)
+    bufferevent_incref(bev);
+    if (self->read_limit_ != nullptr) bufferevent_add_to_rate_limit_group(bev, self->read_limit_);
+    auto conn = std::make_unique<Conn>();
+    conn->bev = bev;
+    conn->since = Clock::now();
+    conn->watch = evbuffer_add_cb(bufferevent_get_input(bev), &ServerImpl::OnInput, conn.get());
+    conn->refused = self->live_ >= self->options_.max_connections;
+    if (conn->refused) {
+      // evhttp sets the socket right after this returns: close it on the
+      // loop's next turn.
+      event_base_once(base, -1, EV_TIMEOUT, &ServerImpl::Refuse, bev, nullptr);
+    } else {
+      ++self->live_;
+    }
+    self->conns_[bev] = std::move(conn);
+    return bev;
+  }
+
+  static void Refuse(evutil_socket_t, short, void* arg) {
+    auto* bev = static_cast<bufferevent*>(arg);  // still referenced: valid
+    CloseWith(bev, "503 Service Unavailable");
+  }
+
+  // Bytes arrived on an idle connection: a request's time starts.
+  static void OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+    auto* conn = static_cast<Conn*>(arg);
+    if (info->n_added == 0 || conn->state != Conn::State::kIdle) return;
+    conn->state = Conn::State::kReading;
+    conn->since = Clock::now();
+  }
+
+  void Release(Conn& conn) {
+    if (!conn.refused) --live_;
+    evbuffer_remove_cb_entry(bufferevent_get_input(conn.bev), conn.watch);
+    // Now, not when the bufferevent is finalized (on a later turn of the
+    // loop, which Stop() may not give it): the group is freed with the loop.
+    if (read_limit_ != nullptr) bufferevent_remove_from_rate_limit_group(conn.bev);
+    bufferevent_decref(conn.bev);
+  }
+
+  Conn* FindConn(evhttp_connection* c) {
+    bufferevent* bev = evhttp_connection_get_bufferevent(c);
+    auto it = conns_.find(bev);
+    return it != conns_.end() ? it->second.get() : nullptr;
+  }
+
+  // The connection limits, once a second: let go of what evhttp freed,
+  // close what outstayed its time.
+  void SweepConnections() {
+    const Clock::time_point now = Clock::now();
+    const auto request_limit = std::chrono::seconds(options_.request_timeout_seconds);
+    const auto idle_limit = std::chrono::seconds(options_.keepalive_timeout_seconds);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      Conn& conn = *it->second;
+      bufferevent_event_cb event_cb = nullptr;
+      bufferevent_getcb(conn.bev, nullptr, nullptr, &event_cb, nullptr);
+      if (event_cb == nullptr) {  // evhttp freed it
+        Release(conn);
+        it = conns_.erase(it);
+        continue;
+      }
+      if (conn.state == Conn::State::kReading && now - conn.since > request_limit) {
+        CloseWith(conn.bev, "408 Request Timeout");
+      } else if (conn.state == Conn::State::kIdle && now - conn.since > idle_limit) {
+        CloseWith(conn.bev, "408 Request Timeout");
+      }
+      ++it;
+    }
+  }
+
   // Every second: a client that closed its socket while its response waits
   // (a long prefill, a non-streamed completion) is let go now, not at the
-  // next write.
+  // next write; then the connection limits.
   static void OnCheck(evutil_socket_t, short, void* arg) {
     auto* self = static_cast<ServerImpl*>(arg);
+    self->SweepConnections();
     std::vector<evhttp_connection*> gone;
     for (const auto& [conn, stream] : self->active_) {
       bufferevent* bev = evhttp_connection_get_bufferevent(conn);
@@ -300,16 +442,40 @@ class ServerImpl final : public HttpServer {
 
     auto stream = std::make_shared<StreamImpl>(self->core_, req);
     evhttp_connection* conn = stream->connection();
-    stream->on_finished = [self](evhttp_connection* c) { self->active_.erase(c); };
+    Conn* watched = self->FindConn(conn);
+    if (watched != nullptr) {
+      watched->state = Conn::State::kHandling;
+      watched->since = Clock::now();
+    }
+    stream->on_finished = [self](evhttp_connection* c) {
+      self->active_.erase(c);
+      // Idle from now (a pipelined request's bytes may already be in).
+      if (Conn* w = self->FindConn(c)) {
+        w->state = Conn::State::kIdle;
+        w->since = Clock::now();
+      }
+    };
     self->active_[conn] = stream;
     evhttp_connection_set_closecb(conn, &ServerImpl::OnConnectionClosed, self);
-    // An exception out of a handler would end the process, and every request
+    if (watched != nullptr && watched->refused) {
+      evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+      return stream->Respond(503, "text/plain", "too many connections\n", {});
+    }
+    if (static_cast<int>(r.headers.size()) > self->options_.max_headers) {
+      evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+      return stream->Respond(431, "text/plain",
+                             absl::StrCat("a request may have at most ", self->options_.max_headers,
+                                          " header lines (--http-max-headers); this one has ",
+                                          r.headers.size(), "\n"),
+                             {});
+    }    // An exception out of a handler would end the process, and every request
     // in flight with it (this is a C callback): it answers 500 instead.
     // Handlers are written not to throw; this is the net under them.
+    const std::string what = absl::StrCat(r.method, " ", r.path.substr(0, 64));
     try {
-      self->handler_(r, stream);
+      self->handler_(std::move(r), stream);
     } catch (const std::exception& e) {
-      TANDEM_LOG(ERROR) << "HTTP " << r.method << " " << r.path << ": the handler threw: " << e.what();
+      TANDEM_LOG(ERROR) << "HTTP " << what << ": the handler threw: " << e.what();
       stream->Respond(500, "text/plain", absl::StrCat("internal error: ", e.what(), "\n"), {});
     }
   }
@@ -324,6 +490,12 @@ class ServerImpl final : public HttpServer {
   std::thread loop_;
   // Loop thread only: the stream each connection is answering.
   std::unordered_map<evhttp_connection*, std::shared_ptr<StreamImpl>> active_;
+  // Loop thread only: every connection by its bufferevent (Conn), and how
+  // many of them count against max_connections.
+  std::unordered_map<bufferevent*, std::unique_ptr<Conn>> conns_;
+  int live_ = 0;
+  ev_token_bucket_cfg* read_cfg_ = nullptr;
+  bufferevent_rate_limit_group* read_limit_ = nullptr;  // every connection's reads together
 };
 
 }  // namespace

@@ -5,7 +5,9 @@
 // block. A response may be written from any thread through its Stream,
 // whole or in chunks (SSE); a client that goes away is noticed when a write
 // fails or, while nothing is written, within a second (its socket is
-// checked), and the stream's OnClose callback runs once.
+// checked), and the stream's OnClose callback runs once. Every limit a
+// client could spend the loop on (header bytes and lines, body bytes, the
+// time to send a request, idle keep-alive time, connections) is an Option.
 //
 // Why evhttp: see docs/serving.md ("The HTTP server"): among Debian's
 // packages it is the one that keeps every stream on one event loop with a
@@ -48,16 +50,32 @@ class HttpServer {
                        std::vector<std::pair<std::string, std::string>> headers = {}) = 0;
     virtual void Write(std::string data) = 0;
     virtual void End() = 0;
-    // Runs once, on the loop thread, if the client goes away before End().
-    // Set it at most once, from the handler.
+    // Runs once, on the loop thread, if the client goes away before End();
+    // at once (on the loop) when it went away before this call. Set it at
+    // most once, from any thread.
     virtual void OnClose(std::function<void()> callback) = 0;
   };
 
-  using Handler = std::function<void(const Request&, std::shared_ptr<Stream>)>;
+  // The request is the handler's to keep (move its body elsewhere).
+  using Handler = std::function<void(Request, std::shared_ptr<Stream>)>;
 
+  // What one client may spend of the server. A connection past a limit is
+  // answered (413, 431, 408, 503) where HTTP allows and closed.
   struct Options {
     size_t max_body_bytes = 16 << 20;
-    int read_timeout_seconds = 60;  // for a request's headers and body
+    size_t max_header_bytes = 64 << 10;  // the request line and headers together
+    int max_headers = 128;               // header lines a request may have (431 past it)
+    int read_timeout_seconds = 60;       // a read that makes no progress
+    // A request's headers and body from its first byte: a client that
+    // trickles them (slowloris) is answered 408 and closed after this long.
+    int request_timeout_seconds = 30;
+    // A kept-alive connection with no request under way is closed after this.
+    int keepalive_timeout_seconds = 30;
+    // Open connections at once; one more is answered 503 and closed.
+    int max_connections = 1024;
+    // What the loop reads from all connections together, per second (0: no
+    // bound): large bodies arrive at this pace rather than taking a core.
+    size_t max_read_bytes_per_second = 0;
   };
 
   // Listens on `address` (HOST:PORT; port 0 picks one) and starts the loop.

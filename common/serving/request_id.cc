@@ -18,6 +18,21 @@ std::string EchoClientText(const std::string& text) {
   return absl::StrCat(text.substr(0, cut), "... (", text.size(), " bytes)");
 }
 
+absl::Status CheckHeaderValue(const std::string& header, const std::string& value, size_t max_bytes) {
+  if (value.size() > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("header ", header, " has ", value.size(),
+                                                   " bytes; the limit is ", max_bytes));
+  }
+  for (size_t i = 0; i < value.size(); ++i) {
+    const auto byte = static_cast<uint8_t>(value[i]);
+    if (byte < 0x20 || byte > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "header %s: byte %d is 0x%02x; only printable ASCII (0x20-0x7e) is accepted", header, i, byte));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ResolveRequestId(const std::string& id, size_t max_bytes) {
   if (id.size() > max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id has ", id.size(),

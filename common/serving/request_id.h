@@ -19,6 +19,15 @@ inline constexpr size_t kMaxEchoBytes = 64;
 // bytes (whole UTF-8 characters) and "... (N bytes)".
 std::string EchoClientText(const std::string& text);
 
+// Whether `value` may pass on as the value of the header (or gRPC
+// metadata) `header`: at most `max_bytes` of printable ASCII (0x20-0x7E),
+// which gRPC takes in metadata as it is. INVALID_ARGUMENT names the header,
+// the first byte outside it and its offset. A header a client sends is
+// checked with this before it is forwarded anywhere: gRPC aborts the
+// process on a metadata value it cannot send.
+absl::Status CheckHeaderValue(const std::string& header, const std::string& value,
+                              size_t max_bytes = kMaxRequestIdBytes);
+
 // The request id to use: `id`, or a fresh one ("req-" + 16 hex digits) when
 // empty. INVALID_ARGUMENT when longer than `max_bytes`.
 absl::StatusOr<std::string> ResolveRequestId(const std::string& id,

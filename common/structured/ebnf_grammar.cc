@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/base/utf8.h"
 #include "common/structured/grammar_node.h"
@@ -80,6 +81,16 @@ class EbnfCompiler {
     auto root = rules_.find("root");
     if (root == rules_.end()) return absl::InvalidArgumentError("grammar: no rule is named \"root\"");
     g_->root_ = root->second;
+    const std::vector<bool> productive = ProductiveNodes(g_->nodes_);
+    if (!productive[g_->root_]) {
+      std::vector<std::string> names;
+      for (const auto& [name, rule] : rules_) {
+        if (!productive[rule]) names.push_back(absl::StrCat("\"", name, "\""));
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grammar: rule \"root\" matches no text: rule(s) ", absl::StrJoin(names, ", "),
+          " never end (every alternative leads back to the rule itself)"));
+    }
     return Check();
   }
 

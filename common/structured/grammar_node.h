@@ -43,6 +43,12 @@ struct JsonGrammar::Node {
   bool nullable = false;
 };
 
+// Which nodes match some text: false for one whose every way leads back to
+// itself before it could end (a $ref to itself, `a ::= a "x"`, an object
+// that requires one), so that a schema or grammar that cannot be satisfied
+// is refused when it is compiled rather than generating until max_tokens.
+std::vector<bool> ProductiveNodes(const std::vector<JsonGrammar::Node>& nodes);
+
 }  // namespace tandem
 
 #endif  // TANDEM_COMMON_STRUCTURED_GRAMMAR_NODE_H_

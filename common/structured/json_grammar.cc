@@ -279,6 +279,25 @@ class SchemaCompiler {
     return Add(std::move(n));
   }
 
+
+ public:
+  // INVALID_ARGUMENT, naming the $refs that never end, when no JSON value
+  // satisfies the schema at `root`.
+  absl::Status CheckProductive(int root) const {
+    const std::vector<bool> productive = ProductiveNodes(g_->nodes_);
+    if (productive[root]) return absl::OkStatus();
+    std::vector<std::string> cycles;
+    for (const auto& [ref, node] : refs_) {
+      if (!productive[node]) cycles.push_back(absl::StrCat("\"", ref, "\""));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the JSON schema matches no value: ",
+        cycles.empty() ? std::string("it requires itself")
+                       : absl::StrCat("$ref ", absl::StrJoin(cycles, ", "),
+                                      " only ever lead(s) back to itself (recursion with no way out)")));
+  }
+
+ private:
   JsonGrammar* g_;
   const Json& root_;
   std::map<std::string, int> refs_;
@@ -303,6 +322,49 @@ JsonGrammar::JsonGrammar() {
   texts_ = {"true", "false", "null"};
 }
 
+std::vector<bool> ProductiveNodes(const std::vector<JsonGrammar::Node>& nodes) {
+  using Node = JsonGrammar::Node;
+  std::vector<bool> productive(nodes.size(), false);
+  // Least fixpoint: a node is productive once what it needs is.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (productive[i]) continue;
+      const Node& n = nodes[i];
+      bool p = false;
+      switch (n.kind) {
+        case Node::kUnion:
+          for (int a : n.alternatives) p = p || productive[a];
+          break;
+        case Node::kLiteral:
+          p = !n.alternatives.empty();
+          break;
+        case Node::kSequence:
+          p = true;
+          for (int a : n.alternatives) p = p && productive[a];
+          break;
+        case Node::kArray:
+        case Node::kRepeat:
+          p = n.min_items == 0 || productive[n.items];
+          break;
+        case Node::kObject:
+          p = true;  // the required properties' values; the others may be left out
+          for (size_t k = 0; k < n.properties.size() && k < 64; ++k) {
+            if ((n.required >> k) & 1) p = p && productive[n.properties[k].second];
+          }
+          break;
+        default:  // strings, numbers, booleans, null, any, a one-character regex
+          p = true;
+      }
+      if (p) {
+        productive[i] = true;
+        changed = true;
+      }
+    }
+  }
+  return productive;
+}
+
 absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromSchema(const std::string& schema_json) {
   const Json schema = ParseJsonBounded(schema_json);
   if (schema.is_discarded()) {
@@ -315,6 +377,7 @@ absl::StatusOr<std::shared_ptr<const JsonGrammar>> JsonGrammar::FromSchema(const
   auto root = compiler.Compile(schema, "");
   if (!root.ok()) return root.status();
   g->root_ = *root;
+  if (absl::Status s = compiler.CheckProductive(*root); !s.ok()) return s;
   return std::shared_ptr<const JsonGrammar>(std::move(g));
 }
 
