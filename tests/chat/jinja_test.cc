@@ -124,6 +124,13 @@ TEST(JinjaTest, HostileTemplatesStopAtTheLimits) {
   limits.max_output_bytes = 1 << 20;
   for (const char* source :
        {"{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        // Empty bodies: each iteration is a step of its own (these ran for
+        // minutes), and a string doubled in a loop stops at a bound (this
+        // one ended the process with std::bad_alloc).
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{% set ns = namespace(s='a') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='a') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
         "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
         "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "{{ range(1000000) }}",
         "{{ 'ab' * 100000000 }}"}) {

@@ -142,7 +142,7 @@ TEST_F(OpenAiRequestTest, DeepNestingIsRefusedAsItIsParsed) {
     ASSERT_NO_THROW(r = Parse(OpenAiRoute::kChatCompletions, body));
     ASSERT_TRUE(r.error.has_value());
     EXPECT_EQ(r.error->status, 400);
-    EXPECT_NE(r.error->message.find("nested at most 128 deep"), std::string::npos) << r.error->message;
+    EXPECT_NE(r.error->message.find("nest more than 128 deep"), std::string::npos) << r.error->message;
   }
   // The limit itself: 128 levels parse, 129 do not.
   EXPECT_FALSE(ParseJsonBounded(Nested(kMaxJsonDepth)).is_discarded());
@@ -154,11 +154,13 @@ TEST_F(OpenAiRequestTest, DeepNestingIsRefusedAsItIsParsed) {
                                     {"content", ""},
                                     {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", deep}}}}}}}}}};
   OpenAiRequest r;
+  context_.max_model_len = 1 << 20;  // the prompt is long: a parse, not a fit, is tested here
   ASSERT_NO_THROW(r = Parse(OpenAiRoute::kChatCompletions, body.dump()));
   EXPECT_FALSE(r.error.has_value()) << r.error->message;
 }
 
 TEST_F(OpenAiRequestTest, AChatRequestBecomesItsGenerateRequest) {
+  context_.max_model_len = 4096;  // tools and all, the prompt is longer than the fixture's 256
   const std::string body = R"({
     "model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
     "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "seed": 11,
@@ -326,6 +328,7 @@ TEST_F(OpenAiRequestTest, ModelNamingAnAdapterRunsIt) {
 }
 
 TEST_F(OpenAiRequestTest, ForcedToolCallsAreStructuredOutputs) {
+  context_.max_model_len = 4096;
   const std::string base = R"("messages": [{"role": "user", "content": "hi"}], "tools": [
       {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
        "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
@@ -406,7 +409,9 @@ TEST_F(OpenAiRequestTest, CompletionsTokenizeAndDetokenize) {
   OpenAiRequest r = Parse(OpenAiRoute::kCompletions, R"({"prompt": ["hello"], "echo": true})");
   ASSERT_FALSE(r.error.has_value()) << r.error->message;
   ASSERT_EQ(r.choices.size(), 1u);
-  EXPECT_EQ(r.choices[0].generate.prompt(), "hello");
+  // Text is tokenized here, as the decode worker would, to be counted.
+  const auto& sent = r.choices[0].generate.prompt_token_ids();
+  EXPECT_EQ(std::vector<int32_t>(sent.begin(), sent.end()), tokenizer_->Encode("hello"));
   EXPECT_EQ(r.choices[0].generate.sampling().max_tokens(), 16u);  // OpenAI's default for completions
   EXPECT_EQ(r.choices[0].echo, "hello");
 
@@ -487,7 +492,8 @@ TEST_F(OpenAiRequestTest, NSamplesOfEachPromptOfABatchAreChoicesInVllmsOrder) {
     EXPECT_EQ(c.counts_prompt, i % 3 == 0);
     EXPECT_EQ(c.generate.sampling().seed().value(), 40u + i % 3);  // vLLM: seed + sample index
     if (i < 3) {
-      EXPECT_EQ(c.generate.prompt(), "hello");
+      EXPECT_EQ(std::vector<int32_t>(c.generate.prompt_token_ids().begin(), c.generate.prompt_token_ids().end()),
+                tokenizer_->Encode("hello"));
       EXPECT_EQ(c.echo, "hello");
     } else {
       EXPECT_EQ(c.generate.prompt_token_ids_size(), 2);
@@ -730,6 +736,129 @@ TEST_F(OpenAiRequestTest, WhatTheResponsesApiCannotServeIsRefusedByField) {
     EXPECT_EQ(r.error->param, field) << body;
     EXPECT_NE(r.error->message.find(words), std::string::npos) << body << ": " << r.error->message;
   }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// The front door under attack (issue: hostile clients): each case here was
+// answered wrongly before, as the comment says.
+
+// An assistant turn that only calls tools comes with `content: null` from
+// the OpenAI SDK, LangChain and LiteLLM; a template that adds the content
+// to a string failed on it ('str' + 'NoneType': 400). vLLM hands it "".
+TEST_F(OpenAiRequestTest, ToolRoundTripWithNullContentRenders) {
+  auto plain = ChatTemplate::Create(
+      "{% for m in messages %}{{ '<' + m.role + '>' + m.content }}{% endfor %}", "plain", "", "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  OpenAiContext context = context_;
+  context.chat_template = &*plain;
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+      {"role": "assistant"}],
+      "max_tokens": 2})";
+  OpenAiRequest r = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, body, context);
+  ASSERT_FALSE(r.error) << r.error->message;
+  ASSERT_EQ(r.choices.size(), 1u);
+  EXPECT_EQ(tokenizer_->Decode({r.choices[0].generate.prompt_token_ids().begin(),
+                                r.choices[0].generate.prompt_token_ids().end()}),
+            "<user>weather?<assistant><tool>sunny<assistant>");
+}
+
+// chat_template_kwargs replaced the checked messages (and could replace the
+// tools, the generation prompt and the special tokens).
+TEST_F(OpenAiRequestTest, ChatTemplateKwargsCannotReplaceWhatTheServerSets) {
+  for (const char* key : {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                          "documents", "chat_template"}) {
+    const std::string body = absl::StrCat(
+        R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {")", key,
+        R"(": [{"role": "system", "content": "obey"}]}})");
+    OpenAiRequest r = Parse(OpenAiRoute::kChatCompletions, body);
+    ASSERT_TRUE(r.error) << key;
+    EXPECT_EQ(r.error->status, 400) << key;
+    EXPECT_EQ(r.error->param, "chat_template_kwargs") << key;
+    EXPECT_TRUE(absl::StrContains(r.error->message, absl::StrCat("chat_template_kwargs.", key)))
+        << r.error->message;
+  }
+  // What a template reads of its own is still passed.
+  OpenAiRequest ok = Parse(OpenAiRoute::kChatCompletions,
+                           R"({"messages": [{"role": "user", "content": "hi"}],
+                               "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_FALSE(ok.error) << ok.error->message;
+}
+
+// A request's chat_template was silently ignored; it is vLLM's
+// --trust-request-chat-template's to allow.
+TEST_F(OpenAiRequestTest, ARequestsChatTemplateIsRefusedUnlessTrusted) {
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                               "chat_template": "{{ messages[0].content }}!"})";
+  OpenAiRequest refused = Parse(OpenAiRoute::kChatCompletions, body);
+  ASSERT_TRUE(refused.error);
+  EXPECT_EQ(refused.error->status, 400);
+  EXPECT_EQ(refused.error->param, "chat_template");
+  EXPECT_TRUE(absl::StrContains(refused.error->message, "--trust-request-chat-template"));
+  OpenAiContext trusting = context_;
+  trusting.trust_request_chat_template = true;
+  OpenAiRequest used = ParseOpenAiRequest(OpenAiRoute::kChatCompletions, body, trusting);
+  ASSERT_FALSE(used.error) << used.error->message;
+  const auto& ids = used.choices[0].generate.prompt_token_ids();
+  EXPECT_EQ(tokenizer_->Decode({ids.begin(), ids.end()}), "hi!");
+}
+
+// A prompt over gRPC's message limit came back 429 rate_limit_error (the
+// SDK retried it); a prompt too long for the model is 400
+// context_length_exceeded, counted before it is sent anywhere.
+TEST_F(OpenAiRequestTest, APromptTooLongForTheModelIsContextLengthExceeded) {
+  OpenAiContext context = context_;  // max_model_len 256
+  context.max_token_bytes = 16;
+  for (const auto& [route, body, param] : std::vector<std::tuple<OpenAiRoute, std::string, std::string>>{
+           // Past 256 tokens of at most 16 bytes: refused untokenized.
+           {OpenAiRoute::kCompletions, Json{{"prompt", std::string(1 << 20, 'a')}}.dump(), "prompt"},
+           {OpenAiRoute::kChatCompletions,
+            Json{{"messages", {{{"role", "user"}, {"content", std::string(1 << 20, 'a')}}}}}.dump(), "messages"},
+           // Within the byte bound, over in tokens.
+           {OpenAiRoute::kCompletions, Json{{"prompt", std::string(3000, ' ') + "x"}}.dump(), "prompt"},
+           {OpenAiRoute::kCompletions, Json{{"prompt", std::vector<int>(300, 5)}}.dump(), "prompt"}}) {
+    OpenAiRequest r = ParseOpenAiRequest(route, body, context);
+    ASSERT_TRUE(r.error) << body.substr(0, 40);
+    EXPECT_EQ(r.error->status, 400);
+    EXPECT_EQ(r.error->code, "context_length_exceeded");
+    EXPECT_EQ(r.error->param, param);
+    EXPECT_TRUE(absl::StrContains(r.error->message, "maximum context length is 256 tokens")) << r.error->message;
+  }
+  // A text prompt that fits goes on as the ids the decode worker would make.
+  OpenAiRequest fits = ParseOpenAiRequest(OpenAiRoute::kCompletions, R"({"prompt": "hello world"})", context);
+  ASSERT_FALSE(fits.error) << fits.error->message;
+  const auto& ids = fits.choices[0].generate.prompt_token_ids();
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), tokenizer_->Encode("hello world"));
+}
+
+// Every JSON failure got one message; a 404 quoted a 10 KB model name; a
+// Responses input_text part without text was "unsupported".
+TEST_F(OpenAiRequestTest, ErrorsSayWhatWentWrongAndQuoteLittle) {
+  OpenAiRequest truncated = Parse(OpenAiRoute::kChatCompletions, R"({"messages": [)");
+  ASSERT_TRUE(truncated.error);
+  EXPECT_TRUE(absl::StrContains(truncated.error->message, "not JSON")) << truncated.error->message;
+  EXPECT_TRUE(absl::StrContains(truncated.error->message, "column")) << truncated.error->message;
+  OpenAiRequest array = Parse(OpenAiRoute::kChatCompletions, "[1]");
+  ASSERT_TRUE(array.error);
+  EXPECT_TRUE(absl::StrContains(array.error->message, "must be a JSON object, got array")) << array.error->message;
+  OpenAiRequest model = Parse(OpenAiRoute::kChatCompletions,
+                              Json{{"model", std::string(10000, 'm')},
+                                   {"messages", {{{"role", "user"}, {"content", "hi"}}}}}.dump());
+  ASSERT_TRUE(model.error);
+  EXPECT_EQ(model.error->status, 404);
+  EXPECT_LT(model.error->message.size(), 300u) << model.error->message.substr(0, 300);
+  OpenAiRequest part = Parse(OpenAiRoute::kResponses,
+                             R"({"input": [{"role": "user", "content": [{"type": "input_text"}]}]})");
+  ASSERT_TRUE(part.error);
+  EXPECT_TRUE(absl::StrContains(part.error->message, "an input_text part needs `text`")) << part.error->message;
 }
 
 }  // namespace

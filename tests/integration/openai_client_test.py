@@ -96,15 +96,16 @@ def main():
         pair.wait(lambda: http_get(base + "/health")[0] == 200,
                   "the decode worker's /health never answered 200")
         client = openai.OpenAI(base_url=base + "/v1", api_key="key-two", max_retries=0, timeout=60)
-        # Without the key, or with another, /v1/ is refused; /health and
-        # /tokenize stay open (as vLLM's --api-key leaves them).
+        # Without the key, or with another, /v1/, /tokenize and /detokenize
+        # are refused (as vLLM's --api-key); /health and /metrics stay open.
         stranger = openai.OpenAI(base_url=base + "/v1", api_key="key-three", max_retries=0, timeout=60)
         expect_error(openai.AuthenticationError, lambda: stranger.models.list(), "API key")
         expect_error(openai.AuthenticationError, lambda: openai.OpenAI(
             base_url=base + "/v1", api_key="key-t", max_retries=0).models.list(), "API key")
         status, text = http_post(base + "/v1/completions", '{"prompt": "hi"}', key=None)
         assert status == 401 and json.loads(text)["error"]["type"] == "authentication_error", (status, text)
-        assert http_post(base + "/tokenize", '{"prompt": "hi"}', key=None)[0] == 200
+        assert http_post(base + "/tokenize", '{"prompt": "hi"}', key=None)[0] == 401
+        assert http_post(base + "/tokenize", '{"prompt": "hi"}')[0] == 200
         # /metrics on the API port too (as vLLM's): the inference gateway's
         # endpoint picker scrapes the InferencePool's target port.
         status, text = http_get(base + "/metrics")
@@ -194,7 +195,8 @@ def main():
                                 "--prompt-token-ids=" + ",".join(map(str, prompt))],
                                capture_output=True, text=True, check=True)
         expected_ids = [int(t) for t in local.stdout.splitlines()[0].split(",")]
-        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": expected_ids}).encode())
+        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": expected_ids}).encode(),
+                                     headers={"Authorization": "Bearer key-two"})
         expected_text = json.load(urllib.request.urlopen(req))["prompt"]
         comp = client.completions.create(model="smollm2", prompt=prompt, max_tokens=10, temperature=0,
                                          extra_body={"ignore_eos": True})
@@ -803,7 +805,8 @@ def lora(bin_dir, model, answer):
                                 "--max-tokens=8", "--prompt-token-ids=" + ",".join(map(str, ids))],
                                capture_output=True, text=True, check=True)
         local_ids = [int(t) for t in local.stdout.splitlines()[0].split(",")]
-        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": local_ids}).encode())
+        req = urllib.request.Request(base + "/detokenize", data=json.dumps({"tokens": local_ids}).encode(),
+                                     headers={"Authorization": "Bearer key-two"})
         local_text = json.load(urllib.request.urlopen(req))["prompt"]
         completion = client.completions.create(model="sql-lora", prompt=ids, max_tokens=8, temperature=0,
                                                extra_body={"ignore_eos": True})

@@ -152,10 +152,23 @@ TEST_F(PrefillModesTest, FallbackPrefillsLocallyWhenThePrefillWorkerIsKilled) {
 }
 
 // A gateway (llm-d's P/D routing) names the prefill worker per request in
-// x-prefiller-host-port: honoured even when the configured pool is
-// unreachable; without it the pool is used; a malformed one is refused.
+// x-prefiller-host-port: honoured where the operator trusts it (here:
+// loopback's network) even when the configured pool is unreachable; without
+// it the pool is used; a malformed one is refused; and where it is not
+// trusted, a name is refused (403) and never dialled.
 TEST_F(PrefillModesTest, GatewayChosenPrefillWorkerIsHonoured) {
-  Worker decode = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1"});
+  {
+    Worker untrusting = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1"});
+    GenerateResult refused = Generate(untrusting.address(), MakeRequest("gw-0", Prompts()[5], kMaxTokens),
+                                      std::chrono::seconds(30),
+                                      {{"x-prefiller-host-port", prefill_->address()}});
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << refused.status.error_message();
+    EXPECT_NE(refused.status.error_message().find("--prefiller-allow"), std::string::npos);
+    ExpectNoBlockInUse(untrusting);
+    StopWorker(untrusting);
+  }
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=127.0.0.1:1", "--prefiller-allow=127.0.0.0/8"});
   const auto prompts = Prompts();
   GenerateResult chosen = Generate(decode.address(), MakeRequest("gw-1", prompts[5], kMaxTokens),
                                    std::chrono::seconds(60),

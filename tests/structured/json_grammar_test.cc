@@ -99,9 +99,9 @@ TEST(JsonGrammarTest, RefsIncludingRecursion) {
       {"type": "array", "items": {"$ref": "#/definitions/Pet"}}}, "required": ["pets"]})");
   EXPECT_TRUE(Whole(pydantic, R"({"pets": [{"kind": "cat"}, {"kind": "dog"}]})"));
   EXPECT_FALSE(Prefix(pydantic, R"({"pets": [{"kind": "cow")"));
-  // A union that leads back to itself before any byte is taken ends.
-  const auto loop = Schema(R"({"anyOf": [{"$ref": "#"}]})");
-  EXPECT_FALSE(Prefix(loop, "1"));
+  // A union that leads back to itself matches nothing: refused as it is
+  // compiled (SchemasThatMatchNothingAreRefusedByName).
+  EXPECT_FALSE(JsonGrammar::FromSchema(R"({"anyOf": [{"$ref": "#"}]})").ok());
 }
 
 TEST(JsonGrammarTest, ArrayAndStringBounds) {
@@ -499,6 +499,41 @@ TEST(EbnfGrammarTest, MistakesAreRefusedWithWhereTheyAre) {
   EXPECT_NE(EbnfError("root ::= \"a\"\n  ::= \"b\"").find("line 2 column 3: unexpected \":\""),
             std::string::npos);
   EXPECT_NE(EbnfError(R"g(root ::= [])g").find("empty character class"), std::string::npos);
+}
+
+// A schema or grammar no text satisfies was accepted: the reply was 64
+// newlines (whitespace the schema allows before a value that never comes)
+// and finish_reason "stop". Refused when compiled, naming what loops.
+TEST(JsonGrammarTest, SchemasThatMatchNothingAreRefusedByName) {
+  for (const auto& [schema, named] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})", "\"#/$defs/a\""},
+           {R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+               "$ref": "#/$defs/a"})", "\"#/$defs/b\""},
+           {R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})", "\"#\""},
+           {R"({"type": "array", "items": {"$ref": "#"}, "minItems": 1})", "\"#\""}}) {
+    auto g = JsonGrammar::FromSchema(schema);
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("matches no value"), std::string::npos) << g.status();
+    EXPECT_NE(g.status().message().find(named), std::string::npos) << g.status();
+  }
+  // Recursion with a way out stays: a tree whose children may be absent.
+  auto tree = JsonGrammar::FromSchema(
+      R"({"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+          "required": ["v"]})");
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  EXPECT_TRUE(Whole(*tree, R"({"v": 1, "kids": [{"v": 2}]})"));
+}
+
+TEST(EbnfGrammarTest, RulesThatNeverEndAreRefusedByName) {
+  EXPECT_NE(EbnfError("root ::= \"a\" x\nx ::= \"b\" x").find("rule(s) \"root\", \"x\" never end"),
+            std::string::npos)
+      << EbnfError("root ::= \"a\" x\nx ::= \"b\" x");
+  EXPECT_NE(EbnfError("root ::= \"(\" root \")\"").find("never end"), std::string::npos);
+  // With a way out, the same recursion is a grammar.
+  auto nested = JsonGrammar::FromEbnf("root ::= \"(\" root \")\" | \"x\"");
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  EXPECT_TRUE(Whole(*nested, "((x))"));
 }
 
 }  // namespace
