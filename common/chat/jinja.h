@@ -42,7 +42,7 @@ struct TemplateOptions {
 struct RenderLimits {
   // Statements run and loop iterations: about a second of rendering, far
   // beyond a conversation at any model's context (~30 a message).
-  int64_t max_steps = 4'000'000;
+  int64_t max_steps = 2'000'000;
   size_t max_output_bytes = 64 << 20;
   int max_call_depth = 200;         // nested macro calls
 };

@@ -323,6 +323,10 @@ class ServerImpl final : public HttpServer {
     conn->bev = bev;
     conn->since = Clock::now();
     conn->watch = evbuffer_add_cb(bufferevent_get_input(bev), &ServerImpl::OnInput, conn.get());
+    // Connections evhttp let go since the last sweep still count until
+    // they are reclaimed: at the limit, reclaim first (clients that open a
+    // connection a request are not refused for the ones they closed).
+    if (self->live_ >= self->options_.max_connections) self->Reclaim();
     conn->refused = self->live_ >= self->options_.max_connections;
     if (conn->refused) {
       // evhttp sets the socket right after this returns: close it on the
@@ -363,27 +367,35 @@ class ServerImpl final : public HttpServer {
     return it != conns_.end() ? it->second.get() : nullptr;
   }
 
+  // Lets go of the connections evhttp freed (their bufferevents lost
+  // their callbacks).
+  void Reclaim() {
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      bufferevent_event_cb event_cb = nullptr;
+      bufferevent_getcb(it->second->bev, nullptr, nullptr, &event_cb, nullptr);
+      if (event_cb == nullptr) {
+        Release(*it->second);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   // The connection limits, once a second: let go of what evhttp freed,
   // close what outstayed its time.
   void SweepConnections() {
+    Reclaim();
     const Clock::time_point now = Clock::now();
     const auto request_limit = std::chrono::seconds(options_.request_timeout_seconds);
     const auto idle_limit = std::chrono::seconds(options_.keepalive_timeout_seconds);
-    for (auto it = conns_.begin(); it != conns_.end();) {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
       Conn& conn = *it->second;
-      bufferevent_event_cb event_cb = nullptr;
-      bufferevent_getcb(conn.bev, nullptr, nullptr, &event_cb, nullptr);
-      if (event_cb == nullptr) {  // evhttp freed it
-        Release(conn);
-        it = conns_.erase(it);
-        continue;
-      }
       if (conn.state == Conn::State::kReading && now - conn.since > request_limit) {
         CloseWith(conn.bev, "408 Request Timeout");
       } else if (conn.state == Conn::State::kIdle && now - conn.since > idle_limit) {
         CloseWith(conn.bev, "408 Request Timeout");
       }
-      ++it;
     }
   }
 
