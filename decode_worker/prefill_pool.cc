@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/base/status_macros.h"
 
 namespace tandem {
 
@@ -90,84 +91,8 @@ PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid) {
   return fallback != nullptr ? fallback : endpoints_[start % n].get();
 }
 
-namespace {
-
-// An IP literal's bytes (4 or 16) and family, or nullopt.
-std::optional<std::vector<uint8_t>> ParseIp(const std::string& text) {
-  std::vector<uint8_t> out(16);
-  if (inet_pton(AF_INET, text.c_str(), out.data()) == 1) {
-    out.resize(4);
-    return out;
-  }
-  if (inet_pton(AF_INET6, text.c_str(), out.data()) == 1) return out;
-  return std::nullopt;
-}
-
-// `entry` as a network: its address bytes and prefix length, or nullopt.
-std::optional<std::pair<std::vector<uint8_t>, int>> ParseNetwork(const std::string& entry) {
-  const size_t slash = entry.find('/');
-  if (slash == std::string::npos) return std::nullopt;
-  auto ip = ParseIp(entry.substr(0, slash));
-  int bits = -1;
-  if (!ip || !absl::SimpleAtoi(entry.substr(slash + 1), &bits) || bits < 0 ||
-      bits > static_cast<int>(ip->size()) * 8) {
-    return std::nullopt;
-  }
-  return std::make_pair(*ip, bits);
-}
-
-bool InNetwork(const std::vector<uint8_t>& ip, const std::pair<std::vector<uint8_t>, int>& net) {
-  if (ip.size() != net.first.size()) return false;
-  for (int bit = 0; bit < net.second; ++bit) {
-    const int byte = bit / 8, mask = 0x80 >> (bit % 8);
-    if ((ip[byte] & mask) != (net.first[byte] & mask)) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-absl::Status PrefillPool::CheckTrust(const Trust& trust) {
-  for (const std::string& entry : trust.allow) {
-    if (entry.find('/') != std::string::npos) {
-      if (!ParseNetwork(entry)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--prefiller-allow: '", entry, "' is not an IP network (10.0.0.0/8, fd00::/8)"));
-      }
-    } else if (entry.rfind(':') == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--prefiller-allow: '", entry, "' is neither HOST:PORT nor an IP network"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool PrefillPool::Allowed(const std::string& host, const std::string& host_port) const {
-  if (trust_.any) return true;
-  const auto ip = ParseIp(host);
-  for (const std::string& entry : trust_.allow) {
-    if (entry == host_port) return true;
-    if (ip) {
-      if (auto net = ParseNetwork(entry); net && InNetwork(*ip, *net)) return true;
-    }
-  }
-  return false;
-}
-
 absl::StatusOr<std::shared_ptr<PrefillPool::Endpoint>> PrefillPool::Named(const std::string& host_port) {
-  const std::string echo = absl::CHexEscape(host_port.substr(0, 64));
-  const bool printable = std::all_of(host_port.begin(), host_port.end(),
-                                     [](char c) { return c > 0x20 && c < 0x7f; });
-  const size_t colon = host_port.rfind(':');
-  const bool port_ok = colon != std::string::npos && colon + 1 < host_port.size() &&
-                       host_port.size() - colon <= 6 &&
-                       host_port.find_first_not_of("0123456789", colon + 1) == std::string::npos;
-  const bool host_ok = colon != std::string::npos && colon > 0 &&
-                       host_port.find_first_of("/,", 0) == std::string::npos;
-  if (!printable || !port_ok || !host_ok || host_port.size() > 255) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "x-prefiller-host-port='", echo, "': expected HOST:PORT (printable ASCII, at most 255 bytes)"));
-  }
+  ASSIGN_OR_RETURN(const std::string host, ParsePrefillerName(host_port));
   // One of the configured endpoints: the pool's own channel, never refused.
   for (const auto& e : endpoints_) {
     std::string target = e->target;
@@ -176,13 +101,7 @@ absl::StatusOr<std::shared_ptr<PrefillPool::Endpoint>> PrefillPool::Named(const 
     }
     if (target == host_port) return std::shared_ptr<Endpoint>(std::shared_ptr<Endpoint>(), e.get());
   }
-  std::string host = host_port.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (!Allowed(host, host_port)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "x-prefiller-host-port='", echo, "' is not a trusted prefill endpoint: the decode worker "
-        "dials only its --prefill-address and what --prefiller-allow (or --trusted-prefiller-header) names"));
-  }
+  RETURN_IF_ERROR(CheckPrefillerTrusted(trust_, host, host_port));
   const absl::Time now = absl::Now();
   MutexLock lock(&named_mu_);
   // Channels nobody used for the idle period are closed (a name that no

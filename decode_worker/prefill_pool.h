@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/mutex.h"
 #include "common/serving/kv_transfer.h"
+#include "decode_worker/prefiller_trust.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -58,19 +59,8 @@ class PrefillPool {
   // when none is, the next usable one, `avoid` included; when none at all,
   // the next one in rotation (its call fails or recovers on its own).
   Endpoint* Pick(const Endpoint* avoid = nullptr);
-  // Which prefill endpoints a request may name (llm-d's
-  // x-prefiller-host-port): none by default, since whoever may send the
-  // header could make this worker dial any address (llm-d honours it behind
-  // its own sidecar only).
-  struct Trust {
-    bool any = false;  // --trusted-prefiller-header: every HOST:PORT
-    // --prefiller-allow: HOST:PORT as written, or an IP network
-    // (10.0.0.0/8, fd00::/8) that an IP literal's host must be in.
-    std::vector<std::string> allow;
-    absl::Duration idle_close = absl::Seconds(60);  // an unused named channel is closed
-  };
-  // INVALID_ARGUMENT names an entry of `allow` that is neither.
-  static absl::Status CheckTrust(const Trust& trust);
+  using Trust = PrefillerTrust;
+  static absl::Status CheckTrust(const Trust& trust) { return CheckPrefillerTrust(trust); }
   void set_trust(Trust trust) { trust_ = std::move(trust); }
 
   // The endpoint HOST:PORT names, outside the rotation: a gateway's choice
@@ -106,8 +96,6 @@ class PrefillPool {
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   grpc::ChannelArguments args_;
-  bool Allowed(const std::string& host, const std::string& host_port) const;
-
   Trust trust_;
   mutable Mutex named_mu_;
   struct NamedEntry {

@@ -28,7 +28,7 @@ run_target() {
 }
 
 targets=(gguf tokenizer_json kv_stream flags safetensors jinja openai_request json_grammar byte_regex
-         ebnf_grammar model_config)
+         ebnf_grammar model_config forwarded_header)
 failed=0
 for ((i = 0; i < ${#targets[@]}; i += JOBS)); do
   batch=("${targets[@]:i:JOBS}")
