@@ -422,9 +422,7 @@ def main():
         assert codes == [0, 0], f"exit codes {codes}"
         print(f"hostile_client_test: passed ({s.checked} health checks)")
     except BaseException:
-        for role in ("decode", "prefill"):
-            print(f"--- {role} log (tail) ---\n" + pair.log(role)[-4000:], file=sys.stderr)
-        pair.stop(timeout=30)
+        pair.stop_after_failure()
         raise
 
 

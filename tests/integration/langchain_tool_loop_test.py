@@ -70,9 +70,7 @@ def main():
         codes = pair.stop(timeout=60)
         assert codes == [0, 0], f"exit codes {codes}"
     except BaseException:
-        for role in ("decode", "prefill"):
-            print(f"--- {role} log (tail) ---\n" + pair.log(role)[-3000:], file=sys.stderr)
-        pair.stop(timeout=30)
+        pair.stop_after_failure()
         raise
 
 

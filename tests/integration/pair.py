@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 START_UP_S = 180  # graph capture on a loaded 2-core CI machine, sanitizers off
@@ -53,6 +54,12 @@ class Pair:
     def log(self, role):
         with open(os.path.join(self.out, role + ".log")) as f:
             return f.read()
+
+    def stop_after_failure(self):
+        """Prints both logs' tails (stderr), then stops both workers."""
+        for role in ("decode", "prefill"):
+            print(f"--- {role} log (tail) ---\n" + self.log(role)[-4000:], file=sys.stderr)
+        self.stop(timeout=30)
 
     def check_running(self):
         for role, proc in (("prefill", self.prefill), ("decode", self.decode)):
