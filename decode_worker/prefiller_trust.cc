@@ -92,6 +92,10 @@ absl::StatusOr<std::string> ParsePrefillerName(const std::string& host_port) {
   }
   std::string host = host_port.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) {  // "[]:443"
+    return absl::InvalidArgumentError(absl::StrCat("x-prefiller-host-port='", absl::CHexEscape(host_port.substr(0, 64)),
+                                                   "': the host is empty"));
+  }
   return host;
 }
 
