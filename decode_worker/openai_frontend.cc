@@ -1070,19 +1070,29 @@ void OpenAiFrontend::Handle(HttpServer::Request request, std::shared_ptr<HttpSer
 
 void OpenAiFrontend::Process(OpenAiRoute route, const HttpServer::Request& request,
                              std::shared_ptr<HttpServer::Stream> stream) {
+  // An exception out of a WorkQueue task would end the process, and every
+  // request in flight with it: this request fails instead. Handlers are
+  // written not to throw (fuzz/openai_request_fuzzer.cc); this is the net.
+  try {
+    Prepare(route, request, stream);
+  } catch (const std::bad_alloc&) {
+    // A body or template that asks for more memory than there is.
+    SendError(*stream, {400, "the request needs more memory than the server gives one request", ""});
+  } catch (const std::exception& e) {
+    TANDEM_LOG(ERROR) << "HTTP " << request.method << " " << request.path.substr(0, 64)
+                      << ": the handler threw: " << e.what();
+    SendError(*stream, {500, absl::StrCat("internal error: ", e.what()), ""});
+  }
+}
+
+void OpenAiFrontend::Prepare(OpenAiRoute route, const HttpServer::Request& request,
+                             std::shared_ptr<HttpServer::Stream> stream) {
   OpenAiContext context{options_.served_model_name, max_model_len_.load(), tokenizer_, chat_template_,
                         options_.model_aliases, LoraAdapters(), options_.generation_defaults,
                         options_.return_tokens_as_token_ids, options_.eos_token_id, options_.max_logprobs};
   context.trust_request_chat_template = options_.trust_request_chat_template;
   context.max_token_bytes = max_token_bytes_;
-  OpenAiRequest parsed;
-  try {
-    parsed = ParseOpenAiRequest(route, request.body, context);
-  } catch (const std::bad_alloc&) {
-    // A template or a body that asks for more memory than there is: this
-    // request fails, the worker goes on.
-    return SendError(*stream, {400, "the request needs more memory than the server gives one request", ""});
-  }
+  OpenAiRequest parsed = ParseOpenAiRequest(route, request.body, context);
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");

@@ -109,8 +109,11 @@ class OpenAiFrontend final : public FrontDoor {
 
  private:
   void Handle(HttpServer::Request request, std::shared_ptr<HttpServer::Stream> stream);
-  // On the WorkQueue: parse, render, tokenize, then start the completion.
+  // On the WorkQueue: parse, render, tokenize, then start the completion
+  // (Prepare); an exception fails the request, not the process.
   void Process(OpenAiRoute route, const HttpServer::Request& request,
+               std::shared_ptr<HttpServer::Stream> stream);
+  void Prepare(OpenAiRoute route, const HttpServer::Request& request,
                std::shared_ptr<HttpServer::Stream> stream);
   std::vector<std::string> LoraAdapters() const;
   nlohmann::ordered_json ModelCard(const std::string& name, const std::string& parent) const;

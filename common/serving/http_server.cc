@@ -330,7 +330,9 @@ class ServerImpl final : public HttpServer {
     conn->refused = self->live_ >= self->options_.max_connections;
     if (conn->refused) {
       // evhttp sets the socket right after this returns: close it on the
-      // loop's next turn.
+      // loop's next turn (with a reference of its own, whatever happens to
+      // the connection meanwhile).
+      bufferevent_incref(bev);
       event_base_once(base, -1, EV_TIMEOUT, &ServerImpl::Refuse, bev, nullptr);
     } else {
       ++self->live_;
@@ -340,8 +342,9 @@ class ServerImpl final : public HttpServer {
   }
 
   static void Refuse(evutil_socket_t, short, void* arg) {
-    auto* bev = static_cast<bufferevent*>(arg);  // still referenced: valid
+    auto* bev = static_cast<bufferevent*>(arg);
     CloseWith(bev, "503 Service Unavailable");
+    bufferevent_decref(bev);
   }
 
   // Bytes arrived on an idle connection: a request's time starts.
@@ -480,7 +483,8 @@ class ServerImpl final : public HttpServer {
                                           " header lines (--http-max-headers); this one has ",
                                           r.headers.size(), "\n"),
                              {});
-    }    // An exception out of a handler would end the process, and every request
+    }
+    // An exception out of a handler would end the process, and every request
     // in flight with it (this is a C callback): it answers 500 instead.
     // Handlers are written not to throw; this is the net under them.
     const std::string what = absl::StrCat(r.method, " ", r.path.substr(0, 64));
