@@ -44,6 +44,9 @@ struct RenderLimits {
   // beyond a conversation at any model's context (~30 a message).
   int64_t max_steps = 2'000'000;
   size_t max_output_bytes = 64 << 20;
+  // Bytes of strings and lists built along the way (BuildBudget), freed or
+  // not: a conversation's few copies of its text fit many times over.
+  int64_t max_built_bytes = int64_t{256} << 20;
   int max_call_depth = 200;         // nested macro calls
 };
 

@@ -212,7 +212,7 @@ absl::StatusOr<Value> Slice(const Value& obj, const Value& start_v, const Value&
 
 class Renderer {
  public:
-  explicit Renderer(const RenderLimits& limits) : limits_(limits) {}
+  explicit Renderer(const RenderLimits& limits) : limits_(limits) { built_.left = limits.max_built_bytes; }
   // A namespace can be made to hold itself (`set ns.me = ns`, or through a
   // list, a dict or a bound method); it lives only as long as the render,
   // so emptying the ones assigned to frees any such cycle.
@@ -237,8 +237,17 @@ class Renderer {
       return absl::ResourceExhaustedError(absl::StrCat(
           "chat template line ", line, ": rendering took more than ", limits_.max_steps, " steps"));
     }
+    if (built_.spent) {
+      return absl::ResourceExhaustedError(absl::StrCat("chat template line ", line, ": rendering built more than ",
+                                                       limits_.max_built_bytes, " bytes of strings and lists"));
+    }
     return absl::OkStatus();
   }
+
+ public:
+  BuildBudget* built() { return &built_; }
+
+ private:
 
   absl::Status Append(std::string* out, const std::string& s, int line) {
     if (out->size() + s.size() > limits_.max_output_bytes) {
@@ -591,6 +600,7 @@ class Renderer {
   }
 
   RenderLimits limits_;
+  BuildBudget built_;
   Flow flow_ = Flow::kNormal;
   int64_t steps_ = 0;
   int call_depth_ = 0;
@@ -620,8 +630,13 @@ absl::StatusOr<std::string> Template::Render(const Value& globals, RenderLimits 
   }
   Frame root(&context);
   Renderer renderer(limits);
+  BuildBudgetScope budget(renderer.built());
   std::string out;
   RETURN_IF_ERROR(renderer.Exec(impl_->body, &root, &out));
+  if (renderer.built()->spent) {
+    return absl::ResourceExhaustedError(absl::StrCat("chat template: rendering built more than ",
+                                                     limits.max_built_bytes, " bytes of strings and lists"));
+  }
   return out;
 }
 

@@ -56,13 +56,34 @@ Value Value::Float(double d) {
   v.f_ = d;
   return v;
 }
+namespace {
+thread_local BuildBudget* build_budget = nullptr;
+
+void Charge(size_t bytes) {
+  if (build_budget == nullptr) return;
+  build_budget->left -= static_cast<int64_t>(bytes);
+  if (build_budget->left < 0) build_budget->spent = true;
+}
+}  // namespace
+
+BuildBudgetScope::BuildBudgetScope(BuildBudget* budget) : previous_(build_budget) { build_budget = budget; }
+BuildBudgetScope::~BuildBudgetScope() { build_budget = previous_; }
+
 Value Value::String(std::string s) {
+  Charge(s.size());
   Value v;
   v.kind_ = Kind::kString;
   v.s_ = std::move(s);
   return v;
 }
 Value Value::List(ValueList items) {
+  if (build_budget != nullptr) {
+    size_t bytes = items.size() * sizeof(Value);
+    for (const Value& item : items) {
+      if (item.is_string()) bytes += item.as_string().size();
+    }
+    Charge(bytes);
+  }
   Value v;
   v.kind_ = Kind::kList;
   v.list_ = std::make_shared<ValueList>(std::move(items));

@@ -40,6 +40,28 @@ struct CallArgs {
 };
 using Function = std::function<absl::StatusOr<Value>(CallArgs&)>;
 
+// What the strings and lists one render builds may add up to: each
+// Value::String and Value::List charges its bytes (a list: its direct
+// items, strings counted whole) to the calling thread's budget while a
+// render holds one (BuildBudgetScope); the renderer refuses at its next
+// step once it is spent, so that a template doubling or multiplying values
+// fails its request before memory runs out. Thread-local: renders on
+// several threads each charge their own.
+struct BuildBudget {
+  int64_t left = 0;
+  bool spent = false;
+};
+class BuildBudgetScope {
+ public:
+  explicit BuildBudgetScope(BuildBudget* budget);
+  ~BuildBudgetScope();
+  BuildBudgetScope(const BuildBudgetScope&) = delete;
+  BuildBudgetScope& operator=(const BuildBudgetScope&) = delete;
+
+ private:
+  BuildBudget* previous_;
+};
+
 class Value {
  public:
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kFunction };

@@ -131,6 +131,9 @@ TEST(JinjaTest, HostileTemplatesStopAtTheLimits) {
         "{% set ns = namespace(s='a') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
         "{% set ns = namespace(s='a') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
         "{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
+        // Copies kept alive, each within every per-value bound: the budget
+        // of bytes built stops it.
+        "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = ns.l + ['x' * 1000000] %}{% endfor %}",
         "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
         "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "{{ range(1000000) }}",
         "{{ 'ab' * 100000000 }}"}) {
@@ -138,6 +141,15 @@ TEST(JinjaTest, HostileTemplatesStopAtTheLimits) {
     ASSERT_TRUE(t.ok()) << source;
     auto r = t->Render(jinja::Value::Dict(), limits);
     EXPECT_FALSE(r.ok()) << source;
+  }
+  {
+    auto t = jinja::Template::Parse(
+        "{% set ns = namespace(l=[]) %}{% for i in range(5000) %}{% set ns.l = ns.l + ['x' * 1000000] %}{% endfor %}");
+    ASSERT_TRUE(t.ok());
+    auto r = t->Render(jinja::Value::Dict(), limits);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(r.status().message().find("bytes of strings and lists"), std::string::npos) << r.status();
   }
   // Deep nesting is refused at parse time, not by overflowing the stack.
   std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
