@@ -29,7 +29,7 @@ KEY = "sk-second"
 SCALE = float(os.environ.get("TANDEM_TEST_TIME_SCALE", "1"))
 
 
-def request(port, method, path, body=None, headers=None, timeout=30, key=KEY):
+def request(port, method, path, body=None, headers=None, timeout=30 * SCALE, key=KEY):
     """(status, parsed JSON body or text) of one HTTP request."""
     hdrs = {"Content-Type": "application/json"}
     if key is not None:
