@@ -654,7 +654,7 @@ def main():
                  "only text parts"),
                 ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "tools": [5]}',
                  "tools[0] must be an object"),
-                ("/v1/completions", '{"prompt": "hi", "temperature": ' + deep + '}', "nested at most 128 deep"),
+                ("/v1/completions", '{"prompt": "hi", "temperature": ' + deep + '}', "nest more than 128 deep"),
                 ("/v1/completions", '{"prompt": [1, 4294967297]}', "prompt[1] must be a token id"),
                 ("/detokenize", '{"tokens": [-1]}', "tokens[0] must be a token id")]:
             status, text = http_post(base + path, body)
