@@ -949,7 +949,9 @@ OpenAiRequest ParseOpenAiRequest(OpenAiRoute route, const std::string& text,
     if (continue_final) {
       if (auto e = CutAfterFinalMessage(messages, &*rendered)) return Error(*e);
     }
-    if (auto e = CheckTextFits(rendered->size(), context, "messages")) return Error(*e);
+    if (!tokenize) {  // /tokenize counts any length, as vLLM's
+      if (auto e = CheckTextFits(rendered->size(), context, "messages")) return Error(*e);
+    }
     // The template writes the special tokens itself (transformers and vLLM
     // tokenize its output without adding any).
     prompts[0].ids = tokenizer->Encode(*rendered, /*add_special_tokens=*/false);
