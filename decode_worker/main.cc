@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
             "a kept-alive connection with no request under way is closed after this long");
   flags.Add("http-max-read-bytes-per-second", &limits.max_read_bytes_per_second,
             "what the HTTP loop reads from all clients together per second (0: no bound): a "
-            "burst of large bodies arrives at this pace instead of taking a core from the engine");
+            "burst of large bodies arrives at this pace instead of taking a core from the engine "
+            "(ordinary requests arrive in one read)");
   flags.Add("http-max-connections", &limits.max_connections,
             "open HTTP connections at once (one more is answered 503 and closed)");
   flags.Add("api-threads", &openai.api_threads,

@@ -65,7 +65,13 @@ struct OpenAiOptions {
   // `Authorization: Bearer KEY` with one of these (vLLM's --api-key); 401
   // otherwise. /health, /ping, /version and /metrics stay open.
   std::vector<std::string> api_keys;
-  HttpServer::Options http_limits;  // --http-* flags
+  // --http-* flags; a burst of large bodies arrives at 64 MiB/s (docs/benchmarks.md,
+  // "A large request beside other clients").
+  HttpServer::Options http_limits = [] {
+    HttpServer::Options o;
+    o.max_read_bytes_per_second = HttpServer::Options::kDefaultMaxReadBytesPerSecond;
+    return o;
+  }();
   int api_threads = 0;              // 0: one per available CPU, at most 4
   int api_queue = 64;               // requests waiting for those threads
   WorkQueue::Priority api_priority = WorkQueue::Priority::kIdle;  // --api-priority

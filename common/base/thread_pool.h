@@ -57,6 +57,22 @@ class ThreadPool {
   // container's `--cpus`, Kubernetes' limits.cpu: CgroupCpuLimit), at least 1.
   static int AvailableCpus();
 
+  // While one of these lives anywhere in the process (background work for
+  // a client: the HTTP front door's parsing), a pool thread that has
+  // spun for a while waits by sleeping a few microseconds instead of
+  // yielding its core: a yielded core goes to whatever else is runnable, a
+  // background thread included, until the scheduler's next tick (4 ms),
+  // op after op, while a short sleep ends in a wake-up that takes the core
+  // back at once (docs/benchmarks.md, "A large request beside other
+  // clients"). Without background work, waits yield as before.
+  class BackgroundWork {
+   public:
+    BackgroundWork();
+    ~BackgroundWork();
+    BackgroundWork(const BackgroundWork&) = delete;
+    BackgroundWork& operator=(const BackgroundWork&) = delete;
+  };
+
  private:
   void WorkerLoop(int index);
   void RunChunk(int index);

@@ -76,6 +76,7 @@ class HttpServer {
     // What the loop reads from all connections together, per second (0: no
     // bound): large bodies arrive at this pace rather than taking a core.
     size_t max_read_bytes_per_second = 0;
+    static constexpr size_t kDefaultMaxReadBytesPerSecond = 64 << 20;  // the decode worker's flag
   };
 
   // Listens on `address` (HOST:PORT; port 0 picks one) and starts the loop.

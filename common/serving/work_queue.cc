@@ -11,6 +11,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "common/base/thread_pool.h"
 
 namespace tandem {
 
@@ -73,6 +74,8 @@ void WorkQueue::Run() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
+    // Its threads give their cores up to it at once (ThreadPool::BackgroundWork).
+    const ThreadPool::BackgroundWork background;
     task();
   }
 }

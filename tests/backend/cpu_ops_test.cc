@@ -56,6 +56,33 @@ TEST(ThreadPoolTest, ManyShortJobsBackToBackAndAfterSleeping) {
 // A cgroup CPU limit caps the threads (--threads=0, the loader's pool): a
 // container's quota over its period rounded up, the lowest from the
 // process's cgroup up to the root, in cgroup v2 and v1; none without one.
+// While background work runs (the HTTP front door parsing a large body),
+// waiting pool threads sleep briefly instead of yielding: jobs still run
+// every index once, with threads late and more threads than cores (the
+// waits that give way), and with a background thread busy beside them.
+TEST(ThreadPoolTest, JobsRunWhileBackgroundWorkRuns) {
+  std::atomic<bool> stop{false};
+  std::thread background([&] {
+    const ThreadPool::BackgroundWork work;
+    volatile uint64_t x = 0;
+    while (!stop.load()) x = x + 1;
+  });
+  {
+    const ThreadPool::BackgroundWork nested;  // several at once, in any thread
+    ThreadPool pool(4);
+    std::atomic<int64_t> sum{0};
+    for (int round = 0; round < 2000; ++round) {
+      pool.ParallelFor(8, 1, [&](int64_t b, int64_t e) {
+        if (round % 100 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // a late chunk
+        sum.fetch_add(e - b);
+      });
+    }
+    EXPECT_EQ(sum.load(), 8 * 2000);
+  }
+  stop = true;
+  background.join();
+}
+
 TEST(ThreadPoolTest, CgroupCpuLimitIsTheLowestQuotaOnTheWayUp) {
   std::map<std::string, std::string> files;
   const auto read = [&](const std::string& path) {
