@@ -35,7 +35,8 @@ inline nlohmann::ordered_json ParseJsonBounded(const std::string& text, std::str
     } else {
       // Parsed again for the message: only a body that already failed pays.
       try {
-        (void)Json::parse(text, limit);
+        const Json again = Json::parse(text, limit);  // throws where the syntax broke
+        (void)again;
         *why = "unparseable";
       } catch (const Json::exception& e) {
         *why = e.what();
