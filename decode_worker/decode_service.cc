@@ -130,7 +130,7 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
                            static_cast<int64_t>(client_.load()->token_bytes());
   args.num_streams = KvStreamsFor(kv_bytes, pool_->kv_streams(), options_.kv_bytes_per_stream);
   PrefillPool::Endpoint* endpoint =
-      call->prefill_endpoint != nullptr ? call->prefill_endpoint : pool_->Pick();
+      call->prefill_endpoint != nullptr ? call->prefill_endpoint.get() : pool_->Pick();
   (new PrefillClient(this, endpoint, call, std::move(args)))->Start();
 }
 
@@ -259,8 +259,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(
     return writer.get();
   }
   auto call = std::make_shared<GenerateCall>();
-  call->prefill_endpoint = chosen.get();
-  call->prefill_endpoint_hold = std::move(chosen);
+  call->prefill_endpoint = std::move(chosen);
   call->id = *resolved_id;
   if (request->request_id().empty()) {
     TANDEM_LOG(INFO) << "request without an id: assigned " << call->id;

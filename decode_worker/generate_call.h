@@ -39,9 +39,9 @@ struct GenerateCall {
   // "short_prompt", "prompt_logprobs"), or null when a prefill worker does.
   const char* local_reason = nullptr;
   // The prefill worker a gateway chose for this request (the
-  // x-prefiller-host-port header), or null: the pool's rotation.
-  PrefillPool::Endpoint* prefill_endpoint = nullptr;
-  std::shared_ptr<PrefillPool::Endpoint> prefill_endpoint_hold;  // keeps a named one open
+  // x-prefiller-host-port header), or null: the pool's rotation. Held: a
+  // named endpoint stays open while the request uses it.
+  std::shared_ptr<PrefillPool::Endpoint> prefill_endpoint;
   std::shared_ptr<StreamWriter<v1::GenerateResponse>> writer;
   std::chrono::system_clock::time_point client_deadline;
   absl::Time queued_at;  // Generate() arrival
