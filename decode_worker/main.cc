@@ -112,6 +112,10 @@ int main(int argc, char** argv) {
             "what the HTTP loop reads from all clients together per second (0: no bound): a "
             "burst of large bodies arrives at this pace instead of taking a core from the engine "
             "(ordinary requests arrive in one read)");
+  flags.Add("http-max-write-bytes-per-second", &limits.max_write_bytes_per_second,
+            "what the HTTP loop writes to all clients together per second (0: no bound): a reply "
+            "of megabytes (a /tokenize of a long prompt) leaves at this pace instead of taking a "
+            "core from the engine (streamed tokens are a small fraction of it)");
   flags.Add("http-max-connections", &limits.max_connections,
             "open HTTP connections at once (one more is answered 503 and closed)");
   flags.Add("api-threads", &openai.api_threads,

@@ -1092,7 +1092,7 @@ void OpenAiFrontend::Prepare(OpenAiRoute route, const HttpServer::Request& reque
                         options_.return_tokens_as_token_ids, options_.eos_token_id, options_.max_logprobs};
   context.trust_request_chat_template = options_.trust_request_chat_template;
   context.max_token_bytes = max_token_bytes_;
-  OpenAiRequest parsed = ParseOpenAiRequest(route, request.body, context);
+  OpenAiRequest parsed = ParseOpenAiRequest(route, request.body.str(), context);
   if (parsed.error) return SendError(*stream, *parsed.error);
   if (parsed.reply) return SendJson(*stream, *parsed.reply);
   std::string id = request.Header("X-Request-Id");
@@ -1121,7 +1121,7 @@ std::vector<std::string> OpenAiFrontend::LoraAdapters() const {
 
 void OpenAiFrontend::UpdateLora(bool load, const HttpServer::Request& request,
                                 std::shared_ptr<HttpServer::Stream> stream) {
-  const Json body = Json::parse(request.body, nullptr, /*allow_exceptions=*/false);
+  const Json body = Json::parse(request.body.str(), nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return SendError(*stream, {400, "the body must be a JSON object", ""});
   }

@@ -65,11 +65,12 @@ struct OpenAiOptions {
   // `Authorization: Bearer KEY` with one of these (vLLM's --api-key); 401
   // otherwise. /health, /ping, /version and /metrics stay open.
   std::vector<std::string> api_keys;
-  // --http-* flags; a burst of large bodies arrives at 64 MiB/s (docs/benchmarks.md,
-  // "A large request beside other clients").
+  // --http-* flags; a burst of large bodies arrives, and large replies leave,
+  // at 64 MiB/s (docs/benchmarks.md, "A large request beside other clients").
   HttpServer::Options http_limits = [] {
     HttpServer::Options o;
-    o.max_read_bytes_per_second = HttpServer::Options::kDefaultMaxReadBytesPerSecond;
+    o.max_read_bytes_per_second = HttpServer::Options::kDefaultMaxBytesPerSecond;
+    o.max_write_bytes_per_second = HttpServer::Options::kDefaultMaxBytesPerSecond;
     return o;
   }();
   int api_threads = 0;              // 0: one per available CPU, at most 4

@@ -62,6 +62,22 @@ struct Core {
 
 class ServerImpl;
 
+// An evbuffer holding `text`. A large one is handed over, not copied (a
+// 15 MB /tokenize reply copied on the loop is a pause for every stream); the
+// buffer frees it once it has been written out.
+evbuffer* BufferOf(std::string text) {
+  evbuffer* buf = evbuffer_new();
+  if (text.size() < (64 << 10)) {
+    evbuffer_add(buf, text.data(), text.size());
+    return buf;
+  }
+  auto* owned = new std::string(std::move(text));
+  evbuffer_add_reference(
+      buf, owned->data(), owned->size(),
+      [](const void*, size_t, void* arg) { delete static_cast<std::string*>(arg); }, owned);
+  return buf;
+}
+
 class StreamImpl final : public HttpServer::Stream, public std::enable_shared_from_this<StreamImpl> {
  public:
   StreamImpl(std::shared_ptr<Core> core, evhttp_request* req)
@@ -70,11 +86,10 @@ class StreamImpl final : public HttpServer::Stream, public std::enable_shared_fr
   void Respond(int status, const std::string& content_type, std::string body,
                std::vector<std::pair<std::string, std::string>> headers) override {
     core_->Post([self = shared_from_this(), status, content_type, body = std::move(body),
-                 headers = std::move(headers)] {
+                 headers = std::move(headers)]() mutable {
       if (self->req_ == nullptr || self->started_) return;
       self->AddHeaders(content_type, headers);
-      evbuffer* buf = evbuffer_new();
-      evbuffer_add(buf, body.data(), body.size());
+      evbuffer* buf = BufferOf(std::move(body));
       evhttp_send_reply(self->req_, status, Reason(status), buf);
       evbuffer_free(buf);
       self->Finished();
@@ -92,10 +107,9 @@ class StreamImpl final : public HttpServer::Stream, public std::enable_shared_fr
   }
 
   void Write(std::string data) override {
-    core_->Post([self = shared_from_this(), data = std::move(data)] {
+    core_->Post([self = shared_from_this(), data = std::move(data)]() mutable {
       if (self->req_ == nullptr || !self->started_) return;
-      evbuffer* buf = evbuffer_new();
-      evbuffer_add(buf, data.data(), data.size());
+      evbuffer* buf = BufferOf(std::move(data));
       evhttp_send_reply_chunk(self->req_, buf);
       evbuffer_free(buf);
     });
@@ -231,16 +245,23 @@ class ServerImpl final : public HttpServer {
     evhttp_set_max_headers_size(http_, static_cast<ev_ssize_t>(options_.max_header_bytes));
     evhttp_set_timeout(http_, options_.read_timeout_seconds);
     evhttp_set_bevcb(http_, &ServerImpl::NewConnection, this);
-    if (options_.max_read_bytes_per_second > 0) {
-      // Reading is the loop's to do: bounded, so that megabytes arriving at
-      // once take a bounded share of a core (the engine's threads wait for
-      // each other, and one core taken stalls every stream). Bursts of
-      // 256 KiB: requests of ordinary size arrive in one read.
+    if (options_.max_read_bytes_per_second > 0 || options_.max_write_bytes_per_second > 0) {
+      // Reading and writing are the loop's to do, and on loopback or a fast
+      // link the kernel's copies are the loop's CPU: bounded, so that
+      // megabytes arriving or leaving at once take a bounded share of a core
+      // (the engine's threads wait for each other, and one core taken
+      // stalls every stream). Bursts of 256 KiB: requests and replies of
+      // ordinary size go in one read or write.
       const timeval tick{0, 10000};
-      const size_t rate = options_.max_read_bytes_per_second / 100;  // a tick's
-      read_cfg_ = ev_token_bucket_cfg_new(rate, std::max<size_t>(rate, 256 << 10), EV_RATE_LIMIT_MAX,
-                                          EV_RATE_LIMIT_MAX, &tick);
-      read_limit_ = bufferevent_rate_limit_group_new(base_, read_cfg_);
+      auto per_tick = [](size_t per_second) -> size_t {
+        return per_second > 0 ? per_second / 100 : EV_RATE_LIMIT_MAX;
+      };
+      auto burst = [](size_t rate) { return std::max<size_t>(rate, 256 << 10); };
+      const size_t read = per_tick(options_.max_read_bytes_per_second);
+      const size_t write = per_tick(options_.max_write_bytes_per_second);
+      io_cfg_ = ev_token_bucket_cfg_new(read, read == EV_RATE_LIMIT_MAX ? read : burst(read), write,
+                                        write == EV_RATE_LIMIT_MAX ? write : burst(write), &tick);
+      io_limit_ = bufferevent_rate_limit_group_new(base_, io_cfg_);
     }
     evhttp_set_allowed_methods(http_, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                           EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE);
@@ -293,10 +314,10 @@ class ServerImpl final : public HttpServer {
     check_ = nullptr;
     for (auto& [bev, conn] : conns_) Release(*conn);
     conns_.clear();
-    if (read_limit_ != nullptr) bufferevent_rate_limit_group_free(read_limit_);
-    if (read_cfg_ != nullptr) ev_token_bucket_cfg_free(read_cfg_);
-    read_limit_ = nullptr;
-    read_cfg_ = nullptr;
+    if (io_limit_ != nullptr) bufferevent_rate_limit_group_free(io_limit_);
+    if (io_cfg_ != nullptr) ev_token_bucket_cfg_free(io_cfg_);
+    io_limit_ = nullptr;
+    io_cfg_ = nullptr;
     event_base_free(base_);
     base_ = nullptr;
   }
@@ -318,7 +339,7 @@ class ServerImpl final : public HttpServer {
     bufferevent* bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (bev == nullptr) return nullptr;  // evhttp makes its own (unwatched)
     bufferevent_incref(bev);
-    if (self->read_limit_ != nullptr) bufferevent_add_to_rate_limit_group(bev, self->read_limit_);
+    if (self->io_limit_ != nullptr) bufferevent_add_to_rate_limit_group(bev, self->io_limit_);
     auto conn = std::make_unique<Conn>();
     conn->bev = bev;
     conn->since = Clock::now();
@@ -360,7 +381,7 @@ class ServerImpl final : public HttpServer {
     evbuffer_remove_cb_entry(bufferevent_get_input(conn.bev), conn.watch);
     // Now, not when the bufferevent is finalized (on a later turn of the
     // loop, which Stop() may not give it): the group is freed with the loop.
-    if (read_limit_ != nullptr) bufferevent_remove_from_rate_limit_group(conn.bev);
+    if (io_limit_ != nullptr) bufferevent_remove_from_rate_limit_group(conn.bev);
     bufferevent_decref(conn.bev);
   }
 
@@ -451,9 +472,7 @@ class ServerImpl final : public HttpServer {
     for (evkeyval* kv = in->tqh_first; kv != nullptr; kv = kv->next.tqe_next) {
       r.headers.emplace_back(kv->key, kv->value);
     }
-    evbuffer* body = evhttp_request_get_input_buffer(req);
-    r.body.resize(evbuffer_get_length(body));
-    if (!r.body.empty()) evbuffer_remove(body, r.body.data(), r.body.size());
+    r.body = TakeBody(evhttp_request_get_input_buffer(req));
 
     auto stream = std::make_shared<StreamImpl>(self->core_, req);
     evhttp_connection* conn = stream->connection();
@@ -510,11 +529,44 @@ class ServerImpl final : public HttpServer {
   // many of them count against max_connections.
   std::unordered_map<bufferevent*, std::unique_ptr<Conn>> conns_;
   int live_ = 0;
-  ev_token_bucket_cfg* read_cfg_ = nullptr;
-  bufferevent_rate_limit_group* read_limit_ = nullptr;  // every connection's reads together
+  ev_token_bucket_cfg* io_cfg_ = nullptr;
+  bufferevent_rate_limit_group* io_limit_ = nullptr;  // every connection's reads and writes together
 };
 
 }  // namespace
+
+struct HttpServer::Body::Chunks {
+  evbuffer* buffer = evbuffer_new();
+  ~Chunks() { evbuffer_free(buffer); }
+};
+
+HttpServer::Body::Body() = default;
+HttpServer::Body::Body(std::string text) : text_(std::move(text)) {}
+HttpServer::Body::Body(Body&&) noexcept = default;
+HttpServer::Body& HttpServer::Body::operator=(Body&&) noexcept = default;
+HttpServer::Body::~Body() = default;
+
+size_t HttpServer::Body::size() const {
+  return chunks_ != nullptr ? evbuffer_get_length(chunks_->buffer) : text_.size();
+}
+
+const std::string& HttpServer::Body::str() const {
+  if (chunks_ != nullptr) {
+    text_.resize(evbuffer_get_length(chunks_->buffer));
+    if (!text_.empty()) evbuffer_remove(chunks_->buffer, text_.data(), text_.size());
+    chunks_.reset();
+  }
+  return text_;
+}
+
+HttpServer::Body HttpServer::TakeBody(evbuffer* input) {
+  Body body;
+  if (evbuffer_get_length(input) == 0) return body;
+  body.chunks_ = std::make_unique<Body::Chunks>();
+  // Moves the chunks, not their bytes.
+  evbuffer_add_buffer(body.chunks_->buffer, input);
+  return body;
+}
 
 std::string HttpServer::Request::Header(const std::string& name) const {
   for (const auto& [k, v] : headers) {
