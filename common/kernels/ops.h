@@ -69,6 +69,10 @@ struct AttentionShape {
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale = 1.f;
+  // Sliding-window attention: a query sees only the last `sliding_window`
+  // keys, itself included (transformers' kv_idx > q_idx - sliding_window,
+  // vLLM's window of sliding_window - 1 keys to the left); 0: every key.
+  int sliding_window = 0;
 };
 
 // A sparse layer's experts (Qwen2-MoE, Qwen3-MoE), in the layout the model

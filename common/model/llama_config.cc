@@ -113,7 +113,9 @@ uint64_t LlamaConfig::Fingerprint() const {
       max_position_embeddings, "|", tie_word_embeddings, "|", num_experts, "|",
       num_experts_per_tok, "|", moe_intermediate_size, "|", shared_expert_intermediate_size,
       "|", norm_topk_prob, "|",
-      decoder_sparse_step, "|", absl::StrJoin(mlp_only_layers, ","));
+      decoder_sparse_step, "|", absl::StrJoin(mlp_only_layers, ","),
+      // windows (absent without them, so earlier fingerprints hold)
+      layer_windows.empty() ? std::string() : absl::StrCat("|w", absl::StrJoin(layer_windows, ",")));
   return Fnv1a64(canonical);
 }
 
@@ -166,6 +168,13 @@ absl::Status LlamaConfig::Validate() const {
           moe_intermediate_size, ", ", decoder_sparse_step, " and ",
           shared_expert_intermediate_size));
     }
+  }
+  if (!layer_windows.empty() && static_cast<int>(layer_windows.size()) != num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", layer_windows.size(),
+                                                   " layer windows for ", num_hidden_layers, " layers"));
+  }
+  for (int w : layer_windows) {
+    if (w < 0) return absl::InvalidArgumentError(absl::StrCat("config: a sliding window is ", w));
   }
   const RopeScaling& s = rope_scaling;
   if (!s.type.empty() && s.type != "llama3" && s.type != "linear" && s.type != "yarn") {
@@ -331,19 +340,10 @@ absl::StatusOr<LlamaConfig> ParseConfigJson(absl::string_view json_text,
   auto is_positive = [&](const char* key) {
     return j.contains(key) && j[key].is_number() && j[key].get<double>() > 0;
   };
-  if (is_true("use_sliding_window")) {
-    return refuse("use_sliding_window", "true", "full attention in every layer");
-  }
-  if (!j.contains("use_sliding_window") && j.contains("sliding_window") &&
-      j["sliding_window"].is_number_integer() &&
-      j["sliding_window"].get<double>() < j.value("max_position_embeddings", 2048.0)) {
-    // Mistral: a window below the context is sliding-window attention.
-    return refuse("sliding_window", j["sliding_window"].dump(), "full attention in every layer");
-  }
   if (j.contains("layer_types") && j["layer_types"].is_array()) {
     for (const auto& t : j["layer_types"]) {
-      if (t != "full_attention") {
-        return refuse("layer_types", t.dump(), "\"full_attention\" in every layer");
+      if (t != "full_attention" && t != "sliding_attention") {
+        return refuse("layer_types", t.dump(), "\"full_attention\" and \"sliding_attention\"");
       }
     }
   }
@@ -406,6 +406,48 @@ absl::StatusOr<LlamaConfig> ParseConfigJson(absl::string_view json_text,
     c.torch_dtype = j["torch_dtype"].get<std::string>();
   } else if (j.contains("dtype") && j["dtype"].is_string()) {
     c.torch_dtype = j["dtype"].get<std::string>();
+  }
+  // Sliding windows, as transformers reads them: layer_types when given;
+  // else Qwen2/Qwen3's use_sliding_window (layers from max_window_layers
+  // on); else Mistral's and Mixtral's sliding_window, every layer.
+  {
+    ASSIGN_OR_RETURN(const int64_t window, integer("sliding_window", 0));
+    auto need_window = [&]() -> absl::Status {
+      if (window > 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_name, ": sliding_window is ", j.contains("sliding_window") ? j["sliding_window"].dump() : "absent",
+          "; a positive window is needed for the sliding-attention layers"));
+    };
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      const auto& types = j["layer_types"];
+      if (static_cast<int64_t>(types.size()) != c.num_hidden_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(source_name, ": layer_types has ", types.size(),
+                                                       " entries for ", c.num_hidden_layers, " layers"));
+      }
+      bool any = false;
+      for (const auto& t : types) any |= t == "sliding_attention";
+      if (any) {
+        RETURN_IF_ERROR(need_window());
+        for (const auto& t : types) {
+          c.layer_windows.push_back(t == "sliding_attention" ? static_cast<int>(window) : 0);
+        }
+      }
+    } else if (j.contains("use_sliding_window")) {
+      if (is_true("use_sliding_window")) {
+        RETURN_IF_ERROR(need_window());
+        ASSIGN_OR_RETURN(const int64_t first, integer("max_window_layers", c.num_hidden_layers));
+        for (int i = 0; i < c.num_hidden_layers; ++i) {
+          c.layer_windows.push_back(i >= first ? static_cast<int>(window) : 0);
+        }
+      }
+    } else if ((family == FindHfFamily("MistralForCausalLM") ||
+                family == FindHfFamily("MixtralForCausalLM")) &&
+               window > 0) {
+      c.layer_windows.assign(c.num_hidden_layers, static_cast<int>(window));
+    }
+    if (std::all_of(c.layer_windows.begin(), c.layer_windows.end(), [](int w) { return w == 0; })) {
+      c.layer_windows.clear();
+    }
   }
   if (family->experts) {
     ASSIGN_OR_RETURN(

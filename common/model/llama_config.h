@@ -117,7 +117,17 @@ struct LlamaConfig {
   int decoder_sparse_step = 1;       // layer i is sparse when (i + 1) % step == 0
   std::vector<int> mlp_only_layers;  // ...and not listed here
 
+  // Sliding-window attention, per layer: the number of keys a query of that
+  // layer sees (itself included), 0 for full attention; empty: full
+  // attention in every layer. From config.json's layer_types, Qwen2/Qwen3's
+  // use_sliding_window with max_window_layers, or Mistral/Mixtral's
+  // sliding_window, as transformers reads them.
+  std::vector<int> layer_windows;
+
   bool IsSparseLayer(int layer) const;
+  int LayerWindow(int layer) const {
+    return layer < static_cast<int>(layer_windows.size()) ? layer_windows[layer] : 0;
+  }
   int64_t qkv_size() const {
     return static_cast<int64_t>(num_attention_heads + 2 * num_key_value_heads) * head_dim;
   }
@@ -153,7 +163,7 @@ absl::Status ApplyRopeScalingOverride(absl::string_view json_text, LlamaConfig* 
 // rope_parameters). INVALID_ARGUMENT names the file and the missing field, or
 // the field and value of anything the engine does not implement: an
 // architecture the family table lacks, hidden_act other than silu, biases
-// other than Qwen2's q/k/v ones, sliding-window attention, experts outside
+// other than Qwen2's q/k/v ones, layer types other than full and sliding attention, experts outside
 // the Mixtral, Qwen2-MoE and Qwen3-MoE families, logit soft-capping, partial rotary embeddings,
 // unknown rope scaling.
 absl::StatusOr<LlamaConfig> ParseLlamaConfig(absl::string_view json_text,

@@ -559,7 +559,9 @@ void LlamaModel::IssuePiece(int piece, int64_t n, const ForwardBuffers& b) const
 
 void LlamaModel::IssueAttention(int layer, int64_t n, const ForwardBuffers& b,
                                 const KvLayer& kv) const {
-  ops_->PagedAttention(b.qkv.Rows(n), kv, b.meta, attention_shape(), b.attn_out.Rows(n));
+  AttentionShape shape = attention_shape();
+  shape.sliding_window = config_.LayerWindow(layer);
+  ops_->PagedAttention(b.qkv.Rows(n), kv, b.meta, shape, b.attn_out.Rows(n));
 }
 
 void LlamaModel::IssueLogits(const Tensor& hidden, const Tensor& indices, const Tensor& gathered,

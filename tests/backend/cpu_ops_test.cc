@@ -529,6 +529,8 @@ TEST_P(CpuOpsTest, RowOpsMatchPlainLoops) {
 // tokens' k and v are rounded to bf16 in their slots, and attention reads the
 // cache as it is stored. On every Highway target this CPU runs (prefill
 // chunks' products by the tiles or by OpenBLAS's sgemm, as the target says).
+// With a sliding window too: of 1 key (the query's own), of 7 (shorter than
+// a tile's queries), of 64 (a tile's first rows see keys its last do not).
 TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
   for (const std::string& target : cpu::Targets())
   for (DType kv : {DType::kF32, DType::kBF16})
@@ -541,7 +543,7 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     ASSERT_EQ(backend->ops->kv_dtype(), kv);
     ASSERT_EQ(backend->ops->dtype(), DType::kF32);
     const int nh = 4, nkv = 2, bs = 4, num_blocks = 100, max_seqs = 5, width = 48;
-    const AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
+    AttentionShape shape{nh, nkv, hd, 1.f / std::sqrt(static_cast<float>(hd))};
     // r0: a 140-token prefill chunk after 13 cached (tiled path, three query
     // tiles, run out of order); r1: 1 decode token after 40; r2: 3 tokens of
     // a fresh prompt; r3: 9 of another (tiled path); then 2 padding rows.
@@ -573,57 +575,61 @@ TEST_P(CpuOpsTest, PagedAttentionMixedBatch) {
     meta.block_size = bs;
     KvLayer cache{RandomAs(kv, {num_blocks, bs, nkv, hd}), RandomAs(kv, {num_blocks, bs, nkv, hd})};
     Tensor qkv = Random({n, row});
-    Tensor out = Random({n, nh * hd});  // garbage that must be overwritten
-    backend->ops->PagedAttention(qkv, cache, meta, shape, out);
+    for (int window : {0, 1, 7, 64}) {
+      shape.sliding_window = window;
+      Tensor out = Random({n, nh * hd});  // garbage that must be overwritten
+      backend->ops->PagedAttention(qkv, cache, meta, shape, out);
 
-    // The new tokens' k and v are in their slots, rounded to the cache's dtype.
-    const std::vector<float> kf = AsF32(cache.k), vf = AsF32(cache.v);
-    std::vector<float> stored(kv_row);
-    for (int64_t i = 0; i < 153; ++i) {
-      for (int part = 0; part < 2; ++part) {
-        const float* src = qkv.f32() + i * row + nh * hd + part * kv_row;
-        std::vector<uint16_t> bits(kv_row);
-        if (kv == DType::kBF16) {
-          ConvertFromF32(src, kv, bits.data(), kv_row);
-          ConvertToF32(bits.data(), kv, stored.data(), kv_row);
-        } else {
-          stored.assign(src, src + kv_row);
-        }
-        const std::vector<float>& c = part == 0 ? kf : vf;
-        for (int64_t d = 0; d < kv_row; ++d) ASSERT_EQ(c[slots[i] * kv_row + d], stored[d]);
-      }
-    }
-    std::vector<double> want(n * nh * hd, 0.0), ones(n * nh * hd, 1.0);
-    for (int r = 0; r < num_real; ++r) {
-      for (int t = 0; t < q_len[r]; ++t) {
-        const int64_t tok = qsl[r] + t;
-        const int ctx = cached[r] + t + 1;
-        for (int h = 0; h < nh; ++h) {
-          const float* q = qkv.f32() + tok * row + h * hd;
-          const int kvh = h / (nh / nkv);
-          std::vector<double> p(ctx);
-          double mx = -1e300, sum = 0;
-          for (int j = 0; j < ctx; ++j) {
-            const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
-            double dot = 0;
-            for (int d = 0; d < hd; ++d) dot += double(q[d]) * kf[slot * kv_row + kvh * hd + d];
-            p[j] = dot * shape.scale;
-            mx = std::max(mx, p[j]);
+      // The new tokens' k and v are in their slots, rounded to the cache's dtype.
+      const std::vector<float> kf = AsF32(cache.k), vf = AsF32(cache.v);
+      std::vector<float> stored(kv_row);
+      for (int64_t i = 0; i < 153; ++i) {
+        for (int part = 0; part < 2; ++part) {
+          const float* src = qkv.f32() + i * row + nh * hd + part * kv_row;
+          std::vector<uint16_t> bits(kv_row);
+          if (kv == DType::kBF16) {
+            ConvertFromF32(src, kv, bits.data(), kv_row);
+            ConvertToF32(bits.data(), kv, stored.data(), kv_row);
+          } else {
+            stored.assign(src, src + kv_row);
           }
-          for (double& v : p) sum += (v = std::exp(v - mx));
-          for (int j = 0; j < ctx; ++j) {
-            const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
-            for (int d = 0; d < hd; ++d) {
-              want[tok * nh * hd + h * hd + d] +=
-                  p[j] / sum * vf[slot * kv_row + kvh * hd + d];
+          const std::vector<float>& c = part == 0 ? kf : vf;
+          for (int64_t d = 0; d < kv_row; ++d) ASSERT_EQ(c[slots[i] * kv_row + d], stored[d]);
+        }
+      }
+      std::vector<double> want(n * nh * hd, 0.0), ones(n * nh * hd, 1.0);
+      for (int r = 0; r < num_real; ++r) {
+        for (int t = 0; t < q_len[r]; ++t) {
+          const int64_t tok = qsl[r] + t;
+          const int ctx = cached[r] + t + 1;
+          const int first = window > 0 ? std::max(0, ctx - window) : 0;  // the window's first key
+          for (int h = 0; h < nh; ++h) {
+            const float* q = qkv.f32() + tok * row + h * hd;
+            const int kvh = h / (nh / nkv);
+            std::vector<double> p(ctx);
+            double mx = -1e300, sum = 0;
+            for (int j = first; j < ctx; ++j) {
+              const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
+              double dot = 0;
+              for (int d = 0; d < hd; ++d) dot += double(q[d]) * kf[slot * kv_row + kvh * hd + d];
+              p[j] = dot * shape.scale;
+              mx = std::max(mx, p[j]);
+            }
+            for (int j = first; j < ctx; ++j) sum += (p[j] = std::exp(p[j] - mx));
+            for (int j = first; j < ctx; ++j) {
+              const int64_t slot = int64_t(tables[r * width + j / bs]) * bs + j % bs;
+              for (int d = 0; d < hd; ++d) {
+                want[tok * nh * hd + h * hd + d] +=
+                    p[j] / sum * vf[slot * kv_row + kvh * hd + d];
+              }
             }
           }
         }
       }
+      ExpectNear(out.f32(), want, ones, 1e-5,
+                 target + " attention hd=" + std::to_string(hd) + " kv " +
+                     std::string(DTypeName(kv)) + " window " + std::to_string(window));
     }
-    ExpectNear(out.f32(), want, ones, 1e-5,
-               target + " attention hd=" + std::to_string(hd) + " kv " +
-                   std::string(DTypeName(kv)));
   }
   ASSERT_TRUE(cpu::UseTarget(""));
 }

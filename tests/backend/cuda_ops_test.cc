@@ -284,11 +284,13 @@ struct AttentionCase {
   int padded_rows;
   bool decode_only;
   int head_dim = 64;
+  int sliding_window = 0;
 };
 
 void RunAttention(Rig* rig, const AttentionCase& c) {
   const int hd = c.head_dim;
-  const AttentionShape shape{8, 2, hd, 1.f / std::sqrt(static_cast<float>(hd))};
+  AttentionShape shape{8, 2, hd, 1.f / std::sqrt(static_cast<float>(hd))};
+  shape.sliding_window = c.sliding_window;
   const int bs = 16, max_seqs = 8, table_width = 128;  // up to 2048 tokens
   const int num_blocks = 600;
   const int row = (8 + 2 * 2) * hd;
@@ -355,6 +357,19 @@ TEST_P(CudaOpsTest, LongPromptAttentionOnEveryPath) {
   for (int hd : {64, 128, 96}) {
     SCOPED_TRACE(hd);
     RunAttention(rig_.get(), {{{0, 300}, {600, 1}, {130, 200}}, 512, false, hd});
+  }
+}
+
+// Sliding windows on every path against the CPU's: one key (the query's
+// own), shorter than a query tile, longer than a flash tile's keys, and
+// across decode splits.
+TEST_P(CudaOpsTest, SlidingWindowAttentionOnEveryPath) {
+  for (int window : {1, 13, 100, 700}) {
+    for (int hd : {64, 96}) {
+      SCOPED_TRACE(testing::Message() << "window " << window << " hd " << hd);
+      RunAttention(rig_.get(), {{{0, 300}, {600, 1}, {130, 200}}, 512, false, hd, window});
+    }
+    RunAttention(rig_.get(), {{{0, 1}, {16, 1}, {510, 1}, {1299, 1}}, 8, true, 64, window});
   }
 }
 

@@ -182,6 +182,45 @@ TEST(LlamaConfigTest, YarnAndLinearRopeScalingAsTransformers) {
   EXPECT_NE(plain->Fingerprint(), yarn->Fingerprint());
 }
 
+// Sliding windows per layer, read as transformers reads them.
+TEST(LlamaConfigTest, SlidingWindowsPerLayer) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 4, "num_attention_heads": 2)";
+  auto windows = [&](const std::string& extra) -> std::vector<int> {
+    auto c = ParseLlamaConfig("{" + base + ", " + extra + "}", "config.json");
+    EXPECT_TRUE(c.ok()) << extra << ": " << c.status();
+    return c.ok() ? c->layer_windows : std::vector<int>{-1};
+  };
+  using V = std::vector<int>;
+  // Mistral and Mixtral: every layer.
+  EXPECT_EQ(windows(R"("model_type": "mistral", "sliding_window": 4096)"), V({4096, 4096, 4096, 4096}));
+  EXPECT_EQ(windows(R"("model_type": "mistral", "sliding_window": null)"), V());
+  // Llama has no window, whatever the field says.
+  EXPECT_EQ(windows(R"("model_type": "llama", "sliding_window": 4096)"), V());
+  // Qwen2/Qwen3: only when use_sliding_window, from max_window_layers on.
+  EXPECT_EQ(windows(R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 64)"), V());
+  EXPECT_EQ(windows(R"("model_type": "qwen2", "use_sliding_window": true, "sliding_window": 64,
+                       "max_window_layers": 2)"),
+            V({0, 0, 64, 64}));
+  EXPECT_EQ(windows(R"("model_type": "qwen3", "use_sliding_window": true, "sliding_window": 64,
+                       "max_window_layers": 0)"),
+            V({64, 64, 64, 64}));
+  // layer_types, when given, decides.
+  EXPECT_EQ(windows(R"("sliding_window": 8, "layer_types": ["sliding_attention", "full_attention",
+                       "sliding_attention", "full_attention"])"),
+            V({8, 0, 8, 0}));
+  EXPECT_EQ(windows(R"("sliding_window": 8, "layer_types": ["full_attention", "full_attention",
+                       "full_attention", "full_attention"])"),
+            V());
+  // The window is part of what prefill and decode workers must agree on.
+  auto a = ParseLlamaConfig("{" + base + R"(, "model_type": "mistral", "sliding_window": 8})", "a");
+  auto b = ParseLlamaConfig("{" + base + R"(, "model_type": "mistral", "sliding_window": 16})", "b");
+  auto none = ParseLlamaConfig("{" + base + R"(, "model_type": "mistral"})", "c");
+  ASSERT_TRUE(a.ok() && b.ok() && none.ok());
+  EXPECT_NE(a->Fingerprint(), b->Fingerprint());
+  EXPECT_NE(a->Fingerprint(), none->Fingerprint());
+}
+
 TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
   const std::string base = R"("vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
       "num_hidden_layers": 1, "num_attention_heads": 2)";
@@ -212,10 +251,12 @@ TEST(LlamaConfigTest, RefusesWhatTheEngineDoesNotImplement) {
       {R"("architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2")", "model_type"},
       {R"("architectures": ["LlamaForCausalLM"], "model_type": "qwen2")", "model_type"},
       {R"("model_type": "gemma")", "model_type"},
-      {R"("model_type": "qwen2", "use_sliding_window": true)", "use_sliding_window"},
-      {R"("model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 32768)",
-       "sliding_window is 4096"},
-      {R"("layer_types": ["sliding_attention"])", "layer_types"},
+      {R"("model_type": "qwen2", "use_sliding_window": true)", "sliding_window is absent"},
+      {R"("layer_types": ["sliding_attention"])", "sliding_window is absent"},
+      {R"("layer_types": ["chunked_attention"], "sliding_window": 8)",
+       "layer_types is \"chunked_attention\""},
+      {R"("layer_types": ["full_attention", "full_attention"])", "layer_types has 2 entries for 1 layers"},
+      {R"("model_type": "mistral", "sliding_window": 4096.5)", "sliding_window is 4096.5"},
       {R"("num_local_experts": 8)", "num_local_experts is 8"},
       {R"("model_type": "qwen3", "num_experts": 8)",
        "num_experts is 8; the engine implements experts in MixtralForCausalLM, "

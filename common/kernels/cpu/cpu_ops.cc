@@ -541,6 +541,7 @@ class CpuOps : public Ops {
     const int32_t* slots = meta.slot_mapping.i32();
     const int bs = meta.block_size;
     const float scale = shape.scale;
+    const int32_t window = shape.sliding_window;
     float* o = out.f32();
     ThreadPool* pool = pool_.get();
     const bool sgemm = !cpu::TargetHasAvx512();  // see KvView::sgemm
@@ -599,8 +600,8 @@ class CpuOps : public Ops {
           view.Extend(&kv, qt.r, qt.kvh, tables + qt.r * table_width, seq_lens[qt.r], ctx);
           for (int h = qt.kvh * group; h < (qt.kvh + 1) * group; ++h) {
             view.Attend(kv, q_base + int64_t{qt.t_begin} * row + h * hd, row,
-                        qt.t_end - qt.t_begin, ctx, cached + (qt.t_begin - q_begin) + 1, 1, scale,
-                        &scores, o + int64_t{qt.t_begin} * nh * hd + h * hd, nh * hd);
+                        qt.t_end - qt.t_begin, ctx, cached + (qt.t_begin - q_begin) + 1, window,
+                        scale, &scores, o + int64_t{qt.t_begin} * nh * hd + h * hd, nh * hd);
           }
         }
       });
@@ -627,18 +628,21 @@ class CpuOps : public Ops {
             }
             offsets_r = r;
           }
-          if (static_cast<int64_t>(scores.size()) < int64_t{group} * ctx) {
-            scores.resize(int64_t{group} * ctx);
+          // A window's query sees its last `window` keys.
+          const int32_t first = window > 0 ? std::max(0, ctx - window) : 0;
+          const int32_t keys = ctx - first;
+          if (static_cast<int64_t>(scores.size()) < int64_t{group} * keys) {
+            scores.resize(int64_t{group} * keys);
           }
           const int64_t head = int64_t{kvh} * hd;
           if (kv_dt == DType::kBF16) {
             cpu::AttentionDecode(q, group, hd, reinterpret_cast<const uint16_t*>(kc) + head,
-                                 reinterpret_cast<const uint16_t*>(vc) + head, offsets.data(), ctx,
-                                 scale, scores.data(), oh);
+                                 reinterpret_cast<const uint16_t*>(vc) + head,
+                                 offsets.data() + first, keys, scale, scores.data(), oh);
           } else {
             cpu::AttentionDecode(q, group, hd, reinterpret_cast<const float*>(kc) + head,
-                                 reinterpret_cast<const float*>(vc) + head, offsets.data(), ctx,
-                                 scale, scores.data(), oh);
+                                 reinterpret_cast<const float*>(vc) + head,
+                                 offsets.data() + first, keys, scale, scores.data(), oh);
           }
         }
       });
@@ -715,32 +719,40 @@ class CpuOps : public Ops {
     }
 
     // Attention of `rows` queries (q rows ldq apart) over the first ctx rows
-    // of c; query i sees the first visible0 + i * step keys (causal within a
-    // chunk: step 1; a decode group: step 0). Outputs rows ldo apart.
+    // of c; query i sees the first visible0 + i keys (causal within a
+    // chunk), and of those, with a sliding window (window > 0), only the
+    // last `window`. Outputs rows ldo apart.
     void Attend(const ContextKv& c, const float* q, int64_t ldq, int32_t rows, int32_t ctx,
-                int32_t visible0, int32_t step, float scale, std::vector<float>* scores,
+                int32_t visible0, int32_t window, float scale, std::vector<float>* scores,
                 float* out, int64_t ldo) const {
-      if (static_cast<int64_t>(scores->size()) < int64_t{rows} * ctx) {
-        scores->resize(int64_t{rows} * ctx);
+      // Keys before the first row's window are no row's: the products
+      // start at `lo`.
+      const int32_t lo = window > 0 ? std::max(0, visible0 - window) : 0;
+      const int32_t width = ctx - lo;
+      if (static_cast<int64_t>(scores->size()) < int64_t{rows} * width) {
+        scores->resize(int64_t{rows} * width);
       }
       float* s = scores->data();
+      const float* v = c.v.data() + int64_t{lo} * hd;
       if (sgemm) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, ctx, hd, scale, q, ldq,
-                    c.k.data(), hd, 0.f, s, ctx);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, width, hd, scale, q, ldq,
+                    c.k.data() + int64_t{lo} * hd, hd, 0.f, s, width);
       } else {
-        cpu::AttentionScores(q, ldq, rows, c.k.data(), c.ld, ctx, hd, scale, s, ctx);
+        cpu::AttentionScores(q, ldq, rows, c.k.data() + lo, c.ld, width, hd, scale, s, width);
       }
       for (int32_t i = 0; i < rows; ++i) {
-        float* srow = s + int64_t{i} * ctx;
-        const int32_t visible = visible0 + i * step;
-        cpu::Softmax(srow, visible);
-        std::fill(srow + visible, srow + ctx, 0.f);
+        float* srow = s + int64_t{i} * width;
+        const int32_t visible = visible0 + i - lo;
+        const int32_t first = window > 0 ? std::max(0, visible0 + i - window) - lo : 0;
+        std::fill(srow, srow + first, 0.f);
+        cpu::Softmax(srow + first, visible - first);
+        std::fill(srow + visible, srow + width, 0.f);
       }
       if (sgemm) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, ctx, 1.f, s, ctx,
-                    c.v.data(), hd, 0.f, out, ldo);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, width, 1.f, s, width, v,
+                    hd, 0.f, out, ldo);
       } else {
-        cpu::AttentionPv(s, ctx, rows, c.v.data(), ctx, hd, out, ldo);
+        cpu::AttentionPv(s, width, rows, v, width, hd, out, ldo);
       }
     }
   };

@@ -226,6 +226,7 @@ class CudaOps : public Ops {
     a.num_kv_heads = nkv;
     a.head_dim = hd;
     a.scale = shape.scale;
+    a.sliding_window = shape.sliding_window;
     const int max_seq_len = a.table_width * meta.block_size;
     Record([&]() -> absl::Status {
       TANDEM_CUDA_CHECK(k::WriteKvCache(s_, a, raw()));

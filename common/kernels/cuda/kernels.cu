@@ -610,6 +610,12 @@ __device__ __forceinline__ int RequestOf(const PagedAttentionArgs& a, int num_re
   return lo;
 }
 
+// The first key a query that sees keys [0, ctx) attends to: with a sliding
+// window, the window's first.
+__device__ __forceinline__ int FirstKey(const PagedAttentionArgs& a, int ctx) {
+  return a.sliding_window > 0 ? max(0, ctx - a.sliding_window) : 0;
+}
+
 // One query token of head h, alone: the block scores tiles of keys (see
 // AttendRange). Writes zeros for padded rows.
 template <typename T>
@@ -633,7 +639,8 @@ __device__ void AttendOneQuery(const PagedAttentionArgs& a, int h, int64_t t, in
   __syncthreads();
   BlockSoftmax st;
   const int kv_head = h / (a.num_heads / a.num_kv_heads);
-  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head, 0, ctx, st);
+  AttendRange<T>(a, q, a.block_tables + static_cast<int64_t>(r) * a.table_width, kv_head,
+                 FirstKey(a, ctx), ctx, st);
   MergeGroups(st, hd, merged);
   const float inv = 1.f / st.l;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(merged[d] * inv);
@@ -663,6 +670,7 @@ __device__ void AttendQueryTile(const PagedAttentionArgs& a, int h, int64_t t0, 
   const int q_len = a.query_start_loc[r + 1] - q_begin;
   const int ctx0 = a.seq_lens[r] - q_len + static_cast<int>(t0 - q_begin) + 1;
   const int my_ctx = ctx0 + qi;  // keys this query sees (past `count`: unused)
+  const int my_first = FirstKey(a, my_ctx);
   const int max_ctx = ctx0 + count - 1;
   const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
   for (int idx = threadIdx.x; idx < kQueryTile * hd; idx += blockDim.x) {
@@ -680,7 +688,7 @@ __device__ void AttendQueryTile(const PagedAttentionArgs& a, int h, int64_t t0, 
   constexpr int kDims = kMaxTiledHeadDim / kThreadsPerQuery;  // dims per thread, at most
   float acc[kDims] = {};
   float m = -FLT_MAX, l = 0.f;
-  for (int tile = 0; tile < max_ctx; tile += kTileKeys) {
+  for (int tile = FirstKey(a, ctx0); tile < max_ctx; tile += kTileKeys) {
     const int n = min(kTileKeys, max_ctx - tile);
     __syncthreads();  // the previous tile's ks, vs and ps are done with
     if (static_cast<int>(threadIdx.x) < n) {
@@ -702,7 +710,7 @@ __device__ void AttendQueryTile(const PagedAttentionArgs& a, int h, int64_t t0, 
     for (int c = 0; c < kTileKeys / kThreadsPerQuery; ++c) {
       const int j = sub + c * kThreadsPerQuery;
       float dot = -FLT_MAX;
-      if (j < n && tile + j < my_ctx) {
+      if (j < n && tile + j < my_ctx && tile + j >= my_first) {
         dot = 0.f;
         for (int d = 0; d < hd; ++d) dot += qs[qi][d] * ks[j][d];
       }
@@ -836,6 +844,7 @@ __device__ void FlashTile(const PagedAttentionArgs& a, int h, int64_t t0, int r,
   // This thread's two rows (tile-relative) and the keys each sees.
   const int row_a = warp * 16 + g, row_b = row_a + 8;
   const int ctx_a = ctx0 + min(row_a, count - 1), ctx_b = ctx0 + min(row_b, count - 1);
+  const int first_a = FirstKey(a, ctx_a), first_b = FirstKey(a, ctx_b);
   const int64_t row_stride = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * kHd;
   const T* qkv = static_cast<const T*>(a.qkv);
   // Q as the A operand of each k-step, straight from global memory.
@@ -861,7 +870,8 @@ __device__ void FlashTile(const PagedAttentionArgs& a, int h, int64_t t0, int r,
   const T* vc = static_cast<const T*>(a.v_cache) + static_cast<int64_t>(kv_head) * kHd;
   const int32_t* table = a.block_tables + static_cast<int64_t>(r) * a.table_width;
   constexpr int kVecs = kHd / 8;  // 16-byte vectors per key row
-  for (int tile = 0; tile < max_ctx; tile += kFlashKeys) {
+  // From the first row's first key: no row sees one before it.
+  for (int tile = FirstKey(a, ctx0); tile < max_ctx; tile += kFlashKeys) {
     __syncthreads();  // the previous tile's K and V are no longer read
     for (int idx = threadIdx.x; idx < kFlashKeys * kVecs; idx += blockDim.x) {
       const int j = idx / kVecs, c = idx % kVecs;
@@ -898,8 +908,8 @@ __device__ void FlashTile(const PagedAttentionArgs& a, int h, int64_t t0, int r,
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = tile + n * 8 + 2 * tq + e;
-        sc[n][e] = key < ctx_a ? sc[n][e] * a.scale : -INFINITY;
-        sc[n][2 + e] = key < ctx_b ? sc[n][2 + e] * a.scale : -INFINITY;
+        sc[n][e] = key < ctx_a && key >= first_a ? sc[n][e] * a.scale : -INFINITY;
+        sc[n][2 + e] = key < ctx_b && key >= first_b ? sc[n][2 + e] * a.scale : -INFINITY;
         tmax_a = fmaxf(tmax_a, sc[n][e]);
         tmax_b = fmaxf(tmax_b, sc[n][2 + e]);
       }
@@ -910,8 +920,8 @@ __device__ void FlashTile(const PagedAttentionArgs& a, int h, int64_t t0, int r,
       tmax_b = fmaxf(tmax_b, __shfl_xor_sync(0xffffffffu, tmax_b, off));
     }
     const float mn_a = fmaxf(m_a, tmax_a), mn_b = fmaxf(m_b, tmax_b);
-    // A row whose keys all lie in earlier tiles keeps its state (mn finite
-    // after the first tile, which always holds key 0).
+    // A row whose keys all lie in earlier tiles keeps its state; one whose
+    // window starts in a later tile has none yet (m -INFINITY, l 0).
     const float corr_a = m_a == -INFINITY ? 0.f : __expf(m_a - mn_a);
     const float corr_b = m_b == -INFINITY ? 0.f : __expf(m_b - mn_b);
     float sum_a = 0.f, sum_b = 0.f;
@@ -1041,8 +1051,9 @@ __global__ void DecodeSplitKernel(PagedAttentionArgs a, int splits) {
   const int hd = a.head_dim;
   if (r >= a.num_reqs[0]) return;
   const int ctx = a.seq_lens[r];
-  const int part = DecodePartition(ctx);
-  const int begin = s * part;
+  const int first = FirstKey(a, ctx);
+  const int part = DecodePartition(ctx - first);
+  const int begin = first + s * part;
   if (begin >= ctx) return;
   const int end = min(ctx, begin + part);
   const int64_t row = (static_cast<int64_t>(a.num_heads) + 2 * a.num_kv_heads) * hd;
@@ -1075,8 +1086,9 @@ __global__ void DecodeReduceKernel(PagedAttentionArgs a, int splits) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = FromF<T>(0.f);
     return;
   }
-  const int part = DecodePartition(a.seq_lens[r]);
-  const int valid = (a.seq_lens[r] + part - 1) / part;
+  const int keys = a.seq_lens[r] - FirstKey(a, a.seq_lens[r]);
+  const int part = DecodePartition(keys);
+  const int valid = (keys + part - 1) / part;
   DecodeWorkspace ws(a.workspace, a.max_num_seqs, a.num_heads, splits);
   const int64_t first = (static_cast<int64_t>(r) * a.num_heads + h) * splits;
   float m = -FLT_MAX;

@@ -97,6 +97,7 @@ struct PagedAttentionArgs {
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale = 1.f;
+  int sliding_window = 0;  // keys a query sees, itself included; 0: all
 };
 
 // Largest head_dim the attention kernels support.
