@@ -216,7 +216,10 @@ class ServerImpl final : public HttpServer {
       Stop();
       return;
     }
-    if (http_ != nullptr) evhttp_free(http_);  // Init() failed part way
+    // Init() failed part way (the address could not be bound, say).
+    if (http_ != nullptr) evhttp_free(http_);
+    if (io_limit_ != nullptr) bufferevent_rate_limit_group_free(io_limit_);
+    if (io_cfg_ != nullptr) ev_token_bucket_cfg_free(io_cfg_);
     if (base_ != nullptr) event_base_free(base_);
   }
 
