@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
@@ -129,8 +130,16 @@ void DecodeServiceImpl::StartPrefill(const std::shared_ptr<GenerateCall>& call, 
   const int64_t kv_bytes = (static_cast<int64_t>(args.tokens.size()) - cached) *
                            static_cast<int64_t>(client_.load()->token_bytes());
   args.num_streams = KvStreamsFor(kv_bytes, pool_->kv_streams(), options_.kv_bytes_per_stream);
-  PrefillPool::Endpoint* endpoint =
-      call->prefill_endpoint != nullptr ? call->prefill_endpoint.get() : pool_->Pick();
+  PrefillPool::Endpoint* endpoint = call->prefill_endpoint.get();
+  if (endpoint == nullptr) {
+    // Prompts sharing a prefix meet on the worker that holds it (its cache
+    // keyed by adapter and salt as the prefill worker's is).
+    PrefillPool::RouteKey key{&args.tokens, cached,
+                              absl::HashOf(args.lora_fingerprint, call->params.cache_salt)};
+    PrefillPool::RouteInfo info;
+    endpoint = pool_->Pick(nullptr, &key, &info);
+    metrics_->PrefillRoute(info.reason, info.matched_tokens);
+  }
   (new PrefillClient(this, endpoint, call, std::move(args)))->Start();
 }
 

@@ -37,6 +37,11 @@ int main(int argc, char** argv) {
   flags.Add("prefill-address", &prefill_address,
             "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
             "ipv4:h1:p1,h2:p2 (round_robin over every address); empty: prefill locally");
+  std::string prefill_routing = "prefix";
+  flags.Add("prefill-routing", &prefill_routing,
+            "how a prompt's prefill worker is chosen among --prefill-address's endpoints: "
+            "prefix (the one its earlier prompts with the same prefix went to, loads bounded "
+            "at 1.25x the mean) or round_robin");
   flags.Add("prefill", &prefill_mode,
             "where prompts are prefilled: remote (prefill workers), local (this worker: "
             "aggregated serving) or auto (remote when --prefill-address is set)");
@@ -339,13 +344,20 @@ int main(int argc, char** argv) {
     pool = std::make_unique<tandem::PrefillPool>(prefill_address, *prefill_credentials, args,
                                                  absl::Seconds(10), kv_streams);
     pool->set_trust(trust);
+    if (prefill_routing != "prefix" && prefill_routing != "round_robin") {
+      std::cerr << "decode_worker: --prefill-routing is '" << prefill_routing
+                << "'; prefix or round_robin" << std::endl;
+      return 2;
+    }
+    pool->set_routing(prefill_routing == "prefix" ? tandem::PrefillPool::Routing::kPrefix
+                                                  : tandem::PrefillPool::Routing::kRoundRobin);
     TANDEM_LOG(INFO) << "x-prefiller-host-port: "
                      << (trust.any ? "any HOST:PORT (--trusted-prefiller-header)"
                          : trust.allow.empty()
                              ? "only --prefill-address's endpoints"
                              : absl::StrCat("--prefill-address's endpoints and ", prefiller_allow));
     TANDEM_LOG(INFO) << "prefill: " << pool->size() << " endpoint(s) in " << prefill_address
-                     << ", up to " << kv_streams << " KV stream(s) per request (one more per "
+                     << " (--prefill-routing=" << prefill_routing << "), up to " << kv_streams << " KV stream(s) per request (one more per "
                      << kv_bytes_per_stream << " bytes of KV)";
   }
   tandem::WorkerState state;

@@ -74,6 +74,9 @@ PrefillClient::~PrefillClient() { host_->Closed(&context_); }
 void PrefillClient::Start() {
   if (index_ == 0) {
     attempt_->started = absl::Now();
+    // The endpoint's load while this attempt runs (PrefixRouter bounds it);
+    // Decide takes it off.
+    endpoint_->load_tokens.fetch_add(Load(), std::memory_order_relaxed);
     request_.set_request_id(absl::StrCat(call_->id, "#", args_.prefill, ".", args_.attempt));
     request_.mutable_prompt_token_ids()->Add(args_.tokens.begin(), args_.tokens.end());
     request_.set_num_cached_tokens(static_cast<uint32_t>(args_.num_cached));
@@ -234,7 +237,12 @@ void PrefillClient::OnDone(const grpc::Status& status) {
   Unhold();
 }
 
+int64_t PrefillClient::Load() const {
+  return static_cast<int64_t>(args_.tokens.size()) - args_.num_cached;
+}
+
 void PrefillClient::Decide() {
+  endpoint_->load_tokens.fetch_sub(Load(), std::memory_order_relaxed);
   const bool complete = attempt_->done.load() == attempt_->num_streams;
   const bool live = !attempt_->abandoned.load() && !complete && !call_->done.load();
   grpc::Status s;

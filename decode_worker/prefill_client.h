@@ -121,6 +121,8 @@ class PrefillClient : public grpc::ClientBidiReactor<v1::PrefillRequest, grpc::B
   void CancelOthers();
   // The first stream: what the attempt came to, once all its streams ended.
   void Decide();
+  // The prompt tokens this attempt asks its endpoint to compute.
+  int64_t Load() const;
   // Starts attempt + 1 on `endpoint`.
   void Retry(PrefillPool::Endpoint* endpoint);
   // Drops one of the holds (the stream's, the timer's; the first stream's:

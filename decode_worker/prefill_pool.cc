@@ -77,9 +77,35 @@ bool PrefillPool::Usable(const Endpoint& e, int64_t now_ns) const {
   return s != GRPC_CHANNEL_TRANSIENT_FAILURE && s != GRPC_CHANNEL_SHUTDOWN;
 }
 
-PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid) {
+PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid, const RouteKey* key, RouteInfo* info) {
   const int64_t now = absl::ToUnixNanos(absl::Now());
   const size_t n = endpoints_.size();
+  if (key != nullptr && routing_ == Routing::kPrefix && n > 1 && n <= PrefixRouter::kMaxEndpoints) {
+    std::vector<int> candidates;
+    std::vector<int64_t> loads(n);
+    for (size_t i = 0; i < n; ++i) {
+      loads[i] = endpoints_[i]->load_tokens.load(std::memory_order_relaxed);
+      if (endpoints_[i].get() != avoid && Usable(*endpoints_[i], now)) candidates.push_back(static_cast<int>(i));
+    }
+    if (!candidates.empty()) {
+      const std::vector<int32_t>& tokens = *key->tokens;
+      const std::vector<uint64_t> chain =
+          PrefixRouter::Chain(tokens.data(), tokens.size(), kRouteBlockTokens, key->salt);
+      const int64_t to_compute = static_cast<int64_t>(tokens.size()) - key->num_cached;
+      PrefixRouter::Choice choice;
+      {
+        MutexLock lock(&router_mu_);
+        choice = router_.Pick(chain, to_compute, candidates, loads);
+      }
+      if (info != nullptr) {
+        info->reason = choice.reason == PrefixRouter::Reason::kPrefix ? "prefix"
+                       : choice.reason == PrefixRouter::Reason::kLoad ? "load"
+                                                                       : "hash";
+        info->matched_tokens = int64_t{choice.matched_blocks} * kRouteBlockTokens;
+      }
+      return endpoints_[choice.endpoint].get();
+    }
+  }
   const uint64_t start = next_.fetch_add(1);
   Endpoint* fallback = nullptr;
   for (size_t i = 0; i < n; ++i) {

@@ -25,6 +25,7 @@
 #include "common/base/mutex.h"
 #include "common/serving/kv_transfer.h"
 #include "decode_worker/prefiller_trust.h"
+#include "decode_worker/prefix_router.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/tandem/v1/tandem.grpc.pb.h"
@@ -42,6 +43,25 @@ class PrefillPool {
     // connection.
     std::vector<std::unique_ptr<RawPrefillStub>> stubs;
     std::atomic<int64_t> ejected_until_ns{0};  // absl::ToUnixNanos
+    // Prompt tokens this worker's calls to it are computing now (PrefixRouter's load).
+    std::atomic<int64_t> load_tokens{0};
+  };
+
+  // How Pick chooses among the address's endpoints (--prefill-routing).
+  enum class Routing { kPrefix, kRoundRobin };
+  // What a prompt is routed by: its tokens, those the decode worker already
+  // holds, and its cache's salt (adapter and cache_salt).
+  struct RouteKey {
+    const std::vector<int32_t>* tokens = nullptr;
+    int64_t num_cached = 0;
+    uint64_t salt = 0;
+  };
+  // Why Pick chose: the endpoint holding the longest prefix ("prefix"),
+  // rendezvous hashing of a prefix no endpoint holds ("hash"), the best one
+  // past its load bound ("load"), or the rotation ("round_robin").
+  struct RouteInfo {
+    const char* reason = "round_robin";
+    int64_t matched_tokens = 0;
   };
 
   // The endpoint targets `address` names (see above); INVALID_ARGUMENT for
@@ -55,10 +75,17 @@ class PrefillPool {
               grpc::ChannelArguments args, absl::Duration eject_for, int kv_streams = 1);
   int kv_streams() const { return kv_streams_; }
 
-  // The next usable endpoint in rotation other than `avoid` (null: any);
-  // when none is, the next usable one, `avoid` included; when none at all,
-  // the next one in rotation (its call fails or recovers on its own).
-  Endpoint* Pick(const Endpoint* avoid = nullptr);
+  // A usable endpoint other than `avoid` (null: any): with a `key` and
+  // prefix routing, PrefixRouter's choice among them; else the next in
+  // rotation. When none is usable, the next usable one, `avoid` included;
+  // when none at all, the next one in rotation (its call fails or recovers
+  // on its own). `info` (may be null) says why.
+  Endpoint* Pick(const Endpoint* avoid = nullptr, const RouteKey* key = nullptr,
+                 RouteInfo* info = nullptr);
+  void set_routing(Routing routing) { routing_ = routing; }
+  // The routing grain: prefixes are remembered in blocks of this many tokens
+  // (it need not be the workers' block size: only where prefixes went is kept).
+  static constexpr int kRouteBlockTokens = 16;
   using Trust = PrefillerTrust;
   static absl::Status CheckTrust(const Trust& trust) { return CheckPrefillerTrust(trust); }
   void set_trust(Trust trust) { trust_ = std::move(trust); }
@@ -106,6 +133,9 @@ class PrefillPool {
   absl::Duration eject_for_;
   int kv_streams_;
   std::atomic<uint64_t> next_{0};
+  Routing routing_ = Routing::kPrefix;
+  mutable Mutex router_mu_;
+  PrefixRouter router_ ABSL_GUARDED_BY(router_mu_){PrefixRouter::Options()};
 };
 
 }  // namespace tandem

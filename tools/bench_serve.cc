@@ -166,6 +166,7 @@ struct ServeConfig {
   uint64_t seed = 0;
   std::string dataset = "random";
   int input_len = 128, output_len = 64, prefix_len = 0;
+  int64_t prefix_seed = -1;  // -1: the shared prefix from --seed's stream
   double range_ratio = 0;
   std::string mix, prompts_file, model, slo_text, metrics_address, json_path, label;
   int vocab_size = 0;
@@ -199,6 +200,10 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
   flags.Add("prefix-len", &c->prefix_len,
             "random: every prompt starts with the same N tokens (a shared system prompt), "
             "then its own --input-len");
+  flags.Add("prefix-seed", &c->prefix_seed,
+            "random: draw the shared prefix from this seed instead (-1: from --seed), so that "
+            "runs of different --seed share one system prompt, or runs of one tenant each "
+            "keep theirs");
   flags.Add("mix", &c->mix,
             "random: a mixed workload, [NAME=]IN/OUT:WEIGHT[@PRIORITY],... e.g. "
             "chat=128/64:0.8,doc=1024/16:0.2 (overrides --input-len/--output-len)");
@@ -276,7 +281,12 @@ absl::StatusOr<std::vector<Planned>> BuildWorkload(const ServeConfig& c, int voc
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     std::uniform_int_distribution<int32_t> token(0, vocab_size - 1);
     std::vector<int32_t> prefix(c.prefix_len);
-    for (int32_t& id : prefix) id = token(rng);
+    if (c.prefix_seed >= 0) {
+      std::mt19937_64 own(static_cast<uint64_t>(c.prefix_seed));
+      for (int32_t& id : prefix) id = token(own);
+    } else {
+      for (int32_t& id : prefix) id = token(rng);
+    }
     for (Planned& p : plan) {
       const RequestClass& k = classes[pick(rng)];
       p.klass = k.name;
@@ -461,7 +471,7 @@ absl::Status WriteJson(const ServeConfig& c, const std::string& target, const Se
                  {"num_prompts", c.num_prompts}, {"request_rate", c.rate_text},
                  {"burstiness", c.burstiness},   {"max_concurrency", c.max_concurrency},
                  {"seed", c.seed},               {"dataset", c.dataset},
-                 {"input_len", c.input_len},     {"prefix_len", c.prefix_len},
+                 {"input_len", c.input_len},     {"prefix_len", c.prefix_len}, {"prefix_seed", c.prefix_seed},
                  {"output_len", c.output_len},   {"range_ratio", c.range_ratio},
                  {"mix", c.mix},                 {"slo", c.slo_text}};
   j["summary"] = SummaryJson(s);

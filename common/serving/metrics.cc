@@ -202,6 +202,24 @@ WorkerMetrics::WorkerMetrics(const std::string& role)
     for (const char* reason : {"aggregated", "short_prompt", "prompt_logprobs", "fallback"}) {
       prefill_local_->Add({{"reason", reason}});
     }
+    prefill_routes_ = &prometheus::BuildCounter()
+                           .Name("tandem_prefill_routes_total")
+                           .Help("Prompts sent to a prefill worker, by why that one (prefix: it "
+                                 "was sent the longest prefix; hash: no worker was, rendezvous "
+                                 "hashing chose; load: the best was past its load bound; "
+                                 "round_robin)")
+                           .Labels(role_label)
+                           .Register(r);
+    for (const char* reason : {"prefix", "hash", "load", "round_robin"}) {
+      prefill_routes_->Add({{"reason", reason}});
+    }
+    prefill_route_matched_ = &prometheus::BuildCounter()
+                                  .Name("tandem_prefill_route_matched_tokens_total")
+                                  .Help("Prompt tokens of a prefix the chosen prefill worker "
+                                        "was sent before (what its cache may hold)")
+                                  .Labels(role_label)
+                                  .Register(r)
+                                  .Add({});
     transfer_wait_ = &prometheus::BuildHistogram()
                           .Name("tandem_kv_transfer_wait_seconds")
                           .Help("Time from a Prefill call to its first KV byte (the prefill "
@@ -417,6 +435,12 @@ void WorkerMetrics::KvTransferSaved(size_t bytes) {
 }
 void WorkerMetrics::KvTransferFailure(const std::string& reason) {
   transfer_failures_->Add({{"reason", reason}}).Increment();
+}
+
+void WorkerMetrics::PrefillRoute(const std::string& reason, int64_t matched_tokens) {
+  if (prefill_routes_ == nullptr) return;
+  prefill_routes_->Add({{"reason", reason}}).Increment();
+  prefill_route_matched_->Increment(static_cast<double>(matched_tokens));
 }
 
 void WorkerMetrics::PrefillLocal(const std::string& reason) {

@@ -59,6 +59,10 @@ class WorkerMetrics {
   // A decode worker prefilled a prompt itself: "aggregated", "short_prompt",
   // "prompt_logprobs" or "fallback".
   void PrefillLocal(const std::string& reason);
+  // A prompt routed to a prefill endpoint: why ("prefix", "hash", "load",
+  // "round_robin"; PrefillPool::RouteInfo) and the prefix tokens the chosen
+  // endpoint was last sent.
+  void PrefillRoute(const std::string& reason, int64_t matched_tokens);
   // The decode worker's prefill endpoints, and how many are usable now.
   void PrefillEndpoints(int total, int usable);
 
@@ -86,6 +90,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* transfer_failures_;
   prometheus::Family<prometheus::Counter>* prefill_local_ = nullptr;  // decode role
+  prometheus::Family<prometheus::Counter>* prefill_routes_ = nullptr;  // decode role
+  prometheus::Counter* prefill_route_matched_ = nullptr;               // decode role
   prometheus::Gauge* capture_seconds_;
   prometheus::Counter* padded_tokens_;
   prometheus::Counter* preemptions_;

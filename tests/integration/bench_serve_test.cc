@@ -114,6 +114,32 @@ TEST_F(BenchServeTest, SharedPrefixIsServedFromThePrefixCache) {
   EXPECT_EQ(w["tandem_kv_transfer_saved_bytes_total"], 11 * 64 * per_token);
 }
 
+// --prefix-seed: runs of different seeds share one system prompt (several
+// tenants' prompts, each its own run): the second run's first request finds
+// the prefix the first run left.
+TEST_F(BenchServeTest, PrefixSeedSharesTheSystemPromptAcrossRuns) {
+  Worker prefill = StartWorker("prefill_worker", {});
+  Worker decode = StartWorker("decode_worker", {"--prefill-address=" + prefill.address()});
+  auto run = [&](int seed, const std::string& json_path) {
+    std::string log;
+    EXPECT_EQ(Bench({"--address=" + decode.address(),
+                     "--metrics-address=127.0.0.1:" + std::to_string(decode.metrics_port),
+                     "--num-prompts=3", "--max-concurrency=1", "--vocab-size=503", "--prefix-len=64",
+                     "--prefix-seed=5", "--seed=" + std::to_string(seed), "--input-len=16",
+                     "--output-len=2", "--json=" + json_path},
+                    &log),
+              0)
+        << log;
+    std::ifstream in(json_path);
+    return nlohmann::json::parse(in);
+  };
+  const nlohmann::json first = run(1, ::testing::TempDir() + "/prefix_seed_1.json");
+  const nlohmann::json second = run(2, ::testing::TempDir() + "/prefix_seed_2.json");
+  EXPECT_EQ(first["config"]["prefix_seed"], 5);
+  EXPECT_EQ(first["worker_metrics_delta"]["tandem_prefix_cache_hits_total"], 2 * 64);
+  EXPECT_EQ(second["worker_metrics_delta"]["tandem_prefix_cache_hits_total"], 3 * 64);
+}
+
 TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
   Worker decode = StartWorker("decode_worker", {});
   std::string log;
