@@ -49,12 +49,11 @@ PrefixRouter::Choice PrefixRouter::Pick(const std::vector<uint64_t>& chain, int6
     return a.second > b.second;
   });
   // Bounded loads: no endpoint past load_factor x the mean, this prompt
-  // counted, nor past the mean by the slack.
+  // counted, unless it stays within the mean and this prompt.
   int64_t total = tokens;
   for (int e : candidates) total += loads[e];
   const double mean = static_cast<double>(total) / static_cast<double>(candidates.size());
-  const double cap = std::max(options_.load_factor * mean,
-                              mean + static_cast<double>(options_.load_slack_tokens));
+  const double cap = std::max(options_.load_factor * mean, mean + static_cast<double>(tokens));
   Choice choice;
   for (const auto& [e, score] : order) {
     if (static_cast<double>(loads[e] + tokens) <= cap) {

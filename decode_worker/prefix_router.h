@@ -11,7 +11,7 @@
 // prompt converge too. Loads are bounded, as consistent hashing with bounded
 // loads bounds them: an endpoint whose in-flight prompt tokens would pass
 // load_factor times the fleet's mean (with this prompt counted; and the mean
-// by more than a slack) is passed over for the next best, so one hot prefix spreads instead of queueing on
+// by more than the prompt) is passed over for the next best, so one hot prefix spreads instead of queueing on
 // one worker. What it remembers is bounded (capacity_blocks, oldest first
 // out): an approximation of the workers' caches, which evict on their own.
 //
@@ -32,12 +32,11 @@ class PrefixRouter {
   struct Options {
     // Prefixes remembered, in blocks, across all endpoints.
     size_t capacity_blocks = size_t{1} << 20;
-    // An endpoint past load_factor x the mean in-flight tokens (this prompt
-    // included), and past the mean by more than load_slack_tokens, is passed
-    // over: a worker a few hundred tokens busier than the rest finishes them
-    // within a step, sooner than another computes the prefix again.
+    // An endpoint that this prompt would take past load_factor x the mean
+    // in-flight tokens (this prompt included), and past the mean by more
+    // than the prompt itself, is passed over: an idle fleet keeps a prefix
+    // where it is, a loaded one spreads it.
     double load_factor = 1.25;
-    int64_t load_slack_tokens = 4096;
   };
   static constexpr int kMaxEndpoints = 64;
 

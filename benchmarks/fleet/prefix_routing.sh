@@ -8,8 +8,10 @@
 #      PREFIX_LEN tokens, PER_SYSTEM requests each (the system prompt and a
 #      question of INPUT_LEN tokens of its own). Reports the prefill workers'
 #      prefix-cache hits over their prompt tokens, and TTFT.
-#   2. one hot system prompt, HOT_PROMPTS requests at once: each prefill
-#      worker's share of the prompt tokens against the fleet's mean.
+#   2. one hot system prompt, HOT_PROMPTS requests at once, each with HOT_INPUT
+#      tokens of its own (more than one prefill worker computes as fast as
+#      they come): each prefill worker's share of the prompt tokens against
+#      the fleet's mean.
 #
 #   benchmarks/fleet/prefix_routing.sh          # P=3
 #   P=2 benchmarks/fleet/prefix_routing.sh
@@ -26,6 +28,7 @@ PER_SYSTEM=${PER_SYSTEM:-6}
 PREFIX_LEN=${PREFIX_LEN:-512}
 INPUT_LEN=${INPUT_LEN:-32}
 HOT_PROMPTS=${HOT_PROMPTS:-48}
+HOT_INPUT=${HOT_INPUT:-256}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 . benchmarks/lib.sh
@@ -74,7 +77,7 @@ run() {  # run LABEL WORKERS ROUTING
   local before=() shares=""
   for mp in "${mports[@]}"; do before+=("$(metric "$mp" tandem_prefix_cache_queries_total)"); done
   "$BIN/tandem" bench serve --address=127.0.0.1:$dp --prefix-len="$PREFIX_LEN" \
-    --input-len="$INPUT_LEN" --output-len=4 --num-prompts="$HOT_PROMPTS" --seed=7 \
+    --input-len="$HOT_INPUT" --output-len=4 --num-prompts="$HOT_PROMPTS" --seed=7 \
     --prefix-seed=99 >"$OUT/$label-hot.txt"
   local i=0 got=() total=0
   for mp in "${mports[@]}"; do
