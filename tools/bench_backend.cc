@@ -3,11 +3,15 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/serving/status_convert.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -288,9 +292,97 @@ class OpenAiBackend final : public BenchBackend {
   std::string model_;  // set by Model(), before the first Send()
 };
 
+// Several servers as one: each request goes to one of them, by the spread.
+class SpreadBackend final : public BenchBackend {
+ public:
+  SpreadBackend(std::vector<std::unique_ptr<BenchBackend>> parts, bool least_outstanding)
+      : parts_(std::move(parts)),
+        least_outstanding_(least_outstanding),
+        outstanding_(parts_.size()),
+        sent_(parts_.size()) {}
+
+  absl::StatusOr<ServedModel> Model() override {
+    // Every server is asked: a fleet serving different models is a mistake
+    // the report would hide.
+    absl::StatusOr<ServedModel> first = parts_[0]->Model();
+    if (!first.ok()) return first;
+    for (size_t i = 1; i < parts_.size(); ++i) {
+      absl::StatusOr<ServedModel> m = parts_[i]->Model();
+      if (!m.ok()) return m;
+      if (m->name != first->name || m->vocab_size != first->vocab_size) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(parts_[i]->target(), " serves '", m->name, "' (vocabulary ", m->vocab_size,
+                         "); ", parts_[0]->target(), " serves '", first->name, "' (vocabulary ",
+                         first->vocab_size, ")"));
+      }
+    }
+    return first;
+  }
+
+  RequestRecord Send(const Planned& p, int index, BenchClock::time_point bench_start) override {
+    const size_t n = parts_.size();
+    size_t k = next_.fetch_add(1) % n;
+    if (least_outstanding_) {
+      // The fewest in flight; ties to the next in turn.
+      for (size_t i = 1, start = k; i < n; ++i) {
+        const size_t j = (start + i) % n;
+        if (outstanding_[j].load() < outstanding_[k].load()) k = j;
+      }
+    }
+    outstanding_[k].fetch_add(1);
+    RequestRecord r = parts_[k]->Send(p, index, bench_start);
+    outstanding_[k].fetch_sub(1);
+    sent_[k].fetch_add(1);
+    return r;
+  }
+
+  std::string target() const override {
+    std::vector<std::string> t;
+    for (const auto& p : parts_) t.push_back(p->target());
+    return absl::StrJoin(t, ",");
+  }
+
+  std::string Distribution() const override {
+    std::vector<std::string> d;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      d.push_back(absl::StrCat(parts_[i]->target(), "=", sent_[i].load()));
+    }
+    return absl::StrCat(least_outstanding_ ? "least_outstanding: " : "round_robin: ",
+                        absl::StrJoin(d, ", "));
+  }
+
+ private:
+  std::vector<std::unique_ptr<BenchBackend>> parts_;
+  bool least_outstanding_;
+  std::atomic<uint64_t> next_{0};
+  std::vector<std::atomic<int>> outstanding_;
+  std::vector<std::atomic<int64_t>> sent_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BenchBackendOptions& o) {
+  // Several targets: one backend each, spread over.
+  const bool grpc = o.backend == "tandem";
+  const std::string& list = grpc ? o.address : o.base_url;
+  const bool one_target = grpc && (absl::StrContains(list, ":/") || absl::StartsWith(list, "ipv4:") ||
+                                   absl::StartsWith(list, "ipv6:") || absl::StartsWith(list, "unix:"));
+  if (!one_target && absl::StrContains(list, ',')) {
+    if (o.spread != "round_robin" && o.spread != "least_outstanding") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spread='", o.spread, "': expected round_robin or least_outstanding"));
+    }
+    std::vector<std::unique_ptr<BenchBackend>> parts;
+    for (absl::string_view t : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+      BenchBackendOptions one = o;
+      (grpc ? one.address : one.base_url) = std::string(absl::StripAsciiWhitespace(t));
+      auto part = MakeBenchBackend(one);
+      if (!part.ok()) return part.status();
+      parts.push_back(*std::move(part));
+    }
+    return std::unique_ptr<BenchBackend>(
+        new SpreadBackend(std::move(parts), o.spread == "least_outstanding"));
+  }
   if (o.backend == "tandem") {
     auto credentials = ChannelCredentials(o.tls);
     if (!credentials.ok()) return credentials.status();

@@ -46,20 +46,28 @@ class BenchBackend {
   virtual RequestRecord Send(const Planned& p, int index, BenchClock::time_point bench_start) = 0;
   // Where requests go, for the report.
   virtual std::string target() const = 0;
+  // With several targets, how many requests each was sent ("" otherwise).
+  virtual std::string Distribution() const { return ""; }
 };
 
 struct BenchBackendOptions {
   std::string backend = "tandem";  // tandem, openai or openai-chat
-  std::string address;             // tandem: HOST:PORT
-  std::string base_url;            // openai*: http://HOST:PORT
+  // tandem: HOST:PORT, or several, comma-separated (a target with a scheme,
+  // ipv4:h1:p1,h2:p2 say, is one gRPC target that gRPC balances)
+  std::string address;
+  std::string base_url;            // openai*: http://HOST:PORT, or several, comma-separated
+  // Several targets: each request to the next in turn (round_robin) or to
+  // the one with the fewest requests in flight (least_outstanding), as a
+  // client-side stand-in for a gateway in front of several decode workers.
+  std::string spread = "round_robin";
   TlsFiles tls;                    // tandem
   double timeout_s = 600;
   bool ignore_eos = true;
   std::string model;               // openai*: the `model` field ("": the server's first)
 };
 
-// INVALID_ARGUMENT for an unknown backend; UNAVAILABLE when the server
-// cannot be reached.
+// INVALID_ARGUMENT for an unknown backend or spread; UNAVAILABLE when a
+// server cannot be reached.
 absl::StatusOr<std::unique_ptr<BenchBackend>> MakeBenchBackend(const BenchBackendOptions& options);
 
 }  // namespace tandem

@@ -185,8 +185,13 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
   flags.Add("backend", &b.backend,
             "tandem (gRPC Decode/Generate at --address), openai (/v1/completions at "
             "--base-url) or openai-chat (/v1/chat/completions): any OpenAI-compatible server");
-  flags.Add("address", &b.address, "tandem: decode worker HOST:PORT");
-  flags.Add("base-url", &b.base_url, "openai*: the server's http://HOST:PORT");
+  flags.Add("address", &b.address,
+            "tandem: decode worker HOST:PORT, or several comma-separated (spread by --spread)");
+  flags.Add("base-url", &b.base_url,
+            "openai*: the server's http://HOST:PORT, or several comma-separated (--spread)");
+  flags.Add("spread", &b.spread,
+            "several targets: round_robin, or least_outstanding (the fewest requests in flight), "
+            "as a gateway in front of several decode workers would");
   flags.Add("served-model", &b.model, "openai*: the `model` to request (default: the server's first)");
   flags.Add("num-prompts", &c->num_prompts, "requests to send");
   flags.Add("request-rate", &c->rate_text, "requests/s (Poisson with --burstiness=1); inf: all at once");
@@ -500,7 +505,10 @@ int RunServeBench(const std::vector<std::string>& args) {
   if (!backend.ok()) return Fail(backend.status());
   // The vocabulary and the model's name come from the server unless given.
   auto served = (*backend)->Model();
-  if (!served.ok() && c.backend.backend != "tandem") return Fail(served.status());
+  if (!served.ok() && (c.backend.backend != "tandem" ||
+                       served.status().code() == absl::StatusCode::kFailedPrecondition)) {
+    return Fail(served.status());  // (several targets serving different models)
+  }
   std::unique_ptr<Tokenizer> tok;
   if (!c.model.empty()) {
     auto loaded = LoadTokenizer(c.model);
@@ -543,6 +551,9 @@ int RunServeBench(const std::vector<std::string>& args) {
   if (c.metrics_port > 0) after = Scrape(c.metrics_host, c.metrics_port);
   const ServeSummary s = Summarize(records, duration, c.slo);
   PrintSummary(s);
+  if (const std::string d = (*backend)->Distribution(); !d.empty()) {
+    std::printf("Requests per target (%s)\n", d.c_str());
+  }
   const nlohmann::json classes_json = ReportClasses(records, duration, c.slo);
   const nlohmann::json worker_json =
       c.metrics_port > 0 ? ReportWorker(before, after) : nlohmann::json::object();

@@ -140,6 +140,36 @@ TEST_F(BenchServeTest, PrefixSeedSharesTheSystemPromptAcrossRuns) {
   EXPECT_EQ(second["worker_metrics_delta"]["tandem_prefix_cache_hits_total"], 3 * 64);
 }
 
+// Several decode workers (a gateway's fleet): --address lists them and
+// --spread says how requests go round; the report says where they went.
+TEST_F(BenchServeTest, SeveralTargetsShareTheLoad) {
+  Worker a = StartWorker("decode_worker", {});
+  Worker b = StartWorker("decode_worker", {});
+  const std::string both = a.address() + "," + b.address();
+  std::string log;
+  ASSERT_EQ(Bench({"--address=" + both, "--num-prompts=8", "--vocab-size=503", "--input-len=16",
+                   "--output-len=2"},
+                  &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("Requests per target (round_robin: " + a.address() + "=4, " + b.address() + "=4)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(a.Metric("tandem_requests_total", {{"status", "OK"}}), 4);
+  EXPECT_EQ(b.Metric("tandem_requests_total", {{"status", "OK"}}), 4);
+  ASSERT_EQ(Bench({"--address=" + both, "--spread=least_outstanding", "--num-prompts=8",
+                   "--vocab-size=503", "--input-len=16", "--output-len=2"},
+                  &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("Requests per target (least_outstanding: "), std::string::npos) << log;
+  EXPECT_EQ(a.Metric("tandem_requests_total", {{"status", "OK"}}) +
+                b.Metric("tandem_requests_total", {{"status", "OK"}}),
+            16);
+  EXPECT_NE(Bench({"--address=" + both, "--spread=random", "--num-prompts=1"}, &log), 0);
+  EXPECT_NE(log.find("--spread='random'"), std::string::npos) << log;
+}
+
 TEST_F(BenchServeTest, TextPromptsAndUsageErrors) {
   Worker decode = StartWorker("decode_worker", {});
   std::string log;
