@@ -87,10 +87,12 @@ PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid, const RouteKey* 
       loads[i] = endpoints_[i]->load_tokens.load(std::memory_order_relaxed);
       if (endpoints_[i].get() != avoid && Usable(*endpoints_[i], now)) candidates.push_back(static_cast<int>(i));
     }
-    if (!candidates.empty()) {
-      const std::vector<int32_t>& tokens = *key->tokens;
-      const std::vector<uint64_t> chain =
-          PrefixRouter::Chain(tokens.data(), tokens.size(), kRouteBlockTokens, key->salt);
+    const std::vector<int32_t>& tokens = *key->tokens;
+    const std::vector<uint64_t> chain =
+        PrefixRouter::Chain(tokens.data(), tokens.size(), kRouteBlockTokens, key->salt);
+    // A prompt shorter than a block has no prefix a cache could keep: it
+    // takes the rotation.
+    if (!candidates.empty() && !chain.empty()) {
       const int64_t to_compute = static_cast<int64_t>(tokens.size()) - key->num_cached;
       PrefixRouter::Choice choice;
       {

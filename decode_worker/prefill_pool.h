@@ -75,9 +75,9 @@ class PrefillPool {
               grpc::ChannelArguments args, absl::Duration eject_for, int kv_streams = 1);
   int kv_streams() const { return kv_streams_; }
 
-  // A usable endpoint other than `avoid` (null: any): with a `key` and
-  // prefix routing, PrefixRouter's choice among them; else the next in
-  // rotation. When none is usable, the next usable one, `avoid` included;
+  // A usable endpoint other than `avoid` (null: any): with a `key` of at
+  // least one routing block and prefix routing, PrefixRouter's choice among
+  // them; else the next in rotation. When none is usable, the next usable one, `avoid` included;
   // when none at all, the next one in rotation (its call fails or recovers
   // on its own). `info` (may be null) says why.
   Endpoint* Pick(const Endpoint* avoid = nullptr, const RouteKey* key = nullptr,

@@ -160,6 +160,16 @@ TEST(PrefillPoolRoutingTest, PrefixRoutingAndRoundRobin) {
     EXPECT_EQ(info.matched_tokens, 8 * PrefillPool::kRouteBlockTokens);
   }
   EXPECT_NE(pool.Pick(home, &key, &info), home);  // a retry goes elsewhere
+  // A prompt shorter than a block has no prefix to keep: the rotation.
+  const std::vector<int32_t> tiny = {1, 2, 3};
+  PrefillPool::RouteKey tiny_key{&tiny, 0, 0};
+  std::set<PrefillPool::Endpoint*> spread;
+  for (int i = 0; i < 3; ++i) {
+    PrefillPool::RouteInfo rr;
+    spread.insert(pool.Pick(nullptr, &tiny_key, &rr));
+    EXPECT_STREQ(rr.reason, "round_robin");
+  }
+  EXPECT_EQ(spread.size(), 3u);
   pool.set_routing(PrefillPool::Routing::kRoundRobin);
   std::set<PrefillPool::Endpoint*> seen;
   for (int i = 0; i < 3; ++i) {
