@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/hash/hash.h"
-#include "absl/types/span.h"
 
 namespace tandem {
 
@@ -13,11 +11,11 @@ std::vector<uint64_t> PrefixRouter::Chain(const int32_t* tokens, size_t n, int b
   std::vector<uint64_t> chain;
   const size_t blocks = std::min(n / static_cast<size_t>(block_tokens), max_blocks);
   chain.reserve(blocks);
-  uint64_t h = salt;
+  uint64_t h = Mix(salt);
   for (size_t b = 0; b < blocks; ++b) {
-    // Process-local (absl::Hash is seeded per process): the router's memory
-    // is this process's own.
-    h = absl::HashOf(h, absl::MakeConstSpan(tokens + b * block_tokens, block_tokens));
+    for (int i = 0; i < block_tokens; ++i) {
+      h = Mix(h ^ static_cast<uint32_t>(tokens[b * block_tokens + i]));
+    }
     chain.push_back(h);
   }
   return chain;
@@ -25,7 +23,8 @@ std::vector<uint64_t> PrefixRouter::Chain(const int32_t* tokens, size_t n, int b
 
 PrefixRouter::Choice PrefixRouter::Pick(const std::vector<uint64_t>& chain, int64_t tokens,
                                         const std::vector<int>& candidates,
-                                        const std::vector<int64_t>& loads) {
+                                        const std::vector<int64_t>& loads,
+                                        const std::vector<uint64_t>& ids) {
   uint64_t allowed = 0;
   for (int e : candidates) allowed |= uint64_t{1} << e;
   // The longest prefix each candidate holds: a hash stands for its whole
@@ -43,7 +42,7 @@ PrefixRouter::Choice PrefixRouter::Pick(const std::vector<uint64_t>& chain, int6
   // block (a stable order per prefix, different across prefixes).
   const uint64_t key = chain.empty() ? 0 : chain[0];
   std::vector<std::pair<int, uint64_t>> order;  // (endpoint, its rendezvous score)
-  for (int e : candidates) order.emplace_back(e, absl::HashOf(key, e));
+  for (int e : candidates) order.emplace_back(e, Mix(key ^ Mix(ids[e])));
   std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
     if (matched[a.first] != matched[b.first]) return matched[a.first] > matched[b.first];
     return a.second > b.second;

@@ -51,16 +51,28 @@ class PrefixRouter {
 
   // The chained hashes of the full blocks of `tokens`, seeded by `salt`
   // (caches are not shared across adapters or cache salts), at most
-  // max_blocks of them.
+  // max_blocks of them. The same in every process, so that several decode
+  // workers send a prefix none of them has seen to the same endpoint.
   static std::vector<uint64_t> Chain(const int32_t* tokens, size_t n, int block_tokens,
                                      uint64_t salt, size_t max_blocks = 4096);
 
   // The endpoint for a prompt of `chain` and `tokens` tokens to compute,
   // among `candidates` (indexes below kMaxEndpoints, not empty), given each
-  // endpoint's in-flight tokens `loads` (indexed by endpoint). Records that
-  // the chosen endpoint now holds the chain.
+  // endpoint's in-flight tokens `loads` and its identity `ids` (a hash of
+  // its address: rendezvous hashing then agrees across decode workers
+  // whatever order they list the endpoints in), both indexed by endpoint.
+  // Records that the chosen endpoint now holds the chain.
   Choice Pick(const std::vector<uint64_t>& chain, int64_t tokens, const std::vector<int>& candidates,
-              const std::vector<int64_t>& loads);
+              const std::vector<int64_t>& loads, const std::vector<uint64_t>& ids);
+
+  // A 64-bit mix (splitmix64's finalizer): the hashes above are these, so
+  // that every process computes the same ones.
+  static uint64_t Mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
 
   size_t remembered() const { return holders_.size(); }
 

@@ -51,7 +51,7 @@ TEST(PrefillPoolTrustTest, MalformedNamesAreRefusedWhateverTheTrust) {
   PrefillPool::Trust any;
   any.any = true;
   auto pool = MakePool(any);
-  for (const std::string bad : {std::string("no port"), std::string("\xc3\xa9:5"), std::string("host:"),
+  for (const std::string& bad : {std::string("no port"), std::string("\xc3\xa9:5"), std::string("host:"),
                                 std::string(":5"), std::string("[]:443"), std::string("a:5\n"), std::string("h:123456"),
                                 std::string(300, 'a') + ":5"}) {
     EXPECT_EQ(pool->Named(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;

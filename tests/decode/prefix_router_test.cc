@@ -23,6 +23,9 @@ std::vector<int32_t> Prompt(int system, int system_blocks, int question, int que
   return t;
 }
 
+// Endpoint identities, as PrefillPool gives them (a hash of the address).
+std::vector<uint64_t> Ids() { return {101, 202, 303, 404}; }
+
 std::vector<uint64_t> ChainOf(const std::vector<int32_t>& t, uint64_t salt = 0) {
   return PrefixRouter::Chain(t.data(), t.size(), kBlock, salt);
 }
@@ -43,12 +46,12 @@ TEST(PrefixRouterTest, PromptsSharingASystemPromptMeetOnOneEndpoint) {
   PrefixRouter router({});
   const std::vector<int> all = {0, 1, 2};
   const std::vector<int64_t> idle(3, 0);
-  std::vector<int> home(4, -1);
+  std::vector<int> home(16, -1);
   std::set<int> used;
-  for (int q = 0; q < 24; ++q) {
-    const int system = q % 4;
+  for (int q = 0; q < 32; ++q) {
+    const int system = q % 16;
     const auto p = Prompt(system, 32, q, 32);  // 512-token system prompt + a question
-    const PrefixRouter::Choice c = router.Pick(ChainOf(p), 64, all, idle);
+    const PrefixRouter::Choice c = router.Pick(ChainOf(p), 64, all, idle, Ids());
     if (home[system] < 0) {
       home[system] = c.endpoint;
       EXPECT_EQ(c.reason, PrefixRouter::Reason::kHash);
@@ -60,7 +63,22 @@ TEST(PrefixRouterTest, PromptsSharingASystemPromptMeetOnOneEndpoint) {
     }
     used.insert(c.endpoint);
   }
-  EXPECT_GT(used.size(), 1u);  // four prefixes do not all hash to one of three
+  // Sixteen prefixes spread over the three (the hashes are fixed: the same
+  // in every run and every process).
+  EXPECT_EQ(used.size(), 3u);
+}
+
+// Two routers (two decode workers) that list the endpoints in different
+// orders send a prefix neither has seen to the same endpoint.
+TEST(PrefixRouterTest, DecodeWorkersAgreeWhereANewPrefixGoes) {
+  PrefixRouter first({}), second({});
+  const std::vector<uint64_t> ids = {101, 202, 303}, reversed = {303, 202, 101};
+  for (int s = 0; s < 12; ++s) {
+    const auto chain = ChainOf(Prompt(s, 4, 0, 0));
+    const int a = first.Pick(chain, 64, {0, 1, 2}, {0, 0, 0}, ids).endpoint;
+    const int b = second.Pick(chain, 64, {0, 1, 2}, {0, 0, 0}, reversed).endpoint;
+    EXPECT_EQ(ids[a], reversed[b]) << "system prompt " << s;
+  }
 }
 
 TEST(PrefixRouterTest, TheLongestRememberedPrefixWins) {
@@ -69,16 +87,16 @@ TEST(PrefixRouterTest, TheLongestRememberedPrefixWins) {
   const auto turn1 = Prompt(7, 4, 1, 40);
   auto turn2 = turn1;  // a conversation's next turn extends the last
   for (int i = 0; i < 50; ++i) turn2.push_back(70000 + i);
-  const int first = router.Pick(ChainOf(turn1), 100, {0, 1, 2}, idle).endpoint;
+  const int first = router.Pick(ChainOf(turn1), 100, {0, 1, 2}, idle, Ids()).endpoint;
   // Another endpoint is sent the system prompt alone (say the first was out
   // of the candidates then).
   std::vector<int> others;
   for (int e : {0, 1, 2}) {
     if (e != first) others.push_back(e);
   }
-  const int other = router.Pick(ChainOf(Prompt(7, 4, 2, 0)), 64, others, idle).endpoint;
+  const int other = router.Pick(ChainOf(Prompt(7, 4, 2, 0)), 64, others, idle, Ids()).endpoint;
   ASSERT_NE(other, first);
-  const PrefixRouter::Choice c = router.Pick(ChainOf(turn2), 50, {0, 1, 2}, idle);
+  const PrefixRouter::Choice c = router.Pick(ChainOf(turn2), 50, {0, 1, 2}, idle, Ids());
   EXPECT_EQ(c.endpoint, first);
   EXPECT_EQ(c.matched_blocks, static_cast<int>(turn1.size()) / kBlock);
   EXPECT_EQ(c.reason, PrefixRouter::Reason::kPrefix);
@@ -88,13 +106,13 @@ TEST(PrefixRouterTest, OnlyCandidatesAreChosen) {
   PrefixRouter router({});
   const std::vector<int64_t> idle(4, 0);
   const auto p = Prompt(3, 8, 0, 0);
-  const int home = router.Pick(ChainOf(p), 128, {0, 1, 2, 3}, idle).endpoint;
+  const int home = router.Pick(ChainOf(p), 128, {0, 1, 2, 3}, idle, Ids()).endpoint;
   std::vector<int> without;
   for (int e = 0; e < 4; ++e) {
     if (e != home) without.push_back(e);
   }
   for (int i = 0; i < 5; ++i) {
-    const int e = router.Pick(ChainOf(p), 128, without, idle).endpoint;
+    const int e = router.Pick(ChainOf(p), 128, without, idle, Ids()).endpoint;
     EXPECT_NE(e, home);
   }
 }
@@ -102,15 +120,15 @@ TEST(PrefixRouterTest, OnlyCandidatesAreChosen) {
 TEST(PrefixRouterTest, AnOverloadedHolderIsPassedOver) {
   PrefixRouter router({});
   const auto p = Prompt(5, 16, 0, 0);
-  const int home = router.Pick(ChainOf(p), 256, {0, 1, 2}, {0, 0, 0}).endpoint;
+  const int home = router.Pick(ChainOf(p), 256, {0, 1, 2}, {0, 0, 0}, Ids()).endpoint;
   std::vector<int64_t> loads(3, 100);
   loads[home] = 3000;  // far past 1.25x the mean, and the mean + this prompt
-  const PrefixRouter::Choice c = router.Pick(ChainOf(p), 256, {0, 1, 2}, loads);
+  const PrefixRouter::Choice c = router.Pick(ChainOf(p), 256, {0, 1, 2}, loads, Ids());
   EXPECT_NE(c.endpoint, home);
   EXPECT_EQ(c.reason, PrefixRouter::Reason::kLoad);
   // Within the bound it stays home.
   loads[home] = 100;
-  EXPECT_EQ(router.Pick(ChainOf(p), 256, {0, 1, 2}, loads).endpoint, home);
+  EXPECT_EQ(router.Pick(ChainOf(p), 256, {0, 1, 2}, loads, Ids()).endpoint, home);
 }
 
 // One hot system prompt, many prompts in flight at once: none of the three
@@ -122,7 +140,7 @@ TEST(PrefixRouterTest, AHotPrefixSpreadsWithinTheLoadBound) {
   const int64_t tokens = 544;
   for (int q = 0; q < 60; ++q) {
     const auto p = Prompt(9, 32, q, 32);
-    const int e = router.Pick(ChainOf(p), tokens, {0, 1, 2}, loads).endpoint;
+    const int e = router.Pick(ChainOf(p), tokens, {0, 1, 2}, loads, Ids()).endpoint;
     loads[e] += tokens;  // none completes
     const int64_t total = std::accumulate(loads.begin(), loads.end(), int64_t{0});
     const double mean = static_cast<double>(total) / 3;
@@ -137,11 +155,11 @@ TEST(PrefixRouterTest, WhatItRemembersIsBounded) {
   PrefixRouter::Options o;
   o.capacity_blocks = 100;
   PrefixRouter router(o);
-  for (int q = 0; q < 50; ++q) router.Pick(ChainOf(Prompt(q, 8, q, 0)), 128, {0, 1}, {0, 0});
+  for (int q = 0; q < 50; ++q) router.Pick(ChainOf(Prompt(q, 8, q, 0)), 128, {0, 1}, {0, 0}, Ids());
   EXPECT_LE(router.remembered(), 100u);
   // The newest are remembered.
   const auto last = Prompt(49, 8, 49, 0);
-  EXPECT_EQ(router.Pick(ChainOf(last), 128, {0, 1}, {0, 0}).reason, PrefixRouter::Reason::kPrefix);
+  EXPECT_EQ(router.Pick(ChainOf(last), 128, {0, 1}, {0, 0}, Ids()).reason, PrefixRouter::Reason::kPrefix);
 }
 
 // Through the pool: a prompt routed by its prefix goes where its prefix went;
