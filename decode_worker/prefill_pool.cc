@@ -48,6 +48,7 @@ PrefillPool::PrefillPool(const std::string& address,
   auto targets = SplitTarget(address);
   for (const std::string& target : targets.ok() ? *targets : std::vector<std::string>{address}) {
     endpoints_.push_back(MakeEndpoint(target));
+    route_ids_.push_back(Fnv1a64(target));
   }
 }
 
@@ -85,10 +86,8 @@ PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid, const RouteKey* 
   if (key != nullptr && routing_ == Routing::kPrefix && n > 1 && n <= PrefixRouter::kMaxEndpoints) {
     std::vector<int> candidates;
     std::vector<int64_t> loads(n);
-    std::vector<uint64_t> ids(n);
     for (size_t i = 0; i < n; ++i) {
       loads[i] = endpoints_[i]->load_tokens.load(std::memory_order_relaxed);
-      ids[i] = Fnv1a64(endpoints_[i]->target);
       if (endpoints_[i].get() != avoid && Usable(*endpoints_[i], now)) candidates.push_back(static_cast<int>(i));
     }
     const std::vector<int32_t>& tokens = *key->tokens;
@@ -101,7 +100,7 @@ PrefillPool::Endpoint* PrefillPool::Pick(const Endpoint* avoid, const RouteKey* 
       PrefixRouter::Choice choice;
       {
         MutexLock lock(&router_mu_);
-        choice = router_.Pick(chain, to_compute, candidates, loads, ids);
+        choice = router_.Pick(chain, to_compute, candidates, loads, route_ids_);
       }
       if (info != nullptr) {
         info->reason = choice.reason == PrefixRouter::Reason::kPrefix ? "prefix"

@@ -121,6 +121,7 @@ class PrefillPool {
   std::unique_ptr<Endpoint> MakeEndpoint(const std::string& target, bool named = false) const;
 
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::vector<uint64_t> route_ids_;  // a hash of each endpoint's address (PrefixRouter's ids)
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   grpc::ChannelArguments args_;
   Trust trust_;
