@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libicu-dev libhwy-dev libevent-dev
   libcurl4-openssl-dev  # tandem bench serve's OpenAI backends
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events (ZeroMQ, msgpack), as vLLM publishes them
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   prometheus python3-grpcio python3-grpc-tools

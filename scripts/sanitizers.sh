@@ -50,7 +50,7 @@ case "$mode" in
     cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
     TSAN_OPTIONS="suppressions=$(pwd)/tests/tsan.supp:halt_on_error=0:exitcode=66:second_deadlock_stack=1" \
       ctest --test-dir build-tsan --output-on-failure -j"${TANDEM_TEST_JOBS:-4}" \
-        -R "^(ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|HttpServerLimits|WorkQueue|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|SharedGrammar|EngineClient|KvIntegrity|KvStreamChecker|WorkerState|LoraPair|Reads/KvStreamingTest.*/CompletingLater)"
+        -R "^(KvEvent|ThreadPool|Threads/CpuOps|StreamWriter|EngineLoop|HttpServerLimits|WorkQueue|KvTransfer|Engine|Runner|PairTest|PairFailure|PrefillModes|BenchServe|Reliability|PrefixCache|Scheduler|SharedGrammar|EngineClient|KvIntegrity|KvStreamChecker|WorkerState|LoraPair|Reads/KvStreamingTest.*/CompletingLater)"
     ;;
   *) echo "sanitizers.sh: unknown mode '$mode' (asan or tsan)" >&2; exit 2 ;;
 esac

@@ -23,6 +23,27 @@ void BlockPool::Uncache(int32_t block) {
   auto it = cached_.find(b.hash);
   if (it != cached_.end() && it->second == block) cached_.erase(it);
   b.cached = false;
+  if (record_events_) {
+    if (events_.empty() || events_.back().kind != KvCacheEvent::Kind::kRemoved) {
+      events_.push_back({.kind = KvCacheEvent::Kind::kRemoved});
+    }
+    events_.back().hashes.push_back(b.hash);
+  }
+}
+
+void BlockPool::RecordEvents(bool on) {
+  if (on && !record_events_ && cached_.empty()) {
+    events_.push_back({.kind = KvCacheEvent::Kind::kCleared});
+  }
+  record_events_ = on;
+  if (!on) events_.clear();
+}
+
+std::vector<uint64_t> BlockPool::CachedHashes() const {
+  std::vector<uint64_t> hashes;
+  hashes.reserve(cached_.size());
+  for (const auto& [hash, block] : cached_) hashes.push_back(hash);
+  return hashes;
 }
 
 absl::Status BlockPool::Allocate(int count, std::vector<int32_t>* blocks) {
@@ -73,13 +94,23 @@ void BlockPool::Ref(int32_t block) {
 }
 
 void BlockPool::Cache(int32_t block, uint64_t hash, uint64_t parent_hash,
-                      absl::Span<const int32_t> tokens) {
+                      absl::Span<const int32_t> tokens, bool first) {
   Block& b = blocks_[block];
   if (!caching_ || b.cached || !cached_.emplace(hash, block).second) return;
   b.cached = true;
   b.hash = hash;
   b.parent_hash = parent_hash;
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + int64_t{block} * block_size_);
+  if (!record_events_) return;
+  // Extends the last event when this block continues its run.
+  if (events_.empty() || events_.back().kind != KvCacheEvent::Kind::kStored || first ||
+      events_.back().hashes.back() != parent_hash) {
+    KvCacheEvent e{.kind = KvCacheEvent::Kind::kStored};
+    if (!first) e.parent = parent_hash;
+    events_.push_back(std::move(e));
+  }
+  events_.back().hashes.push_back(hash);
+  events_.back().token_ids.insert(events_.back().token_ids.end(), tokens.begin(), tokens.end());
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device* device, DType dtype,
@@ -158,7 +189,7 @@ void KvCache::CacheComputed(const std::string& id, absl::Span<const int32_t> tok
     const uint64_t parent = i == 0 ? root : table.hashes[i - 1];
     const absl::Span<const int32_t> ids = tokens.subspan(i * block_size_, block_size_);
     const uint64_t hash = BlockPool::Hash(parent, ids);
-    pool_.Cache(table.blocks[i], hash, parent, ids);
+    pool_.Cache(table.blocks[i], hash, parent, ids, /*first=*/i == 0);
     table.hashes.push_back(hash);
   }
 }

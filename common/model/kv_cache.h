@@ -23,7 +23,9 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +37,17 @@
 #include "common/kernels/ops.h"
 
 namespace tandem {
+
+// A change to the set of cached blocks, as vLLM's KV events describe it
+// (BlockStored / BlockRemoved / AllBlocksCleared): what an outside router
+// needs to know which prefixes a worker holds.
+struct KvCacheEvent {
+  enum class Kind { kStored, kRemoved, kCleared };
+  Kind kind = Kind::kStored;
+  std::vector<uint64_t> hashes;    // kStored, kRemoved: in chain order (stored) or eviction order
+  std::optional<uint64_t> parent;  // kStored: the key before hashes[0]; none for a first block
+  std::vector<int32_t> token_ids;  // kStored: block_size ids per hash, concatenated
+};
 
 // Blocks [0, num_blocks) with reference counts, a free queue in eviction
 // order and the hash map of cached full blocks.
@@ -61,7 +74,20 @@ class BlockPool {
   void Ref(int32_t block);
   // Registers a full, computed block under `hash`. A block already cached,
   // or a hash already held by another block, leaves the map as it is.
-  void Cache(int32_t block, uint64_t hash, uint64_t parent_hash, absl::Span<const int32_t> tokens);
+  // `first`: the block starts its chain (`parent_hash` is a root, not a
+  // block's key), which its stored event says with no parent.
+  void Cache(int32_t block, uint64_t hash, uint64_t parent_hash, absl::Span<const int32_t> tokens,
+             bool first = false);
+
+  // With events on, every change to the cached set is recorded, in order, as
+  // a KvCacheEvent until TakeEvents() hands them over (runs of blocks stored
+  // one after the other, and evictions one after the other, share an event).
+  // Turning them on records an AllBlocksCleared first when nothing is cached
+  // (a fresh or restarted worker), so a consumer starts from empty.
+  void RecordEvents(bool on);
+  std::vector<KvCacheEvent> TakeEvents() { return std::exchange(events_, {}); }
+  // The keys of every cached block (tests compare a consumer's rebuilt view).
+  std::vector<uint64_t> CachedHashes() const;
 
   int num_blocks() const { return num_blocks_; }
   bool caching() const { return caching_; }
@@ -91,6 +117,8 @@ class BlockPool {
   std::vector<int32_t> tokens_;  // [num_blocks, block_size]: ids of each cached block
   std::list<int32_t> free_;      // eviction order: front first
   absl::flat_hash_map<uint64_t, int32_t> cached_;
+  bool record_events_ = false;
+  std::vector<KvCacheEvent> events_;
 };
 
 // The cache storage plus the per-request block tables.

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 
 #include "common/base/logging.h"
+#include "common/serving/kv_events.h"
 #include "common/serving/kv_transfer.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -41,6 +42,10 @@ void RegisterWorkerFlags(FlagSet* flags, WorkerOptions* options) {
              "clients re-resolve DNS and spread over replicas added since (0 = never)");
   flags->Add("cudagraph-metrics-interval", &options->cudagraph_metrics_interval,
              "log a table of recent steps every N seconds (0 = off)");
+  flags->Add("kv-events-config", &options->kv_events_config,
+             "vLLM's KV events JSON, e.g. '{\"enable_kv_cache_events\": true, \"publisher\": "
+             "\"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": "
+             "\"tcp://*:5558\"}': publish which prefix blocks this worker caches");
   options->tls.Register(flags, "", /*server=*/true);
 }
 
@@ -112,6 +117,26 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
                       << options.max_connection_age_seconds << " and --drain-seconds="
                       << options.drain_seconds << " must be >= 0";
     return 2;
+  }
+  std::unique_ptr<KvEventPublisher> kv_events;
+  if (!options.kv_events_config.empty()) {
+    auto config = ParseKvEventsConfig(options.kv_events_config);
+    if (!config.ok()) {
+      TANDEM_LOG(ERROR) << options.role << " worker: " << config.status().message();
+      return 2;
+    }
+    if (config->publishes()) {
+      auto publisher = KvEventPublisher::Start(*config, metrics->registry().get(), options.role);
+      if (!publisher.ok()) {
+        TANDEM_LOG(ERROR) << options.role << " worker: " << publisher.status().message();
+        return 1;
+      }
+      kv_events = *std::move(publisher);
+      TANDEM_LOG(INFO) << options.role << " worker: KV events on " << kv_events->endpoint()
+                       << (kv_events->replay_endpoint().empty()
+                               ? std::string(" (no replay)")
+                               : " (replay on " + kv_events->replay_endpoint() + ")");
+    }
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -187,8 +212,12 @@ int RunWorker(const WorkerOptions& options, EngineConfig engine_config, WorkerSt
   EngineLoop loop(std::move(engine_config), [&](const absl::Status& s, LlmEngine* engine) {
     if (s.ok()) {
       metrics->ObserveEngine(*engine);  // capture counts are visible once SERVING
+      if (kv_events != nullptr) engine->kv_cache().pool().RecordEvents(true);
       loop.AddStepObserver([&, metrics](LlmEngine& engine, const std::vector<RequestOutput>&) {
         metrics->ObserveEngine(engine);
+        if (kv_events != nullptr) {
+          kv_events->Publish(engine.kv_cache().pool().TakeEvents(), engine.kv_cache().block_size());
+        }
         if (options.cudagraph_metrics_interval > 0 &&
             absl::Now() - last_table >= absl::Seconds(options.cudagraph_metrics_interval)) {
           last_table = absl::Now();

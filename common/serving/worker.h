@@ -40,6 +40,8 @@ struct WorkerOptions {
   // every N seconds, like vLLM's --cudagraph-metrics; 0 = off.
   int cudagraph_metrics_interval = 0;
   TlsFiles tls;  // --tls-cert/--tls-key/--tls-ca of the gRPC server
+  // vLLM's --kv-events-config JSON (common/serving/kv_events.h); empty: off.
+  std::string kv_events_config;
 };
 
 // A second front door beside the gRPC server (the decode worker's HTTP

@@ -1,5 +1,9 @@
 #include "common/model/kv_cache.h"
 
+#include <random>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "common/backend/cpu/cpu_device.h"
 
@@ -129,6 +133,103 @@ TEST(KvCacheTest, PrefixOfFullComputedBlocksIsReused) {
   EXPECT_EQ(c.TakeCachedPrefix("e", a, 9), 8);
   c.Free("e");
   EXPECT_EQ(c.num_tables(), 0);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// What a KV event consumer keeps: the cached keys, rebuilt from events only.
+struct EventMirror {
+  absl::flat_hash_set<uint64_t> held;
+  int cleared = 0;
+  void Apply(const std::vector<KvCacheEvent>& events, int block_size) {
+    for (const KvCacheEvent& e : events) {
+      switch (e.kind) {
+        case KvCacheEvent::Kind::kStored:
+          EXPECT_EQ(e.token_ids.size(), e.hashes.size() * block_size);
+          // A run continues a block the consumer holds, or starts a chain.
+          if (e.parent.has_value()) EXPECT_TRUE(held.contains(*e.parent));
+          for (uint64_t h : e.hashes) EXPECT_TRUE(held.insert(h).second) << "stored twice";
+          break;
+        case KvCacheEvent::Kind::kRemoved:
+          for (uint64_t h : e.hashes) EXPECT_EQ(held.erase(h), 1u) << "removed unknown";
+          break;
+        case KvCacheEvent::Kind::kCleared:
+          held.clear();
+          ++cleared;
+          break;
+      }
+    }
+  }
+};
+
+TEST(KvCacheEventsTest, ConsumerRebuildsTheCachedSetThroughEvictions) {
+  auto device = CreateCpuDevice();
+  constexpr int kBlock = 4;
+  auto kv = KvCache::Create(device.get(), DType::kF32, 1, 24, kBlock, 1, 4,
+                            /*enable_prefix_caching=*/true);
+  ASSERT_TRUE(kv.ok());
+  BlockPool& pool = (*kv)->pool();
+  pool.RecordEvents(true);
+  EventMirror mirror;
+  std::mt19937 rng(7);
+  // Prompts share one of three prefixes, so hits, new runs after a hit and
+  // evictions of free cached blocks all happen.
+  std::vector<std::vector<int32_t>> prefixes(3);
+  for (auto& p : prefixes) {
+    for (int i = 0; i < 3 * kBlock; ++i) p.push_back(static_cast<int32_t>(rng() % 50));
+  }
+  int64_t hits = 0;
+  for (int r = 0; r < 200; ++r) {
+    std::vector<int32_t> tokens = prefixes[rng() % 3];
+    const int extra = static_cast<int>(rng() % (3 * kBlock));
+    for (int i = 0; i < extra; ++i) tokens.push_back(static_cast<int32_t>(rng() % 50));
+    const std::string id = absl::StrCat("r", r);
+    const uint64_t root = r % 5 == 0 ? 99 : 0;  // some salted: a chain of their own
+    hits += (*kv)->TakeCachedPrefix(id, tokens, static_cast<int64_t>(tokens.size()) - 1, root);
+    ASSERT_TRUE((*kv)->EnsureCapacity(id, static_cast<int64_t>(tokens.size())).ok());
+    (*kv)->CacheComputed(id, tokens, static_cast<int64_t>(tokens.size()), root);
+    (*kv)->Free(id);
+    mirror.Apply(pool.TakeEvents(), kBlock);
+    std::vector<uint64_t> cached = pool.CachedHashes();
+    ASSERT_EQ(absl::flat_hash_set<uint64_t>(cached.begin(), cached.end()), mirror.held)
+        << "after request " << r;
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_EQ(mirror.cleared, 1);  // the announcement that the cache starts empty
+}
+
+TEST(KvCacheEventsTest, RunsShareAnEventAndFirstBlocksHaveNoParent) {
+  BlockPool pool(8, 2, true);
+  pool.RecordEvents(true);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(pool.Allocate(3, &blocks).ok());
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6};
+  const uint64_t h0 = BlockPool::Hash(0, absl::MakeSpan(t).subspan(0, 2));
+  const uint64_t h1 = BlockPool::Hash(h0, absl::MakeSpan(t).subspan(2, 2));
+  const uint64_t h2 = BlockPool::Hash(h1, absl::MakeSpan(t).subspan(4, 2));
+  pool.Cache(blocks[0], h0, 0, absl::MakeSpan(t).subspan(0, 2), /*first=*/true);
+  pool.Cache(blocks[1], h1, h0, absl::MakeSpan(t).subspan(2, 2));
+  pool.Cache(blocks[2], h2, h1, absl::MakeSpan(t).subspan(4, 2));
+  std::vector<KvCacheEvent> events = pool.TakeEvents();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kCleared);
+  EXPECT_EQ(events[1].kind, KvCacheEvent::Kind::kStored);
+  EXPECT_EQ(events[1].hashes, (std::vector<uint64_t>{h0, h1, h2}));
+  EXPECT_FALSE(events[1].parent.has_value());
+  EXPECT_EQ(events[1].token_ids, t);
+  EXPECT_TRUE(pool.TakeEvents().empty());
+  // Freed, then taken by new allocations: evicted in one event.
+  pool.Free(blocks);
+  std::vector<int32_t> all;
+  ASSERT_TRUE(pool.Allocate(8, &all).ok());
+  events = pool.TakeEvents();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, KvCacheEvent::Kind::kRemoved);
+  EXPECT_EQ(events[0].hashes.size(), 3u);
 }
 
 }  // namespace
