@@ -35,8 +35,10 @@ int main(int argc, char** argv) {
   int kv_receive_window = tandem::kKvReceiveWindowBytes;
   tandem::RegisterWorkerFlags(&flags, &options);
   flags.Add("prefill-address", &prefill_address,
-            "gRPC target of the prefill workers: HOST:PORT, dns:///name:port or "
-            "ipv4:h1:p1,h2:p2 (round_robin over every address); empty: prefill locally");
+            "gRPC target of the prefill workers: HOST:PORT, dns:///name:port (one endpoint, "
+            "balanced round_robin over what it resolves to), or a list, one endpoint each: "
+            "ipv4:h1:p1,h2:p2 or targets separated by commas (h1:p,dns:///h2:p); empty: "
+            "prefill locally");
   std::string prefill_routing = "prefix";
   flags.Add("prefill-routing", &prefill_routing,
             "how a prompt's prefill worker is chosen among --prefill-address's endpoints: "

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
@@ -26,7 +27,7 @@ absl::StatusOr<std::vector<std::string>> PrefillPool::SplitTarget(const std::str
     if (!absl::StartsWith(address, scheme)) continue;
     for (absl::string_view part :
          absl::StrSplit(address.substr(5), ',', absl::SkipWhitespace())) {
-      out.push_back(absl::StrCat(scheme, part));
+      out.push_back(absl::StrCat(scheme, absl::StripAsciiWhitespace(part)));
     }
     if (out.empty()) {
       return absl::InvalidArgumentError(
@@ -34,8 +35,15 @@ absl::StatusOr<std::vector<std::string>> PrefillPool::SplitTarget(const std::str
     }
     return out;
   }
-  // HOST:PORT or a resolver's target (dns:///, unix:, ...): one endpoint.
-  out.push_back(address);
+  // HOST:PORT or a resolver's target (dns:///, unix:, ...): one endpoint
+  // each, comma-separated (a StatefulSet's pods by their stable names).
+  for (absl::string_view part : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
+    out.push_back(std::string(absl::StripAsciiWhitespace(part)));
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prefill address '", address, "' lists no endpoint"));
+  }
   return out;
 }
 

@@ -1,10 +1,11 @@
 // PrefillPool: the prefill workers a decode worker pulls KV from, as named by
-// --prefill-address. A list (HOST:PORT, ipv4:h1:p1,h2:p2, ipv6:[a]:p,[b]:p)
-// becomes one channel per endpoint, so that a request whose Prefill call
-// stalls is retried on a *different* worker and a stuck one is set aside; any
-// other target (dns:///name:port, a Kubernetes headless service) is one
-// endpoint whose channel balances over what the name resolves to
-// (round_robin, keepalives evicting a dead peer).
+// --prefill-address. A list (ipv4:h1:p1,h2:p2, ipv6:[a]:p,[b]:p, or targets
+// of any form separated by commas: h1:p,dns:///pod-1.svc:p) becomes one
+// channel per endpoint, so that prompts are routed by prefix among them, a
+// request whose Prefill call stalls is retried on a *different* worker and a
+// stuck one is set aside; a single name (dns:///name:port, a Kubernetes
+// headless service) is one endpoint whose channel balances over what the
+// name resolves to (round_robin, keepalives evicting a dead peer).
 //
 // An endpoint is usable when its channel is not in TRANSIENT_FAILURE (or
 // SHUTDOWN) and it was not set aside (Eject) within the last eject period:

@@ -85,7 +85,7 @@ PY
 /usr/bin/python3 - "$WORK/base.yaml" <<'PY'
 import re, sys, yaml
 for doc in yaml.safe_load_all(open(sys.argv[1])):
-    if not doc or doc["kind"] != "Deployment":
+    if not doc or doc["kind"] not in ("Deployment", "StatefulSet"):
         continue
     pod = doc["spec"]["template"]["spec"]
     for c in pod["containers"]:

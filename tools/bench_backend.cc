@@ -299,7 +299,8 @@ class SpreadBackend final : public BenchBackend {
       : parts_(std::move(parts)),
         least_outstanding_(least_outstanding),
         outstanding_(parts_.size()),
-        sent_(parts_.size()) {}
+        sent_(parts_.size()),
+        aside_until_(parts_.size()) {}
 
   absl::StatusOr<ServedModel> Model() override {
     // Every server is asked: a fleet serving different models is a mistake
@@ -321,18 +322,28 @@ class SpreadBackend final : public BenchBackend {
 
   RequestRecord Send(const Planned& p, int index, BenchClock::time_point bench_start) override {
     const size_t n = parts_.size();
+    const int64_t now = BenchClock::now().time_since_epoch().count();
+    // A target that answered UNAVAILABLE (draining, gone) is passed over for
+    // kAside, as a gateway stops picking a pod that fails its readiness
+    // check; when every target is set aside, the turn decides.
+    auto usable = [&](size_t j) { return aside_until_[j].load() <= now; };
     size_t k = next_.fetch_add(1) % n;
+    for (size_t i = 0, start = k; i < n && !usable(k); ++i) k = (start + i) % n;
     if (least_outstanding_) {
       // The fewest in flight; ties to the next in turn.
       for (size_t i = 1, start = k; i < n; ++i) {
         const size_t j = (start + i) % n;
-        if (outstanding_[j].load() < outstanding_[k].load()) k = j;
+        if (usable(j) && (!usable(k) || outstanding_[j].load() < outstanding_[k].load())) k = j;
       }
     }
     outstanding_[k].fetch_add(1);
     RequestRecord r = parts_[k]->Send(p, index, bench_start);
     outstanding_[k].fetch_sub(1);
     sent_[k].fetch_add(1);
+    if (r.status == "UNAVAILABLE") {
+      aside_until_[k].store(BenchClock::now().time_since_epoch().count() +
+                            std::chrono::duration_cast<BenchClock::duration>(kAside).count());
+    }
     return r;
   }
 
@@ -355,8 +366,10 @@ class SpreadBackend final : public BenchBackend {
   std::vector<std::unique_ptr<BenchBackend>> parts_;
   bool least_outstanding_;
   std::atomic<uint64_t> next_{0};
+  static constexpr std::chrono::seconds kAside{5};
   std::vector<std::atomic<int>> outstanding_;
   std::vector<std::atomic<int64_t>> sent_;
+  std::vector<std::atomic<int64_t>> aside_until_;  // BenchClock ticks
 };
 
 }  // namespace

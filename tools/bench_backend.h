@@ -27,6 +27,7 @@ struct Planned {
   int output_len = 0;
   int32_t priority = 0;
   double arrival_s = 0;
+  int after = -1;  // the request (a conversation's last turn) this one waits for
 };
 
 // What the server says of its model.

@@ -167,6 +167,7 @@ struct ServeConfig {
   std::string dataset = "random";
   int input_len = 128, output_len = 64, prefix_len = 0;
   int64_t prefix_seed = -1;  // -1: the shared prefix from --seed's stream
+  int tenants = 1, turns = 1;
   double range_ratio = 0;
   std::string mix, prompts_file, model, slo_text, metrics_address, json_path, label;
   int vocab_size = 0;
@@ -190,8 +191,9 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
   flags.Add("base-url", &b.base_url,
             "openai*: the server's http://HOST:PORT, or several comma-separated (--spread)");
   flags.Add("spread", &b.spread,
-            "several targets: round_robin, or least_outstanding (the fewest requests in flight), "
-            "as a gateway in front of several decode workers would");
+            "several targets: round_robin, or least_outstanding (the fewest requests in "
+            "flight), a target that answered UNAVAILABLE passed over for 5 s, as a gateway in "
+            "front of several decode workers would");
   flags.Add("served-model", &b.model, "openai*: the `model` to request (default: the server's first)");
   flags.Add("num-prompts", &c->num_prompts, "requests to send");
   flags.Add("request-rate", &c->rate_text, "requests/s (Poisson with --burstiness=1); inf: all at once");
@@ -209,6 +211,13 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
             "random: draw the shared prefix from this seed instead (-1: from --seed), so that "
             "runs of different --seed share one system prompt, or runs of one tenant each "
             "keep theirs");
+  flags.Add("tenants", &c->tenants,
+            "random: this many shared prefixes of --prefix-len tokens (tenants' system prompts), "
+            "conversations taking them in turn");
+  flags.Add("turns", &c->turns,
+            "random: requests per conversation, each sent when the last one finished, its "
+            "prompt the last one's, --output-len tokens standing for the reply, and "
+            "--input-len new ones (a multi-turn chat whose every turn extends the last)");
   flags.Add("mix", &c->mix,
             "random: a mixed workload, [NAME=]IN/OUT:WEIGHT[@PRIORITY],... e.g. "
             "chat=128/64:0.8,doc=1024/16:0.2 (overrides --input-len/--output-len)");
@@ -244,6 +253,11 @@ std::optional<int> ParseServeConfig(const std::vector<std::string>& args, ServeC
   }
   if (c->output_len < 1) return bad(absl::StrCat("--output-len=", c->output_len, " must be >= 1"));
   if (c->prefix_len < 0) return bad(absl::StrCat("--prefix-len=", c->prefix_len, " must be >= 0"));
+  if (c->tenants < 1) return bad(absl::StrCat("--tenants=", c->tenants, " must be >= 1"));
+  if (c->turns < 1) return bad(absl::StrCat("--turns=", c->turns, " must be >= 1"));
+  if ((c->tenants > 1 || c->turns > 1) && c->dataset != "random") {
+    return bad("--tenants and --turns shape the random dataset; --dataset=prompts has neither");
+  }
   auto slo = ParseSlo(c->slo_text);
   if (!slo.ok()) return Fail(slo.status());
   c->slo = *slo;
@@ -285,20 +299,43 @@ absl::StatusOr<std::vector<Planned>> BuildWorkload(const ServeConfig& c, int voc
     for (const RequestClass& k : classes) weights.push_back(k.weight);
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     std::uniform_int_distribution<int32_t> token(0, vocab_size - 1);
-    std::vector<int32_t> prefix(c.prefix_len);
+    // Tenant 0's prefix as a single shared prefix always was; the others'
+    // from seeds of their own.
+    std::vector<std::vector<int32_t>> prefixes(c.tenants, std::vector<int32_t>(c.prefix_len));
     if (c.prefix_seed >= 0) {
       std::mt19937_64 own(static_cast<uint64_t>(c.prefix_seed));
-      for (int32_t& id : prefix) id = token(own);
+      for (int32_t& id : prefixes[0]) id = token(own);
     } else {
-      for (int32_t& id : prefix) id = token(rng);
+      for (int32_t& id : prefixes[0]) id = token(rng);
     }
-    for (Planned& p : plan) {
+    for (int t = 1; t < c.tenants; ++t) {
+      std::mt19937_64 own((c.prefix_seed >= 0 ? static_cast<uint64_t>(c.prefix_seed) : c.seed) +
+                          0x9e3779b97f4a7c15ull * static_cast<uint64_t>(t));
+      for (int32_t& id : prefixes[t]) id = token(own);
+    }
+    // Request i is turn i / C of conversation i % C: every conversation's
+    // first turn, then every second turn, and so on.
+    const int conversations = (c.num_prompts + c.turns - 1) / c.turns;
+    std::vector<std::vector<int32_t>> history(conversations);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Planned& p = plan[i];
+      const int conversation = static_cast<int>(i) % conversations;
       const RequestClass& k = classes[pick(rng)];
       p.klass = k.name;
       p.priority = k.priority;
-      p.ids = prefix;
-      p.ids.resize(prefix.size() + SampleLength(k.input_len, c.range_ratio, rng));
-      for (size_t i = prefix.size(); i < p.ids.size(); ++i) p.ids[i] = token(rng);
+      std::vector<int32_t>& h = history[conversation];
+      if (i < static_cast<size_t>(conversations)) {
+        h = prefixes[conversation % c.tenants];
+      } else {
+        p.after = static_cast<int>(i) - conversations;
+        // The last reply, as random ids: the prefill side never computed
+        // the reply's KV, so what it can reuse is the last prompt either way.
+        for (int j = 0; j < plan[p.after].output_len; ++j) h.push_back(token(rng));
+      }
+      const size_t start = h.size();
+      h.resize(start + SampleLength(k.input_len, c.range_ratio, rng));
+      for (size_t j = start; j < h.size(); ++j) h[j] = token(rng);
+      p.ids = h;
       p.output_len = SampleLength(k.output_len, c.range_ratio, rng);
       if (needs_text) p.text = tok->Decode(p.ids);
     }
@@ -347,9 +384,10 @@ std::vector<RequestRecord> RunLoad(const ServeConfig& c, const std::vector<Plann
                                    BenchBackend* backend, double* duration_s) {
   const int n = static_cast<int>(plan.size());
   std::vector<RequestRecord> records(n);
-  std::mutex mu;  // guards in_flight, done, failed
+  std::mutex mu;  // guards in_flight, done, failed, finished
   std::condition_variable cv;
   int in_flight = 0, done = 0, failed = 0;
+  std::vector<bool> finished(n);
   Progress progress(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
@@ -363,8 +401,15 @@ std::vector<RequestRecord> RunLoad(const ServeConfig& c, const std::vector<Plann
       ++in_flight;
     }
     threads.emplace_back([&, i] {
+      if (const int after = plan[i].after; after >= 0) {
+        // The next turn of a conversation (an earlier index, so already
+        // started): sent once the last turn's reply is in.
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return finished[after]; });
+      }
       records[i] = backend->Send(plan[i], i, start);
       std::lock_guard<std::mutex> lock(mu);
+      finished[i] = true;
       --in_flight;
       ++done;
       if (!records[i].ok()) ++failed;
@@ -477,6 +522,7 @@ absl::Status WriteJson(const ServeConfig& c, const std::string& target, const Se
                  {"burstiness", c.burstiness},   {"max_concurrency", c.max_concurrency},
                  {"seed", c.seed},               {"dataset", c.dataset},
                  {"input_len", c.input_len},     {"prefix_len", c.prefix_len}, {"prefix_seed", c.prefix_seed},
+                 {"tenants", c.tenants}, {"turns", c.turns},
                  {"output_len", c.output_len},   {"range_ratio", c.range_ratio},
                  {"mix", c.mix},                 {"slo", c.slo_text}};
   j["summary"] = SummaryJson(s);

@@ -78,3 +78,36 @@ TEST(PrefillPoolTrustTest, NamedChannelsAreBoundedAndTheIdleGoFirst) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// --prefill-address: a list is one endpoint each (routed by prefix among
+// them), whatever the targets' form; one name is one endpoint.
+TEST(PrefillPoolTargetsTest, ListsOfAnyFormAreOneEndpointEach) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(*PrefillPool::SplitTarget("ipv4:10.0.0.1:1,10.0.0.2:2"),
+            (V{"ipv4:10.0.0.1:1", "ipv4:10.0.0.2:2"}));
+  EXPECT_EQ(*PrefillPool::SplitTarget("ipv6:[::1]:1,[::2]:2"), (V{"ipv6:[::1]:1", "ipv6:[::2]:2"}));
+  EXPECT_EQ(*PrefillPool::SplitTarget("dns:///p-0.prefill.ns.svc:50052, dns:///p-1.prefill.ns.svc:50052"),
+            (V{"dns:///p-0.prefill.ns.svc:50052", "dns:///p-1.prefill.ns.svc:50052"}));
+  EXPECT_EQ(*PrefillPool::SplitTarget("h1:1,h2:2"), (V{"h1:1", "h2:2"}));
+  // A YAML folded list (a ConfigMap's) leaves a space after each comma.
+  EXPECT_EQ(*PrefillPool::SplitTarget("ipv4:10.0.0.1:1, 10.0.0.2:2"),
+            (V{"ipv4:10.0.0.1:1", "ipv4:10.0.0.2:2"}));
+  EXPECT_EQ(*PrefillPool::SplitTarget("dns:///prefill:50052"), (V{"dns:///prefill:50052"}));
+  for (const char* bad : {"", ",", "ipv4:", " , "}) {
+    EXPECT_EQ(PrefillPool::SplitTarget(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << "'" << bad << "'";
+  }
+  PrefillPool pool("dns:///p-0.prefill:50052,dns:///p-1.prefill:50052",
+                   grpc::InsecureChannelCredentials(), grpc::ChannelArguments(), absl::Seconds(10));
+  ASSERT_EQ(pool.endpoints().size(), 2u);
+  // A request may name a listed endpoint by its host:port.
+  auto own = pool.Named("p-1.prefill:50052");
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(own->get(), pool.endpoints()[1]);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -140,6 +140,42 @@ TEST_F(BenchServeTest, PrefixSeedSharesTheSystemPromptAcrossRuns) {
   EXPECT_EQ(second["worker_metrics_delta"]["tandem_prefix_cache_hits_total"], 3 * 64);
 }
 
+// Multi-turn, multi-tenant conversations: each turn is sent after the last
+// one's reply, its prompt the last prompt plus a reply's worth and a new
+// question, so every turn after the first finds the whole last prompt cached.
+TEST_F(BenchServeTest, ConversationsExtendTheirLastTurn) {
+  Worker decode = StartWorker("decode_worker", {"--prefill=local"});
+  const std::string json_path = ::testing::TempDir() + "/bench_serve_turns.json";
+  std::string log;
+  ASSERT_EQ(Bench({"--address=" + decode.address(),
+                   "--metrics-address=127.0.0.1:" + std::to_string(decode.metrics_port),
+                   "--num-prompts=6", "--turns=3", "--tenants=2", "--vocab-size=503",
+                   "--prefix-len=32", "--input-len=16", "--output-len=16", "--json=" + json_path},
+                  &log),
+            0)
+      << log;
+  std::ifstream in(json_path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["config"]["turns"], 3);
+  EXPECT_EQ(j["config"]["tenants"], 2);
+  const auto& r = j["requests"];
+  ASSERT_EQ(r.size(), 6u);
+  // Request i is turn i / 2 of conversation i % 2; a turn adds 32 tokens.
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(r[i]["input_tokens"], 32 + 16 + (i / 2) * 32) << i;
+    if (i >= 2) {
+      const double prev_end = r[i - 2]["start_s"].get<double>() + r[i - 2]["e2e_s"].get<double>();
+      EXPECT_GE(r[i]["start_s"].get<double>(), prev_end - 1e-3) << "turn sent before the last reply, " << i;
+    }
+  }
+  // Each later turn finds its whole last prompt (whole blocks of it) cached.
+  const auto& w = j["worker_metrics_delta"];
+  EXPECT_GE(w["tandem_prefix_cache_hits_total"].get<double>(), 4 * 32);
+  std::string bad;
+  EXPECT_NE(Bench({"--address=" + decode.address(), "--turns=0"}, &bad), 0);
+  EXPECT_NE(bad.find("--turns=0"), std::string::npos) << bad;
+}
+
 // Several decode workers (a gateway's fleet): --address lists them and
 // --spread says how requests go round; the report says where they went.
 TEST_F(BenchServeTest, SeveralTargetsShareTheLoad) {
