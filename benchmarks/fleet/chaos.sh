@@ -113,7 +113,15 @@ at "$DRAIN_AT"; kill -TERM "${DECODE_PIDS[D - 1]}"; echo "chaos: $((SECONDS - t0
 fail=0
 load_rc=0
 wait "$LOAD" || load_rc=$?
+# The drained worker exits within its drain (10 s) and a little more, or it
+# hung: killed, and the run fails.
 drained_rc=0
+for _ in $(seq 1 100); do kill -0 "${DECODE_PIDS[D - 1]}" 2>/dev/null || break; sleep 0.3; done
+if kill -0 "${DECODE_PIDS[D - 1]}" 2>/dev/null; then
+  echo "chaos: FAIL: the drained decode worker was still running 30 s after its drain began" >&2
+  kill -9 "${DECODE_PIDS[D - 1]}"
+  fail=1
+fi
 wait "${DECODE_PIDS[D - 1]}" || drained_rc=$?
 if [ "$load_rc" -eq 124 ]; then
   echo "chaos: FAIL: the load tool was still waiting after ${LOAD_DEADLINE}s: requests hung" >&2
