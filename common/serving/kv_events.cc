@@ -30,7 +30,10 @@ absl::StatusOr<KvEventsConfig> ParseKvEventsConfig(std::string_view json) {
   }
   KvEventsConfig c;
   bool publisher_set = false;
-  for (const auto& [key, value] : j.items()) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    // Named, not structured bindings: the lambdas below capture them.
+    const std::string& key = it.key();
+    const nlohmann::json& value = it.value();
     auto string_field = [&](std::string* out, bool nullable) -> absl::Status {
       if (nullable && value.is_null()) {
         out->clear();
