@@ -16,6 +16,6 @@ cmake -S tests/cross -B build-arm64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE="$(pwd)/cmake/aarch64-linux-gnu.cmake" >/dev/null
 cmake --build build-arm64 -j"${TANDEM_BUILD_JOBS:-$(nproc)}"
 # qemu's "max" CPU has SVE and SVE2 (vector length 512 bits unless told).
-for test in portable_kernels_test crc32c_test; do
+for test in portable_kernels_test crc32c_test compute_probe_test; do
   QEMU_LD_PREFIX=/usr/aarch64-linux-gnu QEMU_CPU=max qemu-aarch64-static "build-arm64/$test"
 done

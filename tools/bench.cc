@@ -1,4 +1,5 @@
 #include "tools/bench.h"
+#include "tools/compute_probe.h"
 
 #include <cblas.h>
 
@@ -197,6 +198,7 @@ int RunStep(const std::vector<std::string>& args) {
               std::string(runner.resolved_mode().name()).c_str(), threads, iters);
   ReadProbe probe;
   SgemmProbe sgemm;
+  double fma_peak = 0;  // the compute probe's f32 FMA rate, GFLOP/s
   const bool cpu = config->backend.device == "cpu";
   const LlamaConfig& mc = (*engine)->model_config();
   if (cpu) {
@@ -217,9 +219,16 @@ int RunStep(const std::vector<std::string>& args) {
                 openblas_get_corename(),
                 static_cast<long>(sgemm.m), static_cast<long>(sgemm.k),
                 static_cast<long>(sgemm.n), static_cast<long>(sgemm.k), sgemm.gflops, threads);
+    for (const ComputePeak& p : MeasureComputePeaks(threads, 0.3)) {
+      std::printf("compute probe: %s, %s: %.1f %s (%d threads)\n", p.form.c_str(),
+                  p.instruction.c_str(), p.gops, p.form == "int8 dot" ? "GOP/s" : "GFLOP/s",
+                  threads);
+      if (p.form == "f32 FMA") fma_peak = p.gops;
+    }
   }
-  std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s %8s %8s %6s\n", "step", "tokens", "batch",
-              "graph", "graph_ms", "eager_ms", "speedup", "x_probe", "GFLOP/s", "x_sgemm", "attn");
+  std::printf("%-8s %7s %6s %-10s %10s %10s %8s %8s %8s %8s %7s %6s\n", "step", "tokens", "batch",
+              "graph", "graph_ms", "eager_ms", "speedup", "x_probe", "GFLOP/s", "x_sgemm", "x_fma",
+              "attn");
   std::vector<int32_t> tokens(std::max(max_prefill, max_batch * q), 7);
   CpuStream* stream = cpu ? static_cast<CpuStream*>((*engine)->backend().device->stream()) : nullptr;
   auto report = [&](const char* kind, int n_tokens, int batch,
@@ -246,7 +255,7 @@ int RunStep(const std::vector<std::string>& args) {
       }
       if (total > 0) attn = absl::StrFormat("%.0f%%", 100 * attention / total);
     }
-    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx %8s %8.1f %8s %6s\n", kind, n_tokens,
+    std::printf("%-8s %7d %6d %-10s %10.3f %10.3f %7.2fx %8s %8.1f %8s %7s %6s\n", kind, n_tokens,
                 batch, std::string(graph->mode.name()).c_str(), graph->median_ms,
                 eager->median_ms, eager->median_ms / graph->median_ms,
                 decode && probe.median_ms > 0
@@ -255,6 +264,7 @@ int RunStep(const std::vector<std::string>& args) {
                 gflops,
                 !decode && sgemm.gflops > 0 ? absl::StrFormat("%.2f", gflops / sgemm.gflops).c_str()
                                             : "-",
+                fma_peak > 0 ? absl::StrFormat("%.2f", gflops / fma_peak).c_str() : "-",
                 attn.c_str());
     std::fflush(stdout);
     return absl::OkStatus();

@@ -1,0 +1,290 @@
+#include "tools/compute_probe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#endif
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as a merge operand
+// and then warn about it in every caller (GCC bug 105593): not our code.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace tandem {
+namespace {
+
+// The inputs come from volatile memory, so the compiler cannot fold the
+// multiply-adds into additions of a constant.
+volatile float kOneF32 = 1.0f;
+volatile int32_t kOnesI8 = 0x01010101;      // four int8 (or uint8) ones
+volatile int32_t kOnesBf16 = 0x3F803F80;  // two bf16 ones
+// The accumulators' starting values (all zero), each read on its own: the
+// compiler cannot tell the twelve chains are the same and merge them.
+volatile float kStartF32[12] = {};
+volatile int32_t kStartI32[12] = {};
+
+// Twelve independent accumulators, each a chain of `iterations`
+// multiply-adds; STEP(acc) is one instruction.
+#define TANDEM_TWELVE(STEP) \
+  STEP(a0);                 \
+  STEP(a1);                 \
+  STEP(a2);                 \
+  STEP(a3);                 \
+  STEP(a4);                 \
+  STEP(a5);                 \
+  STEP(a6);                 \
+  STEP(a7);                 \
+  STEP(a8);                 \
+  STEP(a9);                 \
+  STEP(a10);                \
+  STEP(a11)
+
+#if defined(__x86_64__)
+
+#define TANDEM_AVX2 __attribute__((target("avx2,fma")))
+#define TANDEM_AVX512 __attribute__((target("avx512f")))
+#define TANDEM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define TANDEM_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define TANDEM_AVX_VNNI __attribute__((target("avx2,avxvnni")))
+
+TANDEM_AVX2 float SumLanes(__m256 v) {
+  alignas(32) float f[8];
+  _mm256_store_ps(f, v);
+  float s = 0;
+  for (float x : f) s += x;
+  return s;
+}
+TANDEM_AVX2 int64_t SumLanes(__m256i v) {
+  alignas(32) int32_t f[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(f), v);
+  int64_t s = 0;
+  for (int32_t x : f) s += x;
+  return s;
+}
+TANDEM_AVX512 float SumLanes(__m512 v) {
+  alignas(64) float f[16];
+  _mm512_store_ps(f, v);
+  float s = 0;
+  for (float x : f) s += x;
+  return s;
+}
+TANDEM_AVX512 int64_t SumLanes(__m512i v) {
+  alignas(64) int32_t f[16];
+  _mm512_store_si512(f, v);
+  int64_t s = 0;
+  for (int32_t x : f) s += x;
+  return s;
+}
+
+TANDEM_AVX2 double FmaAvx2(int64_t iterations) {
+  const __m256 x = _mm256_set1_ps(kOneF32);
+#define INIT(k) _mm256_set1_ps(kStartF32[k])
+  __m256 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = _mm256_fmadd_ps(x, x, a)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+         SumLanes(a10) + SumLanes(a11);
+}
+
+TANDEM_AVX512 double FmaAvx512(int64_t iterations) {
+  const __m512 x = _mm512_set1_ps(kOneF32);
+#define INIT(k) _mm512_set1_ps(kStartF32[k])
+  __m512 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = _mm512_fmadd_ps(x, x, a)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+         SumLanes(a10) + SumLanes(a11);
+}
+
+TANDEM_AVX512_BF16 double DotBf16Avx512(int64_t iterations) {
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(kOnesBf16);
+#define INIT(k) _mm512_set1_ps(kStartF32[k])
+  __m512 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = _mm512_dpbf16_ps(a, x, x)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+         SumLanes(a10) + SumLanes(a11);
+}
+
+TANDEM_AVX512_VNNI double DotInt8Avx512(int64_t iterations) {
+  const __m512i x = _mm512_set1_epi32(kOnesI8);
+#define INIT(k) _mm512_set1_epi32(kStartI32[k])
+  __m512i a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+          a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = _mm512_dpbusd_epi32(a, x, x)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+                SumLanes(a10) + SumLanes(a11));
+}
+
+TANDEM_AVX_VNNI double DotInt8AvxVnni(int64_t iterations) {
+  const __m256i x = _mm256_set1_epi32(kOnesI8);
+#define INIT(k) _mm256_set1_epi32(kStartI32[k])
+  __m256i a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+          a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = _mm256_dpbusd_avx_epi32(a, x, x)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+                SumLanes(a10) + SumLanes(a11));
+}
+
+// AVX-VNNI (CPUID leaf 7, subleaf 1, EAX bit 4): clang 14's
+// __builtin_cpu_supports has no name for it.
+bool HasAvxVnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+
+#elif defined(__aarch64__)
+
+float SumLanes(float32x4_t v) { return vaddvq_f32(v); }
+int64_t SumLanes(int32x4_t v) { return vaddvq_s32(v); }
+
+double FmaNeon(int64_t iterations) {
+  const float32x4_t x = vdupq_n_f32(kOneF32);
+#define INIT(k) vdupq_n_f32(kStartF32[k])
+  float32x4_t a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+              a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = vfmaq_f32(a, x, x)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+         SumLanes(a10) + SumLanes(a11);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) double DotInt8Sdot(int64_t iterations) {
+  const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(kOnesI8));
+#define INIT(k) vdupq_n_s32(kStartI32[k])
+  int32x4_t a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
+            a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
+#undef INIT
+  for (int64_t i = 0; i < iterations; ++i) {
+#define STEP(a) a = vdotq_s32(a, x, x)
+    TANDEM_TWELVE(STEP);
+#undef STEP
+  }
+  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
+                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
+                SumLanes(a10) + SumLanes(a11));
+}
+
+#endif
+
+#undef TANDEM_TWELVE
+
+}  // namespace
+
+std::vector<ProbeKernel> SupportedProbeKernels() {
+  std::vector<ProbeKernel> k;
+  // Operations per round: 12 instructions x products per instruction x 2.
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) {
+    k.push_back({"f32 FMA", "vfmadd231ps zmm (AVX-512)", 12 * 16 * 2, &FmaAvx512});
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    k.push_back({"f32 FMA", "vfmadd231ps ymm (AVX2)", 12 * 8 * 2, &FmaAvx2});
+  }
+  if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bf16")) {
+    k.push_back({"bf16 dot", "vdpbf16ps zmm (AVX512-BF16)", 12 * 32 * 2, &DotBf16Avx512});
+  }
+  if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")) {
+    k.push_back({"int8 dot", "vpdpbusd zmm (AVX512-VNNI)", 12 * 64 * 2, &DotInt8Avx512});
+  } else if (HasAvxVnni()) {
+    k.push_back({"int8 dot", "vpdpbusd ymm (AVX-VNNI)", 12 * 32 * 2, &DotInt8AvxVnni});
+  }
+#elif defined(__aarch64__)
+  k.push_back({"f32 FMA", "fmla v.4s (NEON)", 12 * 4 * 2, &FmaNeon});
+  if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) {
+    k.push_back({"int8 dot", "sdot v.4s (Armv8.2 dot product)", 12 * 16 * 2, &DotInt8Sdot});
+  }
+#endif
+  return k;
+}
+
+std::vector<ComputePeak> MeasureComputePeaks(int threads, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  threads = std::max(threads, 1);
+  std::vector<ComputePeak> peaks;
+  for (const ProbeKernel& kernel : SupportedProbeKernels()) {
+    // Rounds per thread sized from a short calibration run.
+    int64_t rounds = 1 << 16;
+    for (;;) {
+      const Clock::time_point t0 = Clock::now();
+      kernel.run(rounds);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0.01 || rounds > (int64_t{1} << 34)) {
+        rounds = std::max<int64_t>(1, static_cast<int64_t>(rounds * (seconds / 3) / std::max(s, 1e-9)));
+        break;
+      }
+      rounds *= 4;
+    }
+    double best = 0;
+    for (int run = 0; run < 3; ++run) {
+      std::atomic<int> ready{0};
+      std::atomic<bool> go{false};
+      std::vector<std::thread> pool;
+      std::vector<double> sums(threads);
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          ready.fetch_add(1);
+          while (!go.load()) std::this_thread::yield();
+          sums[t] = kernel.run(rounds);
+        });
+      }
+      while (ready.load() < threads) std::this_thread::yield();
+      const Clock::time_point t0 = Clock::now();
+      go.store(true);
+      for (std::thread& t : pool) t.join();
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      best = std::max(best, kernel.ops_per_iteration * double(rounds) * threads / s / 1e9);
+    }
+    peaks.push_back({kernel.form, kernel.instruction, best});
+  }
+  return peaks;
+}
+
+}  // namespace tandem
