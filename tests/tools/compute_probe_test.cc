@@ -30,12 +30,19 @@ TEST(ComputeProbeTest, EveryListedKernelDoesTheWorkItCounts) {
 }
 
 TEST(ComputeProbeTest, EveryFormGetsARate) {
-  const std::vector<ComputePeak> peaks = MeasureComputePeaks(2, 0.03);
+  // One thread: on the caller's (qemu-user, which runs the aarch64 build,
+  // starts no threads here).
+  const std::vector<ComputePeak> peaks = MeasureComputePeaks(1, 0.03);
   ASSERT_EQ(peaks.size(), SupportedProbeKernels().size());
   for (const ComputePeak& p : peaks) {
     EXPECT_GT(p.gops, 0) << p.instruction;
     EXPECT_FALSE(p.instruction.empty());
   }
+#if defined(__x86_64__)
+  const std::vector<ComputePeak> two = MeasureComputePeaks(2, 0.03);
+  ASSERT_EQ(two.size(), peaks.size());
+  for (const ComputePeak& p : two) EXPECT_GT(p.gops, 0) << p.instruction;
+#endif
 }
 
 }  // namespace
