@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #if defined(__x86_64__)
@@ -32,21 +33,34 @@ volatile int32_t kOnesBf16 = 0x3F803F80;  // two bf16 ones
 volatile float kStartF32[12] = {};
 volatile int32_t kStartI32[12] = {};
 
-// Twelve independent accumulators, each a chain of `iterations`
-// multiply-adds; STEP(acc) is one instruction.
-#define TANDEM_TWELVE(STEP) \
-  STEP(a0);                 \
-  STEP(a1);                 \
-  STEP(a2);                 \
-  STEP(a3);                 \
-  STEP(a4);                 \
-  STEP(a5);                 \
-  STEP(a6);                 \
-  STEP(a7);                 \
-  STEP(a8);                 \
-  STEP(a9);                 \
-  STEP(a10);                \
-  STEP(a11)
+// One kernel: NAME runs `iterations` rounds of twelve independent chains
+// (accumulators of type ACC, the k-th starting at INIT(k)), STEP(a) one
+// multiply-add of `x` (X, of type XTYPE) into a; it returns the sum of the
+// accumulators' lanes (SUM of each). A macro rather than a template: each
+// kernel needs its own target attribute for its intrinsics to inline.
+#define TANDEM_PROBE_KERNEL(ATTR, NAME, XTYPE, X, ACC, INIT, STEP, SUM)                 \
+  ATTR double NAME(int64_t iterations) {                                              \
+    const XTYPE x = X;                                                                \
+    ACC a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4),         \
+        a5 = INIT(5), a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9),         \
+        a10 = INIT(10), a11 = INIT(11);                                               \
+    for (int64_t i = 0; i < iterations; ++i) {                                        \
+      STEP(a0);                                                                       \
+      STEP(a1);                                                                       \
+      STEP(a2);                                                                       \
+      STEP(a3);                                                                       \
+      STEP(a4);                                                                       \
+      STEP(a5);                                                                       \
+      STEP(a6);                                                                       \
+      STEP(a7);                                                                       \
+      STEP(a8);                                                                       \
+      STEP(a9);                                                                       \
+      STEP(a10);                                                                      \
+      STEP(a11);                                                                      \
+    }                                                                                 \
+    return double(SUM(a0)) + SUM(a1) + SUM(a2) + SUM(a3) + SUM(a4) + SUM(a5) +        \
+           SUM(a6) + SUM(a7) + SUM(a8) + SUM(a9) + SUM(a10) + SUM(a11);               \
+  }
 
 #if defined(__x86_64__)
 
@@ -56,114 +70,40 @@ volatile int32_t kStartI32[12] = {};
 #define TANDEM_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #define TANDEM_AVX_VNNI __attribute__((target("avx2,avxvnni")))
 
-TANDEM_AVX2 float SumLanes(__m256 v) {
-  alignas(32) float f[8];
-  _mm256_store_ps(f, v);
-  float s = 0;
-  for (float x : f) s += x;
+// The sum of a vector's lanes, exact for the probe's small integers.
+template <typename V, typename T, int N>
+T SumStored(const V& v) {
+  T lanes[N];
+  std::memcpy(lanes, &v, sizeof(lanes));
+  T s = 0;
+  for (T x : lanes) s += x;
   return s;
 }
-TANDEM_AVX2 int64_t SumLanes(__m256i v) {
-  alignas(32) int32_t f[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(f), v);
-  int64_t s = 0;
-  for (int32_t x : f) s += x;
-  return s;
-}
-TANDEM_AVX512 float SumLanes(__m512 v) {
-  alignas(64) float f[16];
-  _mm512_store_ps(f, v);
-  float s = 0;
-  for (float x : f) s += x;
-  return s;
-}
-TANDEM_AVX512 int64_t SumLanes(__m512i v) {
-  alignas(64) int32_t f[16];
-  _mm512_store_si512(f, v);
-  int64_t s = 0;
-  for (int32_t x : f) s += x;
-  return s;
-}
+#define SUM_F256(a) (SumStored<__m256, float, 8>(a))
+#define SUM_I256(a) (SumStored<__m256i, int32_t, 8>(a))
+#define SUM_F512(a) (SumStored<__m512, float, 16>(a))
+#define SUM_I512(a) (SumStored<__m512i, int32_t, 16>(a))
+#define INIT_F256(k) _mm256_set1_ps(kStartF32[k])
+#define INIT_I256(k) _mm256_set1_epi32(kStartI32[k])
+#define INIT_F512(k) _mm512_set1_ps(kStartF32[k])
+#define INIT_I512(k) _mm512_set1_epi32(kStartI32[k])
+#define STEP_FMA256(a) a = _mm256_fmadd_ps(x, x, a)
+#define STEP_FMA512(a) a = _mm512_fmadd_ps(x, x, a)
+#define STEP_BF16_512(a) a = _mm512_dpbf16_ps(a, x, x)
+#define STEP_VNNI512(a) a = _mm512_dpbusd_epi32(a, x, x)
+#define STEP_AVX_VNNI(a) a = _mm256_dpbusd_avx_epi32(a, x, x)
 
-TANDEM_AVX2 double FmaAvx2(int64_t iterations) {
-  const __m256 x = _mm256_set1_ps(kOneF32);
-#define INIT(k) _mm256_set1_ps(kStartF32[k])
-  __m256 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = _mm256_fmadd_ps(x, x, a)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-         SumLanes(a10) + SumLanes(a11);
-}
-
-TANDEM_AVX512 double FmaAvx512(int64_t iterations) {
-  const __m512 x = _mm512_set1_ps(kOneF32);
-#define INIT(k) _mm512_set1_ps(kStartF32[k])
-  __m512 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = _mm512_fmadd_ps(x, x, a)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-         SumLanes(a10) + SumLanes(a11);
-}
-
-TANDEM_AVX512_BF16 double DotBf16Avx512(int64_t iterations) {
-  const __m512bh x = (__m512bh)_mm512_set1_epi32(kOnesBf16);
-#define INIT(k) _mm512_set1_ps(kStartF32[k])
-  __m512 a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-         a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = _mm512_dpbf16_ps(a, x, x)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-         SumLanes(a10) + SumLanes(a11);
-}
-
-TANDEM_AVX512_VNNI double DotInt8Avx512(int64_t iterations) {
-  const __m512i x = _mm512_set1_epi32(kOnesI8);
-#define INIT(k) _mm512_set1_epi32(kStartI32[k])
-  __m512i a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-          a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = _mm512_dpbusd_epi32(a, x, x)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-                SumLanes(a10) + SumLanes(a11));
-}
-
-TANDEM_AVX_VNNI double DotInt8AvxVnni(int64_t iterations) {
-  const __m256i x = _mm256_set1_epi32(kOnesI8);
-#define INIT(k) _mm256_set1_epi32(kStartI32[k])
-  __m256i a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-          a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = _mm256_dpbusd_avx_epi32(a, x, x)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-                SumLanes(a10) + SumLanes(a11));
-}
+TANDEM_PROBE_KERNEL(TANDEM_AVX2, FmaAvx2, __m256, _mm256_set1_ps(kOneF32), __m256, INIT_F256,
+                    STEP_FMA256, SUM_F256)
+TANDEM_PROBE_KERNEL(TANDEM_AVX512, FmaAvx512, __m512, _mm512_set1_ps(kOneF32), __m512, INIT_F512,
+                    STEP_FMA512, SUM_F512)
+TANDEM_PROBE_KERNEL(TANDEM_AVX512_BF16, DotBf16Avx512, __m512bh,
+                    (__m512bh)_mm512_set1_epi32(kOnesBf16), __m512, INIT_F512, STEP_BF16_512,
+                    SUM_F512)
+TANDEM_PROBE_KERNEL(TANDEM_AVX512_VNNI, DotInt8Avx512, __m512i, _mm512_set1_epi32(kOnesI8),
+                    __m512i, INIT_I512, STEP_VNNI512, SUM_I512)
+TANDEM_PROBE_KERNEL(TANDEM_AVX_VNNI, DotInt8AvxVnni, __m256i, _mm256_set1_epi32(kOnesI8),
+                    __m256i, INIT_I256, STEP_AVX_VNNI, SUM_I256)
 
 // AVX-VNNI (CPUID leaf 7, subleaf 1, EAX bit 4): clang 14's
 // __builtin_cpu_supports has no name for it.
@@ -174,44 +114,21 @@ bool HasAvxVnni() {
 
 #elif defined(__aarch64__)
 
-float SumLanes(float32x4_t v) { return vaddvq_f32(v); }
-int64_t SumLanes(int32x4_t v) { return vaddvq_s32(v); }
+#define SUM_F128(a) vaddvq_f32(a)
+#define SUM_I128(a) vaddvq_s32(a)
+#define INIT_F128(k) vdupq_n_f32(kStartF32[k])
+#define INIT_I128(k) vdupq_n_s32(kStartI32[k])
+#define STEP_FMLA(a) a = vfmaq_f32(a, x, x)
+#define STEP_SDOT(a) a = vdotq_s32(a, x, x)
 
-double FmaNeon(int64_t iterations) {
-  const float32x4_t x = vdupq_n_f32(kOneF32);
-#define INIT(k) vdupq_n_f32(kStartF32[k])
-  float32x4_t a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-              a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = vfmaq_f32(a, x, x)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0)) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-         SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-         SumLanes(a10) + SumLanes(a11);
-}
-
-__attribute__((target("arch=armv8.2-a+dotprod"))) double DotInt8Sdot(int64_t iterations) {
-  const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(kOnesI8));
-#define INIT(k) vdupq_n_s32(kStartI32[k])
-  int32x4_t a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5),
-            a6 = INIT(6), a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11);
-#undef INIT
-  for (int64_t i = 0; i < iterations; ++i) {
-#define STEP(a) a = vdotq_s32(a, x, x)
-    TANDEM_TWELVE(STEP);
-#undef STEP
-  }
-  return double(SumLanes(a0) + SumLanes(a1) + SumLanes(a2) + SumLanes(a3) + SumLanes(a4) +
-                SumLanes(a5) + SumLanes(a6) + SumLanes(a7) + SumLanes(a8) + SumLanes(a9) +
-                SumLanes(a10) + SumLanes(a11));
-}
+TANDEM_PROBE_KERNEL(, FmaNeon, float32x4_t, vdupq_n_f32(kOneF32), float32x4_t, INIT_F128, STEP_FMLA,
+                    SUM_F128)
+TANDEM_PROBE_KERNEL(__attribute__((target("arch=armv8.2-a+dotprod"))), DotInt8Sdot, int8x16_t,
+                    vreinterpretq_s8_s32(vdupq_n_s32(kOnesI8)), int32x4_t, INIT_I128, STEP_SDOT,
+                    SUM_I128)
 
 #endif
 
-#undef TANDEM_TWELVE
 
 }  // namespace
 
