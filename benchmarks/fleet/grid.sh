@@ -38,16 +38,9 @@ metric() {  # metric PORT NAME: the family's value summed over its labels
 }
 
 cell() {  # cell P ROUTING
-  local p=$1 routing=$2 targets="" decodes="" mports=()
-  for i in $(seq 1 "$p"); do
-    local gp mp
-    gp=$(free_port); mp=$(free_port)
-    "$BIN/prefill_worker" --model="$MODEL" --threads=1 --grpc-address=127.0.0.1:$gp \
-      --metrics-address=127.0.0.1:$mp >"$OUT/p$p-$routing-prefill-$i.log" 2>&1 &
-    PIDS+=($!)
-    mports+=("$mp")
-    targets+="${targets:+,}127.0.0.1:$gp"
-  done
+  local p=$1 routing=$2 decodes=""
+  start_prefills "$p" "$OUT/p$p-$routing"
+  local targets=$PREFILL_TARGETS mports=("${PREFILL_METRICS[@]}")
   local dports=()
   for j in $(seq 1 "$D"); do
     local dp dm

@@ -38,23 +38,16 @@ metric() {  # metric PORT NAME: the counter's value (summed over its labels)
 }
 
 run() {  # run LABEL WORKERS ROUTING
-  local label=$1 workers=$2 routing=$3 targets="" ports=() mports=()
-  for i in $(seq 1 "$workers"); do
-    local gp mp
-    gp=$(free_port); mp=$(free_port)
-    "$BIN/prefill_worker" --model="$MODEL" --threads=1 --grpc-address=127.0.0.1:$gp \
-      --metrics-address=127.0.0.1:$mp >"$OUT/$label-prefill-$i.log" 2>&1 &
-    PIDS+=($!)
-    ports+=("$gp"); mports+=("$mp")
-    targets+="${targets:+,}127.0.0.1:$gp"
-  done
+  local label=$1 workers=$2 routing=$3
+  start_prefills "$workers" "$OUT/$label"
+  local targets=$PREFILL_TARGETS mports=("${PREFILL_METRICS[@]}")
   local dp dm
   dp=$(free_port); dm=$(free_port)
   "$BIN/decode_worker" --model="$MODEL" --threads=1 --prefill=remote \
     --prefill-address="ipv4:$targets" --prefill-routing="$routing" \
     --grpc-address=127.0.0.1:$dp --metrics-address=127.0.0.1:$dm >"$OUT/$label-decode.log" 2>&1 &
   PIDS+=($!)
-  for gp in "${ports[@]}"; do wait_serving 127.0.0.1:$gp; done
+  for t in ${targets//,/ }; do wait_serving "$t"; done
   wait_serving 127.0.0.1:$dp
   # 1. Shared system prompts, one request at a time, the systems interleaved.
   local ttfts=()
